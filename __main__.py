@@ -1,0 +1,27 @@
+"""spark-vllm: vLLM across several GPU machines as a Pulumi stack. Config in, one cluster, outputs out."""
+
+import pulumi
+
+from components.cluster import VllmCluster, VllmClusterArgs
+from components.release import release_source
+from components.ssh import prepare_ssh_files
+from components.stack import load_stack_config
+
+config = load_stack_config()  # every rule is checked here, before the first resource
+cluster = VllmCluster(
+    "spark-vllm",
+    VllmClusterArgs(
+        config=config,
+        release=release_source(config),
+        ssh_files=prepare_ssh_files(config, pulumi.get_project(), pulumi.get_stack()),
+    ),
+)
+
+pulumi.export("endpoint", cluster.endpoint)
+pulumi.export("servedModelName", cluster.served_model_name)
+pulumi.export("headNode", cluster.head_node)
+pulumi.export("rayAddress", cluster.ray_address)
+pulumi.export("containers", cluster.containers)
+pulumi.export("logCommands", cluster.log_commands)
+pulumi.export("smoke", cluster.smoke)
+pulumi.export("release", cluster.release)

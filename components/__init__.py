@@ -1,0 +1,1 @@
+"""spark-vllm: Pulumi components that deploy vLLM over Ray across Docker hosts reached by SSH."""

@@ -1,0 +1,159 @@
+"""The whole deployment: every node in parallel, then the Ray cluster, then vLLM on the head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+
+from components.config import ClusterConfig
+from components.image import NodeImage, NodeImageArgs
+from components.node import NodeHost, NodeHostArgs
+from components.ray_node import RayNode, RayNodeArgs
+from components.release import ReleaseSource, release_record
+from components.render import ray_address
+from components.serve import VllmServer, VllmServerArgs, log_follow_command
+from components.ssh import SshFiles
+
+
+class ImageMismatchError(Exception):
+    pass
+
+
+def same_image(ids_by_node: dict[str, str]) -> str:
+    """The one image id every node runs, or an error naming the nodes that differ."""
+    distinct = sorted(set(ids_by_node.values()))
+    if len(distinct) > 1:
+        listing = ", ".join(f"{node}: {image}" for node, image in sorted(ids_by_node.items()))
+        raise ImageMismatchError(
+            f"the image differs between nodes ({listing}); the tag moved between pulls or a node has a "
+            "locally built image: pin `image` by digest (name@sha256:…) or re-pull on every node"
+        )
+    return distinct[0]
+
+
+@dataclass(frozen=True)
+class VllmClusterArgs:
+    config: ClusterConfig
+    release: ReleaseSource
+    ssh_files: SshFiles
+
+
+class VllmCluster(pulumi.ComponentResource):
+    def __init__(self, name: str, args: VllmClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:VllmCluster", name, None, opts)
+        cfg = args.config
+        secrets = _secrets(cfg)
+        self.hosts = {
+            node.name: NodeHost(
+                node.name,
+                NodeHostArgs(node=node, ssh_files=args.ssh_files, private_key=secrets.get("sshPrivateKey")),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
+        images = {
+            node.name: NodeImage(
+                node.name,
+                NodeImageArgs(
+                    reference=args.release.image,
+                    keep_locally=cfg.container.keep_image,
+                    provider=self.hosts[node.name].provider,
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
+        names = list(images)
+        image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
+            lambda ids: same_image(dict(zip(names, ids, strict=True)))
+        )
+        secret_env = self._secret_env(cfg, secrets)
+        self.ray_nodes: dict[str, RayNode] = {}
+        head = cfg.head_node
+        for node in [head, *cfg.workers]:
+            host = self.hosts[node.name]
+            self.ray_nodes[node.name] = RayNode(
+                node.name,
+                RayNodeArgs(
+                    config=cfg,
+                    node=node,
+                    image_id=image_id,
+                    model=args.release.model,
+                    provider=host.provider,
+                    connection=host.connection,
+                    secret_env=secret_env,
+                    # Workers start after the head and are stopped before it on destroy.
+                    start_after=[] if node is head else [self.ray_nodes[head.name].container],
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        head_ray = self.ray_nodes[head.name]
+        self.server = VllmServer(
+            name,
+            VllmServerArgs(
+                config=cfg,
+                container=head_ray.container_name,
+                container_ids=[r.container.id for r in self.ray_nodes.values()],
+                model=args.release.model,
+                engine=args.release.engine,
+                connection=self.hosts[head.name].connection,
+                api_key=secrets.get("apiKey"),
+                depends_on=[r.joined for r in self.ray_nodes.values() if r.joined is not None],
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.endpoint = pulumi.Output.from_input(f"http://{head.host}:{cfg.vllm.port}/v1")
+        self.served_model_name = self.server.served_model_name
+        self.head_node = head.name
+        self.ray_address = ray_address(cfg)
+        self.containers = {name: ray.container_name for name, ray in self.ray_nodes.items()}
+        self.log_commands = {
+            "vllm": log_follow_command(cfg, head.name, head_ray.container_name, vllm=True),
+            **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in self.containers.items()},
+        }
+        self.smoke = self.server.smoke_result
+        validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
+        head_image = images[head.name]
+        pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
+        self.release = pulumi.Output.all(pinned, args.release.model, args.release.engine, validated).apply(
+            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin)
+        )
+        self.register_outputs(
+            {
+                "endpoint": self.endpoint,
+                "served_model_name": self.served_model_name,
+                "head_node": self.head_node,
+                "ray_address": self.ray_address,
+                "containers": self.containers,
+                "log_commands": self.log_commands,
+                "smoke": self.smoke,
+                "release": self.release,
+            }
+        )
+
+    def _secret_env(self, cfg: ClusterConfig, secrets: dict) -> pulumi.Output:
+        parts: list[pulumi.Input[str]] = []
+        if "hfToken" in secrets:
+            parts.append(secrets["hfToken"].apply(lambda token: f"HF_TOKEN={token}"))
+        if cfg.ray.auth == "token":
+            parts.append(self._ray_auth_token().apply(lambda token: f"RAY_AUTH_TOKEN={token.strip()}"))
+        return pulumi.Output.secret(pulumi.Output.all(*parts)) if parts else pulumi.Output.from_input([])
+
+    def _ray_auth_token(self) -> pulumi.Output[str]:
+        """One random token per stack, made once on the machine running Pulumi and kept (as a
+        secret) in the stack's state: every Ray node must present the same one."""
+        token = command.local.Command(
+            "ray-auth-token",
+            create="python3 -c 'import secrets; print(secrets.token_hex(32))'",
+            logging=command.local.Logging.NONE,
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["stdout", "stderr"]),
+        )
+        return pulumi.Output.secret(token.stdout)
+
+
+def _secrets(cfg: ClusterConfig) -> dict[str, pulumi.Output[str]]:
+    values = {"apiKey": cfg.api_key, "hfToken": cfg.hf_token, "sshPrivateKey": cfg.ssh_private_key}
+    return {key: pulumi.Output.secret(value.get_secret_value()) for key, value in values.items() if value is not None}

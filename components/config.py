@@ -1,0 +1,444 @@
+"""The stack config of spark-vllm as pydantic models, and every rule it must satisfy.
+
+No I/O happens here: the models are filled from a plain dict (``load_cluster_config``), so the
+same rules run under `pulumi up`, under Pulumi's mocks and in pure unit tests. Field descriptions
+feed the README's config reference (``tests/unit/test_readme.py`` keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+NAMESPACE = "spark-vllm"
+
+
+def _pattern(regex: str, expected: str):
+    """A validator for strings that end up in shell commands: the allowed alphabet is tight so a
+    value can never be read as shell syntax, and quoting at the edge is a second line of defence."""
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"expected {expected}")
+        return value
+
+    return AfterValidator(check)
+
+
+DnsLabel = Annotated[
+    str,
+    _pattern(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a DNS label (a-z, 0-9, '-', at most 63 characters)"),
+]
+HostName = Annotated[
+    str,
+    _pattern(
+        r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
+        "a host name or IPv4 address (letters, digits, '.', '-')",
+    ),
+]
+PosixUser = Annotated[str, _pattern(r"[a-z_][a-z0-9_-]{0,31}", "a user name (a-z, 0-9, '_', '-')")]
+NetDevName = Annotated[
+    str,
+    _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}", "a network interface name (at most 15 of A-Z a-z 0-9 _ . -)"),
+]
+RdmaDeviceName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "an RDMA device name such as rocep1s0f1")]
+ImageRef = Annotated[
+    str,
+    _pattern(
+        r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?",
+        "an image reference: name[:tag][@sha256:<64 hex>]",
+    ),
+]
+ModelRef = Annotated[
+    str,
+    _pattern(
+        r"/[A-Za-z0-9._+@=-]+(/[A-Za-z0-9._+@=-]+)*/?|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*",
+        "an absolute path (/models/Name) or a Hugging Face repo id (org/name)",
+    ),
+]
+AbsolutePath = Annotated[
+    str, _pattern(r"/[A-Za-z0-9._+@=-]+(/[A-Za-z0-9._+@=-]+)*/?", "an absolute path of A-Z a-z 0-9 . _ + @ = -")
+]
+ServedName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", "a model name of A-Z a-z 0-9 . _ / : + -")]
+ParserName = Annotated[str, _pattern(r"[a-z0-9][a-z0-9_-]{0,63}", "a parser name such as qwen3 (a-z, 0-9, _, -)")]
+StackName = Annotated[
+    str,
+    _pattern(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}", "a stack name, fully qualified as organization/project/stack"),
+]
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveInt = Annotated[int, Field(ge=1)]
+HostKeyLine = Annotated[
+    str,
+    _pattern(
+        r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521) [A-Za-z0-9+/]+={0,3}",
+        "a public host key line such as 'ssh-ed25519 AAAA…' (see `ssh-keyscan -t ed25519 HOST`)",
+    ),
+]
+
+
+def _extra_arg(value: str) -> str:
+    if not value or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError("expected a non-empty argument without control characters or newlines")
+    return value
+
+
+ExtraArg = Annotated[str, AfterValidator(_extra_arg)]
+
+# Flags the program sets itself from typed keys. Letting extraArgs repeat them would make two
+# sources of truth (and --api-key would put the secret on a command line).
+MANAGED_VLLM_FLAGS = frozenset(
+    {
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--distributed-executor-backend",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--trust-remote-code",
+        "--no-trust-remote-code",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--enable-auto-tool-choice",
+        "--no-enable-auto-tool-choice",
+        "--api-key",
+    }
+)
+
+
+class _Model(BaseModel):
+    """Every model refuses unknown keys (a typo must not become a silent default) and is spelled
+    in camelCase in the stack file, exactly as `pulumi config set --path` takes it."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=False,
+        frozen=True,
+        hide_input_in_errors=False,
+    )
+
+
+class NodeConfig(_Model):
+    name: DnsLabel = Field(description="Node name: a DNS label, unique. Names resources and containers.")
+    host: HostName = Field(description="SSH address of the node on the management network.")
+    user: PosixUser = Field("root", description="SSH user; needs access to Docker (root or the docker group).")
+    ssh_port: Port = Field(22, description="SSH port.")
+    fabric_address: ipaddress.IPv4Address = Field(
+        description="IPv4 address on the RoCE/InfiniBand fabric. Ray, NCCL, Gloo and vLLM use only this address."
+    )
+    fabric_interface: NetDevName = Field(
+        description="Network interface carrying fabricAddress, e.g. enp1s0f1np1 (NCCL/Gloo/TP/UCX socket interface)."
+    )
+    rdma_devices: list[RdmaDeviceName] = Field(
+        default_factory=list,
+        description="RDMA devices for NCCL_IB_HCA, e.g. [rocep1s0f1, roceP2p1s0f1]. Empty: NCCL picks.",
+    )
+    gpus: PositiveInt = Field(1, description="GPUs this node gives to Ray (`ray start --num-gpus`).")
+    host_key: Optional[HostKeyLine] = Field(
+        None,
+        description="The node's public SSH host key ('ssh-ed25519 AAAA…'). Pins the host for both SSH transports.",
+    )
+
+
+class VllmConfig(_Model):
+    host: ipaddress.IPv4Address = Field(
+        ipaddress.IPv4Address("0.0.0.0"), description="Address vLLM binds on the head node (`--host`)."
+    )
+    port: Port = Field(8000, description="HTTP port of the OpenAI-compatible server (`--port`).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`), in (0, 1]."
+    )
+    served_model_name: Optional[ServedName] = Field(
+        None, description="Name clients use in requests (`--served-model-name`). Default: the model."
+    )
+    trust_remote_code: bool = Field(False, description="Run the model repository's own code (`--trust-remote-code`).")
+    reasoning_parser: Optional[ParserName] = Field(None, description="`--reasoning-parser`, e.g. qwen3.")
+    tool_call_parser: Optional[ParserName] = Field(None, description="`--tool-call-parser`, e.g. qwen3_coder.")
+    enable_auto_tool_choice: bool = Field(False, description="`--enable-auto-tool-choice` (needs toolCallParser).")
+    extra_args: list[ExtraArg] = Field(
+        default_factory=list,
+        description="Further `vllm serve` arguments, appended last, each one word (e.g. ['--max-num-seqs', '8']).",
+    )
+    ready_timeout_seconds: PositiveInt = Field(
+        1800, description="How long `pulumi up` waits for /health and /v1/models after starting vLLM."
+    )
+    allow_unauthenticated: bool = Field(
+        False, description="Allow a non-loopback bind without apiKey. Anyone on the network can then use the model."
+    )
+    restart_generation: int = Field(
+        0, ge=0, description="Bump to force vLLM to restart on the next `pulumi up` (e.g. after it crashed)."
+    )
+
+
+class RayConfig(_Model):
+    port: Port = Field(6379, description="Ray GCS port on the head node.")
+    join_timeout_seconds: PositiveInt = Field(
+        300, description="How long to wait for every node and TP×PP GPUs to appear in Ray before starting vLLM."
+    )
+    dashboard: bool = Field(True, description="Run the Ray dashboard (bound to 127.0.0.1 on the head only).")
+    auth: Literal["token", "none"] = Field(
+        "token",
+        description="Ray authentication: 'token' (RAY_AUTH_MODE=token, Ray ≥ 2.52) or 'none' for older images.",
+    )
+
+
+class NcclConfig(_Model):
+    debug: Optional[Literal["VERSION", "WARN", "INFO", "TRACE"]] = Field(
+        None, description="NCCL_DEBUG. INFO shows whether NCCL uses NET/IB (RDMA) or NET/Socket."
+    )
+    ib_disable: bool = Field(False, description="NCCL_IB_DISABLE=1: force TCP sockets (a workaround, slow).")
+
+
+class NetworkConfig(_Model):
+    manage: bool = Field(False, description="Write and apply a netplan drop-in for the fabric interface.")
+    prefix_length: int = Field(24, ge=1, le=32, description="Prefix length of fabricAddress.")
+    mtu: Optional[int] = Field(None, ge=576, le=9216, description="MTU of the fabric interface (e.g. 9000).")
+
+
+class ContainerConfig(_Model):
+    gpus: bool = Field(True, description="Give the Ray containers every GPU (`--gpus all`). false for CPU-only hosts.")
+    shm_size_mb: PositiveInt = Field(10240, description="Shared memory of each Ray container, in MB.")
+    hf_cache_dir: Optional[AbsolutePath] = Field(
+        None,
+        description="Host directory mounted as the Hugging Face cache. Default: the Docker volume spark-vllm-hf-cache.",
+    )
+    privileged: bool = Field(
+        False, description="Run Ray containers privileged. Off: only IPC_LOCK and /dev/infiniband when RDMA is used."
+    )
+    restart: Literal["no", "on-failure", "always", "unless-stopped"] = Field(
+        "unless-stopped", description="Docker restart policy of the Ray containers (brings them back after a reboot)."
+    )
+    keep_image: bool = Field(True, description="Keep the image on the nodes when the stack is destroyed.")
+
+
+class SecurityConfig(_Model):
+    require_host_keys: bool = Field(False, description="Refuse nodes without hostKey instead of warning.")
+
+
+class ClusterConfig(_Model):
+    """The whole `spark-vllm:` namespace of a stack."""
+
+    nodes: list[NodeConfig] = Field(min_length=1, description="The machines, in order.")
+    head: Optional[DnsLabel] = Field(
+        None, description="Node running the Ray head and `vllm serve`. Default: the first."
+    )
+    image: Optional[ImageRef] = Field(
+        None, description="Container image with vLLM and Ray; pinned to the pulled image id on every node."
+    )
+    model: Optional[ModelRef] = Field(
+        None, description="Model path (mounted read-only at the same path on every node) or Hugging Face repo id."
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size`.")
+    pipeline_parallel_size: PositiveInt = Field(
+        1, description="`--pipeline-parallel-size`. TP × PP = GPUs of all nodes."
+    )
+    max_model_len: Optional[PositiveInt] = Field(None, description="`--max-model-len`.")
+    smoke_test: bool = Field(True, description="Send one chat completion after the server is ready.")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="`vllm serve` settings.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster settings.")
+    nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description="Ray container settings.")
+    security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
+    promote_from: Optional[StackName] = Field(
+        None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
+    )
+    api_key: Optional[SecretStr] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
+    hf_token: Optional[SecretStr] = Field(None, description="Secret. Hugging Face token (HF_TOKEN in the containers).")
+    ssh_private_key: Optional[SecretStr] = Field(
+        None, description="Secret. SSH private key for every node. Default: ssh-agent and ~/.ssh."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> ClusterConfig:
+        problems = [*_node_problems(self), *_parallelism_problems(self), *_serving_problems(self)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def head_node(self) -> NodeConfig:
+        name = self.head or self.nodes[0].name
+        return next(node for node in self.nodes if node.name == name)
+
+    @property
+    def workers(self) -> list[NodeConfig]:
+        return [node for node in self.nodes if node.name != self.head_node.name]
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def served_model_name(self) -> str:
+        return self.vllm.served_model_name or (self.model or "")
+
+
+SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey")
+
+
+def _problem(path: str, value: Any, expected: str) -> str:
+    return f"{path}: {value!r} — {expected}"
+
+
+def _node_problems(cfg: ClusterConfig) -> list[str]:
+    problems = []
+    seen_names: dict[str, int] = {}
+    seen_fabric: dict[str, int] = {}
+    for index, node in enumerate(cfg.nodes):
+        if node.name in seen_names:
+            problems.append(
+                _problem(f"nodes[{index}].name", node.name, f"a unique name (nodes[{seen_names[node.name]}] has it)")
+            )
+        seen_names.setdefault(node.name, index)
+        address = str(node.fabric_address)
+        if address in seen_fabric:
+            problems.append(
+                _problem(
+                    f"nodes[{index}].fabricAddress",
+                    address,
+                    f"a unique address (nodes[{seen_fabric[address]}] has it)",
+                )
+            )
+        seen_fabric.setdefault(address, index)
+        if cfg.security.require_host_keys and node.host_key is None:
+            problems.append(
+                _problem(
+                    f"nodes[{index}].hostKey",
+                    None,
+                    "the node's public host key, because security.requireHostKeys is true "
+                    f"(get it with `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`)",
+                )
+            )
+    if cfg.head is not None and cfg.head not in seen_names:
+        problems.append(_problem("head", cfg.head, f"one of the node names {sorted(seen_names)}"))
+    return problems
+
+
+def _parallelism_problems(cfg: ClusterConfig) -> list[str]:
+    total_gpus = sum(node.gpus for node in cfg.nodes)
+    world = cfg.world_size
+    if world == total_gpus:
+        return []
+    value = f"{cfg.tensor_parallel_size} × {cfg.pipeline_parallel_size} = {world}"
+    if world < total_gpus:
+        keep, gpus = [], 0
+        for node in cfg.nodes:
+            if gpus >= world:
+                break
+            keep.append(node.name)
+            gpus += node.gpus
+        hint = f"drop nodes {[n.name for n in cfg.nodes if n.name not in keep]}" if gpus == world else ""
+    else:
+        hint = ""
+    fits = [f"TP {tp} × PP {total_gpus // tp}" for tp in range(1, total_gpus + 1) if total_gpus % tp == 0]
+    advice = "; ".join(part for part in (hint, "or use " + " or ".join(fits)) if part)
+    return [
+        _problem(
+            "tensorParallelSize × pipelineParallelSize",
+            value,
+            f"the GPUs of the listed nodes ({total_gpus}): {advice}",
+        )
+    ]
+
+
+def _serving_problems(cfg: ClusterConfig) -> list[str]:
+    problems = []
+    if cfg.promote_from is None:
+        for key in ("image", "model"):
+            if getattr(cfg, key) is None:
+                problems.append(_problem(key, None, "a value (or promoteFrom: a stack whose release to deploy)"))
+    else:
+        for key in ("image", "model"):
+            if getattr(cfg, key) is not None:
+                problems.append(
+                    _problem(
+                        key,
+                        getattr(cfg, key),
+                        f"no value: promoteFrom {cfg.promote_from!r} decides it (remove one of the two)",
+                    )
+                )
+    if cfg.vllm.enable_auto_tool_choice and cfg.vllm.tool_call_parser is None:
+        problems.append(
+            _problem("vllm.toolCallParser", None, "a parser (e.g. qwen3_coder) because enableAutoToolChoice is true")
+        )
+    if not cfg.vllm.host.is_loopback and cfg.api_key is None and not cfg.vllm.allow_unauthenticated:
+        problems.append(
+            _problem(
+                "apiKey",
+                None,
+                f"a secret (`pulumi config set --secret apiKey …`) because vLLM binds {cfg.vllm.host}; "
+                "or set vllm.allowUnauthenticated: true to serve without one",
+            )
+        )
+    for index, arg in enumerate(cfg.vllm.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_VLLM_FLAGS:
+            problems.append(
+                _problem(f"vllm.extraArgs[{index}]", arg, "a flag the program does not set itself: use its own key")
+            )
+    return problems
+
+
+class ConfigError(Exception):
+    """A stack config that breaks one or more rules. The message lists every problem, one a line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        super().__init__(f"spark-vllm: the stack config has {len(problems)} problem(s):\n{lines}")
+
+
+def _key_path(loc: tuple) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _describe(error: dict) -> list[str]:
+    message = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
+    if not error["loc"]:
+        # Cross-field rules arrive already formatted, one problem a line.
+        return message.splitlines()
+    value = error.get("input")
+    if error["type"] == "missing":
+        value = None
+    elif error["type"] == "extra_forbidden":
+        message = "no such key (a typo?)"
+    if isinstance(value, SecretStr) or (error["loc"] and error["loc"][-1] in SECRET_KEYS):
+        value = "[secret]"
+    return [_problem(_key_path(error["loc"]), value, message)]
+
+
+def load_cluster_config(raw: dict[str, Any]) -> ClusterConfig:
+    """Validate the `spark-vllm:` namespace given as a dict of camelCase keys.
+
+    Raises ConfigError naming every problem; nothing else in the program runs before this.
+    """
+    try:
+        return ClusterConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = [line for item in error.errors() for line in _describe(item)]
+        raise ConfigError(problems) from None

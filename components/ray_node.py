@@ -1,0 +1,139 @@
+"""One Ray node: the long-lived container (head or worker) and, on workers, the wait until it joined."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+from components.config import ClusterConfig, NodeConfig
+from components.render import (
+    HF_CACHE_IN_CONTAINER,
+    HF_CACHE_VOLUME,
+    container_name,
+    exec_python,
+    node_env,
+    ray_address,
+    ray_start_args,
+    script_program,
+    with_log_tail_on_failure,
+)
+
+# memlock unlimited for RDMA registration; a 64 MB stack as NVIDIA's containers recommend;
+# many open files for Ray's object store and NCCL sockets.
+ULIMITS = [
+    docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
+    docker.ContainerUlimitArgs(name="stack", soft=67108864, hard=67108864),
+    docker.ContainerUlimitArgs(name="nofile", soft=1048576, hard=1048576),
+]
+POLL_SECONDS = 1
+PROGRESS_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class RayNodeArgs:
+    config: ClusterConfig
+    node: NodeConfig
+    image_id: pulumi.Input[str]
+    model: pulumi.Input[str]
+    provider: docker.Provider
+    connection: command.remote.ConnectionArgs
+    secret_env: pulumi.Input[Sequence[str]]  # ["HF_TOKEN=…", "RAY_AUTH_TOKEN=…"], secret
+    start_after: Sequence[pulumi.Resource] = ()  # workers wait for the head's container
+
+
+def model_mounts(model: str) -> list[docker.ContainerMountArgs]:
+    """The model directory at the same path on every node, read-only; a repo id needs no mount."""
+    if not model.startswith("/"):
+        return []
+    return [docker.ContainerMountArgs(type="bind", source=model, target=model, read_only=True)]
+
+
+def hf_cache_mount(cfg: ClusterConfig) -> docker.ContainerMountArgs:
+    if cfg.container.hf_cache_dir:
+        return docker.ContainerMountArgs(type="bind", source=cfg.container.hf_cache_dir, target=HF_CACHE_IN_CONTAINER)
+    return docker.ContainerMountArgs(type="volume", source=HF_CACHE_VOLUME, target=HF_CACHE_IN_CONTAINER)
+
+
+class RayNode(pulumi.ComponentResource):
+    container: docker.Container
+    container_name: str
+    joined: Optional[command.remote.Command]
+
+    def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:RayNode", name, None, opts)
+        cfg, node = args.config, args.node
+        self.is_head = node.name == cfg.head_node.name
+        self.container_name = container_name(node)
+        self.container = self._create_container(name, args)
+        self.joined = None if self.is_head else self._create_join_wait(name, args)
+        self.register_outputs({"container_name": self.container_name, "container_id": self.container.id})
+
+    def _create_container(self, name: str, args: RayNodeArgs) -> docker.Container:
+        cfg, node = args.config, args.node
+        rdma = bool(node.rdma_devices) and not cfg.nccl.ib_disable
+        mounts = pulumi.Output.from_input(args.model).apply(lambda model: [*model_mounts(model), hf_cache_mount(cfg)])
+        envs = pulumi.Output.all(node_env(cfg, node), args.secret_env).apply(lambda parts: [*parts[0], *parts[1]])
+        return docker.Container(
+            f"{name}-ray",
+            name=self.container_name,
+            image=args.image_id,
+            entrypoints=["ray"],
+            command=ray_start_args(cfg, node),
+            envs=envs,
+            network_mode="host",  # Ray, NCCL and vLLM must see the fabric interface itself
+            ipc_mode="host",
+            shm_size=cfg.container.shm_size_mb,
+            gpus="all" if cfg.container.gpus else None,
+            ulimits=ULIMITS,
+            mounts=mounts,
+            restart=cfg.container.restart,
+            init=True,  # reaps vLLM's exited children and forwards SIGTERM to Ray
+            privileged=cfg.container.privileged,
+            capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if rdma else None,
+            devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband")]
+            if rdma and not cfg.container.privileged
+            else None,
+            labels=[
+                docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
+                docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if self.is_head else "worker"),
+            ],
+            must_run=True,
+            destroy_grace_seconds=30,
+            # Fixed name and host network: a second container cannot exist beside the old one.
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=args.provider,
+                delete_before_replace=True,
+                additional_secret_outputs=["envs"],
+                depends_on=list(args.start_after),
+            ),
+        )
+
+    def _create_join_wait(self, name: str, args: RayNodeArgs) -> command.remote.Command:
+        cfg, node = args.config, args.node
+        params = {
+            "node": node.name,
+            "ray_address": ray_address(cfg),
+            "expected": [{"name": node.name, "fabric_address": str(node.fabric_address)}],
+            "gpus_needed": 0,
+            "timeout_seconds": cfg.ray.join_timeout_seconds,
+            "poll_seconds": POLL_SECONDS,
+            "progress_seconds": PROGRESS_SECONDS,
+        }
+        return command.remote.Command(
+            f"{name}-joined",
+            connection=args.connection,
+            create=with_log_tail_on_failure(
+                exec_python(self.container_name, cfg.ray.join_timeout_seconds + 60), node, self.container_name
+            ),
+            stdin=script_program("ray_join.py", params),
+            # A new container must join again; a read-only wait has nothing to undo, hence no delete.
+            triggers=[self.container.id],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,72 @@
+"""A release: what defines the model server's behaviour, and where this stack takes it from.
+
+Either the stack's own `image`/`model`/engine settings, or — with `promoteFrom` — the `release`
+output of an earlier stack, which must exist and be validated (its smoke test passed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from components.config import ClusterConfig
+from components.render import engine_settings, fingerprint
+
+REQUIRED_FIELDS = ("image", "model", "validated")
+
+
+class ReleaseError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ReleaseSource:
+    image: pulumi.Output[str]
+    model: pulumi.Output[str]
+    engine: pulumi.Output[dict]
+    origin: str  # "config" or the promoted-from stack
+
+
+def check_promotable(release: Any, stack: str) -> dict[str, Any]:
+    """The release of stack `stack`, or ReleaseError saying why it cannot be promoted."""
+    if not isinstance(release, dict):
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: that stack has no `release` output (deploy it first, with smokeTest on)"
+        )
+    missing = [key for key in REQUIRED_FIELDS if release.get(key) in (None, "")]
+    if missing:
+        raise ReleaseError(f"promoteFrom {stack!r}: its release lacks {missing}")
+    if release["validated"] is not True:
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: its release {release.get('fingerprint', '?')} is not validated "
+            "(its smoke test did not pass or was turned off); refusing to promote it"
+        )
+    if "@sha256:" not in release["image"] and not release["image"].startswith("sha256:"):
+        raise ReleaseError(f"promoteFrom {stack!r}: release image {release['image']!r} is not pinned by digest")
+    return release
+
+
+def release_source(cfg: ClusterConfig) -> ReleaseSource:
+    if cfg.promote_from is None:
+        return ReleaseSource(
+            image=pulumi.Output.from_input(cfg.image),
+            model=pulumi.Output.from_input(cfg.model),
+            engine=pulumi.Output.from_input(engine_settings(cfg)),
+            origin="config",
+        )
+    stack = cfg.promote_from
+    release = pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack))
+    defaults = engine_settings(cfg)
+    return ReleaseSource(
+        image=release.apply(lambda r: r["image"]),
+        model=release.apply(lambda r: r["model"]),
+        engine=release.apply(lambda r: {**defaults, **(r.get("engine") or {})}),
+        origin=stack,
+    )
+
+
+def release_record(image: str, model: str, engine: dict, validated: bool, origin: str) -> dict[str, Any]:
+    body = {"image": image, "model": model, "engine": engine}
+    return {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}

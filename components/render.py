@@ -1,0 +1,189 @@
+"""Pure renderers: validated config → argv lists, env lists, scripts and remote command lines.
+
+Nothing here touches Pulumi or the network. Every value reaches a shell only through `shlex.join`
+at the very edge (`shell_line`), so a hostile value stays one quoted word even if validation missed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from importlib import resources
+from typing import Any
+
+from components.config import ClusterConfig, NodeConfig
+
+RAY_CONTAINER_PREFIX = "spark-vllm-ray"
+HF_CACHE_VOLUME = "spark-vllm-hf-cache"
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+RUN_DIR = "/run/spark-vllm"  # inside the head container: vLLM's pid file and log
+VLLM_LOG = f"{RUN_DIR}/vllm.log"
+VLLM_PID = f"{RUN_DIR}/vllm.pid"
+# Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
+VLLM_STOP_GRACE_SECONDS = 30
+
+
+def container_name(node: NodeConfig) -> str:
+    return f"{RAY_CONTAINER_PREFIX}-{node.name}"
+
+
+def ray_address(cfg: ClusterConfig) -> str:
+    return f"{cfg.head_node.fabric_address}:{cfg.ray.port}"
+
+
+def node_env(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
+    """Env of a node's Ray container, as Docker's `KEY=VALUE` list (secrets are added by the caller).
+
+    vLLM forwards VLLM_*/NCCL_*/UCX_* to Ray workers itself but never VLLM_HOST_IP, GLOO_*, TP_* or
+    RAY_*, so every node's container carries all of them for its own fabric address.
+    """
+    interface = node.fabric_interface
+    env = {
+        "VLLM_HOST_IP": str(node.fabric_address),
+        "NCCL_SOCKET_IFNAME": interface,
+        "GLOO_SOCKET_IFNAME": interface,
+        "TP_SOCKET_IFNAME": interface,
+        "UCX_NET_DEVICES": interface,
+        "OMPI_MCA_btl_tcp_if_include": interface,
+        # The raylet kills workers above 95 % memory; on GB10 CPU and GPU share it, so the monitor
+        # would kill vLLM once the weights are loaded.
+        "RAY_memory_monitor_refresh_ms": "0",
+        "NCCL_IB_DISABLE": "1" if cfg.nccl.ib_disable else "0",
+    }
+    if node.rdma_devices:
+        env["NCCL_IB_HCA"] = ",".join(node.rdma_devices)
+    if cfg.nccl.debug:
+        env["NCCL_DEBUG"] = cfg.nccl.debug
+    if cfg.ray.auth == "token":
+        env["RAY_AUTH_MODE"] = "token"
+    return [f"{key}={value}" for key, value in env.items()]
+
+
+def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
+    """`ray start` for one node; the head binds the GCS on its fabric address only."""
+    common = [
+        "start",
+        "--block",  # the container lives exactly as long as its Ray node
+        f"--node-ip-address={node.fabric_address}",
+        f"--num-gpus={node.gpus}",
+        "--disable-usage-stats",  # no phone-home; saves seconds at start
+    ]
+    if node.name != cfg.head_node.name:
+        return [*common, f"--address={ray_address(cfg)}"]
+    dashboard = (
+        ["--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+        if cfg.ray.dashboard
+        else ["--include-dashboard=false"]
+    )
+    return [*common, "--head", f"--port={cfg.ray.port}", *dashboard]
+
+
+def serve_argv(cfg: ClusterConfig, model: str, engine: dict[str, Any] | None = None) -> list[str]:
+    """`vllm serve …` for the head node. `engine` overrides the engine settings of a promoted release."""
+    settings = engine_settings(cfg) if engine is None else engine
+    argv = [
+        "vllm",
+        "serve",
+        model,
+        f"--tensor-parallel-size={cfg.tensor_parallel_size}",
+        f"--pipeline-parallel-size={cfg.pipeline_parallel_size}",
+    ]
+    if len(cfg.nodes) > 1:
+        # vLLM has no automatic fallback when the world spans nodes: Ray must be named.
+        argv.append("--distributed-executor-backend=ray")
+    if settings.get("maxModelLen") is not None:
+        argv.append(f"--max-model-len={settings['maxModelLen']}")
+    argv += [
+        f"--gpu-memory-utilization={cfg.vllm.gpu_memory_utilization}",
+        f"--host={cfg.vllm.host}",
+        f"--port={cfg.vllm.port}",
+        f"--served-model-name={cfg.vllm.served_model_name or model}",
+    ]
+    if settings.get("trustRemoteCode"):
+        argv.append("--trust-remote-code")
+    if settings.get("reasoningParser"):
+        argv.append(f"--reasoning-parser={settings['reasoningParser']}")
+    if settings.get("toolCallParser"):
+        argv.append(f"--tool-call-parser={settings['toolCallParser']}")
+    if settings.get("enableAutoToolChoice"):
+        argv.append("--enable-auto-tool-choice")
+    return argv + list(settings.get("extraArgs", []))
+
+
+def engine_settings(cfg: ClusterConfig) -> dict[str, Any]:
+    """The settings that change what the model answers: part of a release, promoted as a whole."""
+    return {
+        "maxModelLen": cfg.max_model_len,
+        "trustRemoteCode": cfg.vllm.trust_remote_code,
+        "reasoningParser": cfg.vllm.reasoning_parser,
+        "toolCallParser": cfg.vllm.tool_call_parser,
+        "enableAutoToolChoice": cfg.vllm.enable_auto_tool_choice,
+        "extraArgs": list(cfg.vllm.extra_args),
+    }
+
+
+def local_http_host(cfg: ClusterConfig) -> str:
+    """Where the head node itself reaches vLLM: loopback unless vLLM is bound to one address."""
+    return "127.0.0.1" if str(cfg.vllm.host) == "0.0.0.0" else str(cfg.vllm.host)
+
+
+def script(name: str) -> str:
+    return resources.files("components.scripts").joinpath(name).read_text()
+
+
+def script_program(name: str, params: dict[str, Any]) -> str:
+    """A script from components/scripts with its parameters, ready to feed to `python3 -` on stdin.
+
+    Parameters travel inside the program text on stdin, never in argv or the remote environment,
+    so secrets (API key) stay out of `ps` and sshd does not need AcceptEnv.
+    """
+    return f"PARAMS = {json.dumps(json.dumps(params, sort_keys=True))}\n{script(name)}"
+
+
+def exec_python(container: str, timeout_seconds: int | None = None) -> list[str]:
+    """`docker exec -i CONTAINER python3 -`: runs the program given on stdin inside the container."""
+    argv = ["docker", "exec", "-i", container, "python3", "-"]
+    if timeout_seconds is not None:
+        # pulumi-command has no timeout of its own; a hung session would hang `pulumi up`.
+        argv = ["timeout", "--kill-after=10", str(timeout_seconds), *argv]
+    return argv
+
+
+def shell_line(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def with_log_tail_on_failure(command: list[str], node: NodeConfig, container: str, lines: int = 60) -> str:
+    """Run `command` on a node; when it fails, name the node and show the tail of its Ray log."""
+    quoted = shlex.quote(container)
+    # Every value stays a separate quoted word: inside double quotes `$(…)` would still expand.
+    banner = shell_line(["echo", f"--- node {node.name}: last {lines} lines of docker logs {container} ---"])
+    return (
+        f"{shell_line(command)} || {{ rc=$?; {banner} >&2; docker logs --tail {lines} {quoted} >&2 2>&1; exit $rc; }}"
+    )
+
+
+def if_container_exists(container: str, command: list[str]) -> str:
+    """A delete that succeeds when the container is already gone (destroy must be safe to repeat)."""
+    quoted = shlex.quote(container)
+    return f"if docker inspect --type container {quoted} >/dev/null 2>&1; then {shell_line(command)}; fi"
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def known_hosts_lines(cfg: ClusterConfig) -> list[str]:
+    """known_hosts entries for nodes with a pinned host key (ssh's `[host]:port` form when port ≠ 22)."""
+    lines = []
+    for node in cfg.nodes:
+        if node.host_key:
+            host = node.host if node.ssh_port == 22 else f"[{node.host}]:{node.ssh_port}"
+            lines.append(f"{host} {node.host_key}")
+    return lines
+
+
+def docker_host_url(node: NodeConfig) -> str:
+    port = "" if node.ssh_port == 22 else f":{node.ssh_port}"
+    return f"ssh://{node.user}@{node.host}{port}"

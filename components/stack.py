@@ -1,0 +1,51 @@
+"""Reading the stack's `spark-vllm:` config into a validated ClusterConfig (before any resource)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+
+from components.config import NAMESPACE, ClusterConfig, load_cluster_config
+
+
+def raw_stack_config(namespace: str = NAMESPACE) -> dict[str, Any]:
+    """Every `namespace:` key of the stack, structured values decoded from their JSON form.
+
+    All keys are read, not just the known ones, so a misspelt key is refused by the model
+    instead of being silently ignored.
+    """
+    raw: dict[str, Any] = {}
+    prefix = f"{namespace}:"
+    # The language host passes config in PULUMI_CONFIG; tests and the Automation API's inline
+    # programs set it in the runtime. Read both.
+    everything = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    for full_key, value in everything.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix) :]
+        if isinstance(value, str) and value[:1] in "[{":
+            value = json.loads(value)
+        raw[key] = value
+    return raw
+
+
+def load_stack_config() -> ClusterConfig:
+    cfg = load_cluster_config(raw_stack_config())
+    for node in cfg.nodes:
+        if node.host_key is None:
+            pulumi.log.warn(
+                f"node {node.name}: no hostKey, so its SSH host key is not verified "
+                f"(set nodes[].hostKey from `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`; "
+                "security.requireHostKeys: true makes this an error)"
+            )
+    if cfg.vllm.trust_remote_code:
+        pulumi.log.warn(f"vllm.trustRemoteCode is on: the code shipped with model {cfg.model or '(promoted)'} runs")
+    if cfg.vllm.allow_unauthenticated and cfg.api_key is None and not cfg.vllm.host.is_loopback:
+        pulumi.log.warn(f"vLLM serves on {cfg.vllm.host}:{cfg.vllm.port} without an API key")
+    return cfg
+
+
+__all__ = ["ClusterConfig", "load_stack_config", "raw_stack_config"]

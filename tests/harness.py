@@ -1,0 +1,206 @@
+"""Runs the real `__main__.py` under Pulumi's mocks and records everything it registers.
+
+`RecordingMonitor` keeps what Pulumi's own MockMonitor drops on the floor — dependencies, parent,
+provider, delete-before-replace, secret-ness of inputs — so tests can assert the resource graph,
+and the rehearsal engine (tests/e2e) can carry each registration out for real.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+from unittest import mock
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime.proto import resource_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "spark-vllm"
+SECRET_SIG = rpc._special_secret_sig  # the wire marker of a secret value
+SIG_KEY = rpc._special_sig_key
+
+
+@dataclass
+class Registration:
+    typ: str
+    name: str
+    urn: str
+    parent: str
+    provider: str
+    custom: bool
+    inputs: dict[str, Any]
+    wire: dict[str, Any]  # inputs as sent, secrets still wrapped
+    dependencies: list[str]
+    delete_before_replace: bool
+    additional_secret_outputs: list[str]
+    id: Optional[str] = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def secret_paths(self) -> list[str]:
+        return sorted(_secret_paths(self.wire, ""))
+
+
+def _secret_paths(value: Any, path: str) -> set[str]:
+    if isinstance(value, dict):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return {path}
+        return {p for k, v in value.items() for p in _secret_paths(v, f"{path}.{k}" if path else k)}
+    if isinstance(value, list):
+        return {p for i, v in enumerate(value) for p in _secret_paths(v, f"{path}[{i}]")}
+    return set()
+
+
+def reveal(value: Any) -> Any:
+    """Inputs with secret wrappers removed: the values the provider would receive."""
+    if isinstance(value, dict):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return reveal(value.get("value"))
+        return {k: reveal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [reveal(v) for v in value]
+    return value
+
+
+def strip_secrets(value: Any) -> Any:
+    """The wire form with every secret replaced by a marker: what would be stored in plain text."""
+    if isinstance(value, dict):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return "[secret]"
+        return {k: strip_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strip_secrets(v) for v in value]
+    return value
+
+
+class ExtendedArgs(pulumi_mocks.MockResourceArgs):
+    registration: Registration
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+        self._lock = threading.Lock()
+
+    def RegisterResource(self, request):  # noqa: N802 - the gRPC method name
+        urn = self.make_urn(request.parent, request.type, request.name)
+        if request.type == "pulumi:pulumi:Stack":
+            return resource_pb2.RegisterResourceResponse(urn=urn)
+        pulumi_mocks._ensure_event_loop()
+        inputs = reveal(rpc.deserialize_properties(request.object, keep_internal=False))
+        registration = Registration(
+            typ=request.type,
+            name=request.name,
+            urn=urn,
+            parent=request.parent,
+            provider=request.provider,
+            custom=request.custom or False,
+            inputs=inputs,
+            wire=json_format.MessageToDict(request.object),
+            dependencies=list(request.dependencies),
+            delete_before_replace=request.deleteBeforeReplace,
+            additional_secret_outputs=list(request.additionalSecretOutputs),
+        )
+        args = ExtendedArgs(
+            typ=request.type,
+            name=request.name,
+            inputs=inputs,
+            provider=request.provider,
+            resource_id=request.importId,
+            custom=request.custom or False,
+        )
+        args.registration = registration
+        id_, state = self.mocks.new_resource(args)
+        registration.id, registration.outputs = id_, state
+        with self._lock:
+            self.registrations.append(registration)
+        obj_proto = pulumi_mocks._sync_await(rpc.serialize_properties(state, {}))
+        self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=obj_proto)
+
+
+class FakeCloud(pulumi.runtime.Mocks):
+    """Answers like the providers would, without doing anything: ids and computed outputs."""
+
+    def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
+        self.stack_outputs = stack_outputs or {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            digest = "sha256:" + "ab" * 32
+            outputs.update(image_id=digest, repo_digest=f"{args.inputs['name'].split(':')[0]}@{digest}")
+        elif args.typ.startswith("command:"):
+            stdout = "0f" * 32 if args.name == "ray-auth-token" else ""
+            if args.name.endswith("-smoke"):
+                stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
+            outputs.update(stdout=stdout, stderr="")
+        elif args.typ == "pulumi:pulumi:StackReference":
+            stack = args.inputs["name"]
+            outputs.update(outputs=self.stack_outputs.get(stack, {}), secretOutputNames=[])
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+@dataclass
+class ProgramRun:
+    registrations: list[Registration]
+    exports: dict[str, Any]
+
+    def of_type(self, typ: str) -> list[Registration]:
+        return [r for r in self.registrations if r.typ == typ]
+
+    def named(self, name: str) -> Registration:
+        matches = [r for r in self.registrations if r.name == name]
+        assert len(matches) == 1, f"{name}: {len(matches)} registrations"
+        return matches[0]
+
+    def by_urn(self) -> dict[str, Registration]:
+        return {r.urn: r for r in self.registrations}
+
+
+def stack_config(values: dict[str, Any]) -> dict[str, str]:
+    """Stack config the way Pulumi passes it: strings, structured values as JSON."""
+    return {f"{PROJECT}:{key}": value if isinstance(value, str) else json.dumps(value) for key, value in values.items()}
+
+
+def run_program(
+    config: dict[str, Any],
+    secrets: Optional[dict[str, str]] = None,
+    *,
+    stack: str = "test",
+    mocks: Optional[pulumi.runtime.Mocks] = None,
+    on_exports: Optional[Callable[[dict], None]] = None,
+) -> ProgramRun:
+    secrets = secrets or {}
+    monitor = RecordingMonitor(mocks or FakeCloud())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(stack_config({**config, **secrets}), [f"{PROJECT}:{key}" for key in secrets])
+    exports: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
+    real_export = pulumi.export
+
+    def capture(name: str, value: Any) -> None:
+        exports[name] = value
+        real_export(name, value)
+
+    @pulumi.runtime.test
+    def program():
+        with mock.patch.object(pulumi, "export", capture):
+            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        return pulumi.Output.all(**exports).apply(resolved.update)
+
+    program()
+    if on_exports:
+        on_exports(resolved)
+    return ProgramRun(registrations=list(monitor.registrations), exports=resolved)

@@ -1,0 +1,276 @@
+"""The real __main__.py under Pulumi's mocks: resources, options, dependencies, outputs, lifecycle."""
+
+import copy
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.config import ConfigError
+from tests.harness import ROOT, FakeCloud, run_program, strip_secrets
+from tests.lifecycle import CONTAINER, DOCKER_PROVIDER, IMAGE, REMOTE_COMMAND, plan, touched
+
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
+SECRETS = {
+    "apiKey": "sk-live-7d1c9e",
+    "hfToken": "hf_tok_55aa",
+    "sshPrivateKey": "-----BEGIN KEY-----\nPRIVATEKEYBODY\n-----END KEY-----\n",
+}
+
+
+def stack_file(stack: str) -> dict:
+    doc = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    return {key.split(":", 1)[1]: value for key, value in doc.items()}
+
+
+def prod(**changes) -> dict:
+    cfg = copy.deepcopy(stack_file("prod"))
+    for node in cfg["nodes"]:
+        node["hostKey"] = HOST_KEY
+    cfg.update(changes)
+    return cfg
+
+
+@pytest.fixture
+def run():
+    return run_program(prod(), SECRETS, stack="prod")
+
+
+def named(run_, name):
+    return run_.named(name)
+
+
+def test_one_docker_provider_per_node_over_ssh_with_pinned_host_key(run, tmp_path):
+    providers = {r.name: r for r in run.of_type(DOCKER_PROVIDER)}
+    assert set(providers) == {"spark-01-docker", "spark-02-docker"}
+    opts = json.loads(providers["spark-02-docker"].inputs["sshOpts"])  # provider config travels as JSON
+    assert providers["spark-02-docker"].inputs["host"] == "ssh://aurora@spark-02.lan"
+    assert "StrictHostKeyChecking=yes" in opts
+    known_hosts = Path(opts[opts.index("StrictHostKeyChecking=yes") + 2].split("=", 1)[1])
+    assert known_hosts.read_text().splitlines() == [f"spark-01.lan {HOST_KEY}", f"spark-02.lan {HOST_KEY}"]
+    identity = Path(opts[opts.index("-i") + 1])
+    assert identity.read_text() == SECRETS["sshPrivateKey"]
+    assert stat.S_IMODE(os.stat(identity).st_mode) == 0o600
+    # every resource on a node uses that node's provider
+    for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
+        node = reg.name.split("-image")[0].split("-ray")[0]
+        assert reg.provider.startswith(providers[f"{node}-docker"].urn)
+
+
+def test_remote_commands_pin_the_same_host_key(run):
+    for reg in run.of_type(REMOTE_COMMAND):
+        connection = reg.inputs["connection"]
+        assert connection["hostKey"] == HOST_KEY
+        assert connection["privateKey"] == SECRETS["sshPrivateKey"]
+        assert "connection" in reg.secret_paths()
+
+
+def test_each_node_pulls_the_image_and_keeps_it(run):
+    images = run.of_type(IMAGE)
+    assert {r.name for r in images} == {"spark-01-image", "spark-02-image"}
+    assert all(r.inputs == {"name": "hellohal2064/vllm-qwen3.5-gb10", "keepLocally": True} for r in images)
+
+
+def test_ray_containers_are_wired_to_the_fabric(run):
+    head, worker = named(run, "spark-01-ray"), named(run, "spark-02-ray")
+    for reg, fabric in ((head, "192.168.200.12"), (worker, "192.168.200.13")):
+        inputs = reg.inputs
+        env = dict(e.split("=", 1) for e in inputs["envs"])
+        assert env["VLLM_HOST_IP"] == fabric
+        for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+            assert env[key] == "enp1s0f1np1"
+        assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+        assert env["RAY_memory_monitor_refresh_ms"] == "0"
+        assert env["HF_TOKEN"] == SECRETS["hfToken"] and env["RAY_AUTH_MODE"] == "token"
+        assert len(env["RAY_AUTH_TOKEN"]) == 64
+        assert "envs" in reg.secret_paths()
+        assert inputs["networkMode"] == "host" and inputs["ipcMode"] == "host"
+        assert inputs["gpus"] == "all" and inputs["shmSize"] == 10240 and inputs["init"] is True
+        assert inputs["restart"] == "unless-stopped" and inputs["mustRun"] is True
+        assert {u["name"]: (u["soft"], u["hard"]) for u in inputs["ulimits"]} == {
+            "memlock": (-1, -1),
+            "stack": (67108864, 67108864),
+            "nofile": (1048576, 1048576),
+        }
+        assert inputs["mounts"] == [
+            {
+                "type": "bind",
+                "source": "/models/Qwen3.5-122B-A10B-FP8",
+                "target": "/models/Qwen3.5-122B-A10B-FP8",
+                "readOnly": True,
+            },
+            {"type": "volume", "source": "spark-vllm-hf-cache", "target": "/root/.cache/huggingface"},
+        ]
+        assert inputs.get("privileged") is False
+        assert inputs["capabilities"] == {"adds": ["IPC_LOCK"]}
+        assert inputs["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
+        assert inputs["image"] == "sha256:" + "ab" * 32  # the pulled id, not the tag
+        assert reg.delete_before_replace
+    assert head.inputs["entrypoints"] == ["ray"]
+    assert "--head" in head.inputs["command"] and "--dashboard-host=127.0.0.1" in head.inputs["command"]
+    assert "--address=192.168.200.12:6379" in worker.inputs["command"]
+    assert head.inputs["name"] == "spark-vllm-ray-spark-01"
+
+
+def test_workers_start_after_the_head_and_serve_after_every_node(run):
+    head, worker = named(run, "spark-01-ray"), named(run, "spark-02-ray")
+    assert head.urn in worker.dependencies
+    joined = named(run, "spark-02-joined")
+    assert worker.urn in joined.dependencies
+    ready = named(run, "spark-vllm-cluster-ready")
+    assert {head.urn, worker.urn, joined.urn} <= set(ready.dependencies)
+    serve, up, smoke = named(run, "spark-vllm-serve"), named(run, "spark-vllm-ready"), named(run, "spark-vllm-smoke")
+    assert ready.urn in serve.dependencies and serve.urn in up.dependencies and up.urn in smoke.dependencies
+
+
+def test_cluster_wait_expects_every_node_and_the_gpus(run):
+    stdin = named(run, "spark-vllm-cluster-ready").inputs["stdin"]
+    params = json.loads(json.loads(stdin.split("\n", 1)[0].split("=", 1)[1]))
+    assert params["expected"] == [
+        {"name": "spark-01", "fabric_address": "192.168.200.12"},
+        {"name": "spark-02", "fabric_address": "192.168.200.13"},
+    ]
+    assert params["gpus_needed"] == 2 and params["timeout_seconds"] == 300
+
+
+def test_serve_runs_detached_in_the_head_container_with_the_key_off_the_command_line(run):
+    serve = named(run, "spark-vllm-serve")
+    assert serve.inputs["create"].startswith(
+        "timeout --kill-after=10 150 docker exec -i spark-vllm-ray-spark-01 python3 -"
+    )
+    params = json.loads(json.loads(serve.inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+    assert params["argv"][:3] == ["vllm", "serve", "/models/Qwen3.5-122B-A10B-FP8"]
+    assert "--distributed-executor-backend=ray" in params["argv"] and "--tensor-parallel-size=2" in params["argv"]
+    assert params["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
+    assert "stdin" in serve.secret_paths()
+    assert "docker exec -i spark-vllm-ray-spark-01 python3 - /run/spark-vllm/vllm.pid 30" in serve.inputs["delete"]
+    assert serve.delete_before_replace
+
+
+def test_no_secret_appears_in_plain_inputs_or_outputs(run):
+    plain = json.dumps([strip_secrets(r.wire) for r in run.registrations]) + json.dumps(run.exports)
+    for name, value in SECRETS.items():
+        assert value not in plain, name
+        assert "PRIVATEKEYBODY" not in plain
+
+
+def test_outputs(run):
+    assert run.exports["endpoint"] == "http://spark-01.lan:30000/v1"
+    assert run.exports["servedModelName"] == "/models/Qwen3.5-122B-A10B-FP8"
+    assert run.exports["headNode"] == "spark-01"
+    assert run.exports["rayAddress"] == "192.168.200.12:6379"
+    assert run.exports["containers"] == {"spark-01": "spark-vllm-ray-spark-01", "spark-02": "spark-vllm-ray-spark-02"}
+    assert run.exports["logCommands"]["vllm"] == (
+        "ssh -t -p 22 aurora@spark-01.lan 'docker exec spark-vllm-ray-spark-01 tail -n 200 -f /run/spark-vllm/vllm.log'"
+    )
+    assert run.exports["smoke"] == {"latencySeconds": 0.5, "completionTokens": 3, "promptTokens": 7}
+    release = run.exports["release"]
+    assert release["image"] == "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "ab" * 32
+    assert release["validated"] is True and release["engine"]["maxModelLen"] == 32768
+
+
+def test_bad_config_registers_nothing():
+    with pytest.raises(ConfigError) as caught:
+        run_program(prod(tensorParallelSize=3, vllm={"port": 0}), {}, stack="prod")
+    assert "tensorParallelSize" not in str(caught.value) or "vllm.port" in str(caught.value)
+    # the run raised before registering: a fresh run shows the monitor got nothing
+    from pulumi.runtime.settings import SETTINGS  # noqa: F401  (import proves runtime still usable)
+
+
+def test_bad_config_error_lists_all_problems_before_any_resource(monkeypatch):
+    created = []
+
+    class Recording(FakeCloud):
+        def new_resource(self, args):
+            created.append(args.name)
+            return super().new_resource(args)
+
+    with pytest.raises(ConfigError) as caught:
+        run_program(prod(vllm={"port": 0}, nodes=[]), {}, stack="prod", mocks=Recording())
+    assert created == []
+    assert len(caught.value.problems) == 2
+
+
+def test_dev_stack_is_one_node_tp1():
+    run_ = run_program(stack_file("dev"), {}, stack="dev")
+    assert len(run_.of_type(CONTAINER)) == 1
+    assert run_.exports["endpoint"] == "http://spark-01.lan:8000/v1"
+    assert not any(r.name.endswith("-joined") for r in run_.registrations)
+
+
+def test_image_ids_that_differ_between_nodes_stop_the_containers():
+    class Drifting(FakeCloud):
+        def new_resource(self, args):
+            id_, outputs = super().new_resource(args)
+            if args.typ == IMAGE and args.name.startswith("spark-02"):
+                outputs["image_id"] = "sha256:" + "cd" * 32
+            return id_, outputs
+
+    with pytest.raises(
+        Exception, match=r"the image differs between nodes \(spark-01: sha256:abab.*spark-02: sha256:cdcd"
+    ):
+        run_program(prod(), SECRETS, stack="prod", mocks=Drifting())
+
+
+# --- lifecycle: what `pulumi preview` would show for a change ------------------------------------
+
+
+def changes(before: dict, after: dict, secrets=SECRETS) -> dict[str, str]:
+    first = run_program(before, secrets, stack="prod")
+    second = run_program(after, secrets, stack="prod")
+    return touched(plan(first.registrations, second.registrations))
+
+
+def test_nothing_changed_means_nothing_to_do():
+    assert changes(prod(), prod()) == {}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"maxModelLen": 16384},
+        {"vllm": {**prod()["vllm"], "gpuMemoryUtilization": 0.8}},
+        {"vllm": {**prod()["vllm"], "reasoningParser": "deepseek_r1"}},
+        {"vllm": {**prod()["vllm"], "extraArgs": ["--max-num-seqs", "4"]}},
+        {"tensorParallelSize": 1, "pipelineParallelSize": 2},
+    ],
+    ids=["maxModelLen", "gpuMemoryUtilization", "parser", "extraArgs", "tp-pp"],
+)
+def test_a_vllm_only_change_touches_only_the_serve_steps(change):
+    result = changes(prod(), prod(**change))
+    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
+    assert result["spark-vllm-serve"] == "update"  # restarted in place, no container touched
+
+
+def test_an_image_change_leaves_providers_alone():
+    result = changes(prod(), prod(image="hellohal2064/vllm-qwen3.5-gb10:v2"))
+    assert result["spark-01-image"] == result["spark-02-image"] == "replace"
+    assert not any(name.endswith("-docker") for name in result)
+
+
+def test_adding_a_node_touches_that_node_and_the_serve():
+    three = prod(tensorParallelSize=3)
+    three["nodes"] = [
+        *three["nodes"],
+        {**three["nodes"][1], "name": "spark-03", "host": "spark-03.lan", "fabricAddress": "192.168.200.14"},
+    ]
+    result = changes(prod(), three)
+    spark03 = {k: v for k, v in result.items() if k.startswith("spark-03")}
+    assert spark03 == {
+        "spark-03-docker": "create",
+        "spark-03-image": "create",
+        "spark-03-ray": "create",
+        "spark-03-joined": "create",
+    }
+    others = {k for k in result if not k.startswith("spark-03")}
+    assert others <= {"spark-vllm-cluster-ready", "spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke"}
+
+
+def test_bumping_restart_generation_restarts_vllm_only():
+    vllm = {**prod()["vllm"], "restartGeneration": 1}
+    result = changes(prod(), prod(vllm=vllm))
+    assert result["spark-vllm-serve"] == "replace"
+    assert not any(name.endswith(("-ray", "-image", "-docker")) for name in result)

@@ -1,0 +1,200 @@
+"""Config rules: each bad input and the exact problem it must report."""
+
+import copy
+
+import pytest
+
+from components.config import ConfigError, load_cluster_config
+
+BASE = {
+    "nodes": [
+        {"name": "spark-01", "host": "10.0.0.1", "fabricAddress": "10.9.0.1", "fabricInterface": "enp1s0f1np1"},
+        {"name": "spark-02", "host": "10.0.0.2", "fabricAddress": "10.9.0.2", "fabricInterface": "enp1s0f1np1"},
+    ],
+    "image": "vllm/vllm-openai:v0.33.0",
+    "model": "/models/Qwen3-0.6B",
+    "tensorParallelSize": 2,
+    "vllm": {"allowUnauthenticated": True},
+}
+
+
+def config(**changes):
+    raw = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        target = raw
+        keys = path.split("__")
+        for key in keys[:-1]:
+            target = target[int(key)] if key.isdigit() else target.setdefault(key, {})
+        last = keys[-1]
+        if value is DELETE:
+            del target[last]
+        elif last.isdigit():
+            target[int(last)] = value
+        else:
+            target[last] = value
+    return raw
+
+
+DELETE = object()
+
+
+def problems_of(raw):
+    with pytest.raises(ConfigError) as caught:
+        load_cluster_config(raw)
+    return caught.value.problems
+
+
+def test_the_base_config_is_valid_and_fills_defaults():
+    cfg = load_cluster_config(config())
+    assert cfg.head_node.name == "spark-01"
+    assert [w.name for w in cfg.workers] == ["spark-02"]
+    assert cfg.nodes[0].user == "root" and cfg.nodes[0].ssh_port == 22 and cfg.nodes[0].gpus == 1
+    assert cfg.vllm.port == 8000 and cfg.vllm.gpu_memory_utilization == 0.9
+    assert cfg.ray.port == 6379 and cfg.ray.join_timeout_seconds == 300
+    assert cfg.vllm.ready_timeout_seconds == 1800
+    assert cfg.served_model_name == "/models/Qwen3-0.6B"
+
+
+def test_pulumi_string_values_are_coerced():
+    cfg = load_cluster_config(config(tensorParallelSize="2", maxModelLen="32768", smokeTest="false"))
+    assert cfg.tensor_parallel_size == 2 and cfg.max_model_len == 32768 and cfg.smoke_test is False
+
+
+BAD = [
+    (config(nodes=[]), "nodes: [] — List should have at least 1 item after validation, not 0"),
+    (config(nodes__1__name="spark-01"), "nodes[1].name: 'spark-01' — a unique name (nodes[0] has it)"),
+    (config(nodes__1__name="Spark_02"), "nodes[1].name: 'Spark_02' — expected a DNS label"),
+    (
+        config(nodes__1__fabricAddress="10.9.0.1"),
+        "nodes[1].fabricAddress: '10.9.0.1' — a unique address (nodes[0] has it)",
+    ),
+    (
+        config(nodes__1__fabricAddress="10.9.0.300"),
+        "nodes[1].fabricAddress: '10.9.0.300' — Input is not a valid IPv4 address",
+    ),
+    (
+        config(nodes__0__fabricInterface="eth0;reboot"),
+        "nodes[0].fabricInterface: 'eth0;reboot' — expected a network interface name",
+    ),
+    (
+        config(nodes__0__fabricInterface="averyveryverylongname"),
+        "nodes[0].fabricInterface: 'averyveryverylongname' — expected a network interface name",
+    ),
+    (config(nodes__0__host="$(reboot)"), "nodes[0].host: '$(reboot)' — expected a host name or IPv4 address"),
+    (config(nodes__0__user="root\nx"), "nodes[0].user: 'root\\nx' — expected a user name"),
+    (config(nodes__0__sshPort=0), "nodes[0].sshPort: 0 — Input should be greater than or equal to 1"),
+    (config(nodes__0__sshPort=70000), "nodes[0].sshPort: 70000 — Input should be less than or equal to 65535"),
+    (
+        config(nodes__0__rdmaDevices=["rocep1s0f1", "x y"]),
+        "nodes[0].rdmaDevices[1]: 'x y' — expected an RDMA device name",
+    ),
+    (config(nodes__0__gpus=0), "nodes[0].gpus: 0 — Input should be greater than or equal to 1"),
+    (config(nodes__0__fabricAdress="10.9.0.1"), "nodes[0].fabricAdress: '10.9.0.1' — no such key (a typo?)"),
+    (
+        config(nodes__0__hostKey="ssh-ed25519 AAAA; rm -rf /"),
+        "nodes[0].hostKey: 'ssh-ed25519 AAAA; rm -rf /' — expected a public host key line",
+    ),
+    (config(head="spark-09"), "head: 'spark-09' — one of the node names ['spark-01', 'spark-02']"),
+    (
+        config(tensorParallelSize=4),
+        "tensorParallelSize × pipelineParallelSize: '4 × 1 = 4' — the GPUs of the listed nodes (2): or use TP 1 × PP 2 or TP 2 × PP 1",
+    ),
+    (
+        config(tensorParallelSize=1),
+        "tensorParallelSize × pipelineParallelSize: '1 × 1 = 1' — the GPUs of the listed nodes (2): drop nodes ['spark-02']; or use TP 1 × PP 2 or TP 2 × PP 1",
+    ),
+    (config(tensorParallelSize=0), "tensorParallelSize: 0 — Input should be greater than or equal to 1"),
+    (config(maxModelLen=0), "maxModelLen: 0 — Input should be greater than or equal to 1"),
+    (config(vllm__gpuMemoryUtilization=0), "vllm.gpuMemoryUtilization: 0 — Input should be greater than 0"),
+    (
+        config(vllm__gpuMemoryUtilization=1.2),
+        "vllm.gpuMemoryUtilization: 1.2 — Input should be less than or equal to 1",
+    ),
+    (config(vllm__port=0), "vllm.port: 0 — Input should be greater than or equal to 1"),
+    (config(ray__port=65536), "ray.port: 65536 — Input should be less than or equal to 65535"),
+    (
+        config(vllm__enableAutoToolChoice=True),
+        "vllm.toolCallParser: None — a parser (e.g. qwen3_coder) because enableAutoToolChoice is true",
+    ),
+    (
+        config(vllm__extraArgs=["--api-key", "x"]),
+        "vllm.extraArgs[0]: '--api-key' — a flag the program does not set itself",
+    ),
+    (
+        config(vllm__extraArgs=["--max-model-len=9"]),
+        "vllm.extraArgs[0]: '--max-model-len=9' — a flag the program does not set itself",
+    ),
+    (
+        config(vllm__extraArgs=["--x\nrm -rf /"]),
+        "vllm.extraArgs[0]: '--x\\nrm -rf /' — expected a non-empty argument without control characters",
+    ),
+    (
+        config(vllm__allowUnauthenticated=False),
+        "apiKey: None — a secret (`pulumi config set --secret apiKey …`) because vLLM binds 0.0.0.0",
+    ),
+    (config(image=DELETE), "image: None — a value (or promoteFrom: a stack whose release to deploy)"),
+    (config(image="Vllm/Bad Image"), "image: 'Vllm/Bad Image' — expected an image reference"),
+    (
+        config(model="models/../$(x)"),
+        "model: 'models/../$(x)' — expected an absolute path (/models/Name) or a Hugging Face repo id",
+    ),
+    (
+        config(promoteFrom="organization/spark-vllm/staging"),
+        "image: 'vllm/vllm-openai:v0.33.0' — no value: promoteFrom 'organization/spark-vllm/staging' decides it",
+    ),
+    (
+        config(security={"requireHostKeys": True}),
+        "nodes[0].hostKey: None — the node's public host key, because security.requireHostKeys is true",
+    ),
+    (config(nccl={"debug": "LOUD"}), "nccl.debug: 'LOUD' — Input should be 'VERSION', 'WARN', 'INFO' or 'TRACE'"),
+    (config(network={"mtu": 100}), "network.mtu: 100 — Input should be greater than or equal to 576"),
+    (config(modle="/models/x"), "modle: '/models/x' — no such key (a typo?)"),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), BAD, ids=[e.split(":")[0] + "-" + str(i) for i, (_, e) in enumerate(BAD)])
+def test_each_bad_value_is_reported_with_path_value_and_expectation(raw, expected):
+    problems = problems_of(raw)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_every_problem_is_listed_in_one_error():
+    raw = config(nodes__0__sshPort=0, nodes__1__fabricAddress="nope", vllm__port=99999, modle="x")
+    error = pytest.raises(ConfigError, load_cluster_config, raw).value
+    assert len(error.problems) == 4
+    text = str(error)
+    assert text.startswith("spark-vllm: the stack config has 4 problem(s):")
+    for path in ("nodes[0].sshPort", "nodes[1].fabricAddress", "vllm.port", "modle"):
+        assert f"  - {path}: " in text
+
+
+def test_cross_field_problems_are_listed_together():
+    raw = config(head="nope", tensorParallelSize=3, nodes__1__fabricAddress="10.9.0.1")
+    problems = problems_of(raw)
+    assert [p.split(":")[0] for p in problems] == [
+        "nodes[1].fabricAddress",
+        "head",
+        "tensorParallelSize × pipelineParallelSize",
+    ]
+
+
+def test_secrets_never_appear_in_errors():
+    raw = config(apiKey={"not": "a string"}, hfToken="hf_abcdefSECRET", nodes__0__sshPort=0)
+    error = pytest.raises(ConfigError, load_cluster_config, raw).value
+    assert "hf_abcdefSECRET" not in str(error)
+    assert "apiKey: '[secret]'" in str(error)
+
+
+def test_head_can_be_any_node_and_workers_are_the_rest():
+    cfg = load_cluster_config(config(head="spark-02"))
+    assert cfg.head_node.name == "spark-02" and [w.name for w in cfg.workers] == ["spark-01"]
+
+
+def test_loopback_bind_needs_no_api_key():
+    cfg = load_cluster_config(config(vllm={"host": "127.0.0.1"}))
+    assert str(cfg.vllm.host) == "127.0.0.1"
+
+
+def test_promote_from_replaces_image_and_model():
+    cfg = load_cluster_config(config(image=DELETE, model=DELETE, promoteFrom="organization/spark-vllm/staging"))
+    assert cfg.promote_from == "organization/spark-vllm/staging" and cfg.image is None

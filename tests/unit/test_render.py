@@ -1,0 +1,164 @@
+"""Renderers: golden argv and env, and hostile values that must stay single quoted words."""
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components import render
+from components.config import load_cluster_config
+from tests.unit.test_config import config
+
+
+@pytest.fixture
+def cfg():
+    return load_cluster_config(
+        config(
+            nodes__0__rdmaDevices=["rocep1s0f1", "roceP2p1s0f1"],
+            maxModelLen=32768,
+            vllm={
+                "port": 30000,
+                "trustRemoteCode": True,
+                "reasoningParser": "qwen3",
+                "toolCallParser": "qwen3_coder",
+                "enableAutoToolChoice": True,
+                "extraArgs": ["--max-num-seqs", "8"],
+                "allowUnauthenticated": True,
+            },
+            nccl={"debug": "INFO"},
+        )
+    )
+
+
+def test_serve_argv_golden(cfg):
+    assert render.serve_argv(cfg, cfg.model) == [
+        "vllm", "serve", "/models/Qwen3-0.6B",
+        "--tensor-parallel-size=2", "--pipeline-parallel-size=1",
+        "--distributed-executor-backend=ray",
+        "--max-model-len=32768",
+        "--gpu-memory-utilization=0.9", "--host=0.0.0.0", "--port=30000",
+        "--served-model-name=/models/Qwen3-0.6B",
+        "--trust-remote-code", "--reasoning-parser=qwen3", "--tool-call-parser=qwen3_coder",
+        "--enable-auto-tool-choice",
+        "--max-num-seqs", "8",
+    ]  # fmt: skip
+
+
+def test_single_node_serve_has_no_ray_backend_and_no_optional_flags():
+    one = config(nodes=[config()["nodes"][0]], tensorParallelSize=1)
+    argv = render.serve_argv(load_cluster_config(one), "org/model")
+    assert "--distributed-executor-backend=ray" not in argv
+    assert not any(a.startswith(("--max-model-len", "--trust", "--reasoning", "--tool", "--enable")) for a in argv)
+    assert "--api-key" not in " ".join(argv)
+
+
+def test_ray_start_head_and_worker_golden(cfg):
+    head, worker = cfg.nodes
+    assert render.ray_start_args(cfg, head) == [
+        "start", "--block", "--node-ip-address=10.9.0.1", "--num-gpus=1", "--disable-usage-stats",
+        "--head", "--port=6379", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+    ]  # fmt: skip
+    assert render.ray_start_args(cfg, worker) == [
+        "start", "--block", "--node-ip-address=10.9.0.2", "--num-gpus=1", "--disable-usage-stats",
+        "--address=10.9.0.1:6379",
+    ]  # fmt: skip
+
+
+def test_node_env_binds_everything_to_the_fabric(cfg):
+    env = dict(item.split("=", 1) for item in render.node_env(cfg, cfg.nodes[0]))
+    assert env == {
+        "VLLM_HOST_IP": "10.9.0.1",
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "TP_SOCKET_IFNAME": "enp1s0f1np1",
+        "UCX_NET_DEVICES": "enp1s0f1np1",
+        "OMPI_MCA_btl_tcp_if_include": "enp1s0f1np1",
+        "RAY_memory_monitor_refresh_ms": "0",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+        "NCCL_DEBUG": "INFO",
+        "RAY_AUTH_MODE": "token",
+    }
+    worker = dict(item.split("=", 1) for item in render.node_env(cfg, cfg.nodes[1]))
+    assert worker["VLLM_HOST_IP"] == "10.9.0.2" and "NCCL_IB_HCA" not in worker
+
+
+def test_script_program_carries_params_as_data_not_code():
+    hostile = {"argv": ["vllm", "serve", "x", "--chat-template=$(reboot)", "'; rm -rf / #", '"""'], "key": "a\nb"}
+    program = render.script_program("serve_stop.py", hostile)
+    namespace: dict = {}
+    exec(program.split("\n", 1)[0], namespace)  # only the PARAMS line
+    assert json.loads(namespace["PARAMS"]) == hostile
+
+
+HOSTILE_WORDS = ["$(touch pwned)", ";touch pwned", "`id`", "a;b", "a&&b", "'quoted'", '"dq"', "x y", "*", "~root", "\\"]
+
+
+@pytest.mark.parametrize("word", HOSTILE_WORDS)
+def test_shell_line_keeps_each_hostile_word_whole(word):
+    argv = ["docker", "exec", "-i", word, "python3", "-"]
+    assert shlex.split(render.shell_line(argv)) == argv
+
+
+def _fake_docker(tmp_path: Path) -> Path:
+    """A `docker` on PATH that records its argv as JSON lines and fails for `exec`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        "open(os.environ['RECORD'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "sys.exit(0 if sys.argv[1] in ('logs', 'inspect') else 3)\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+@pytest.mark.parametrize("word", HOSTILE_WORDS)
+def test_remote_command_lines_run_hostile_words_as_data(tmp_path, word, cfg):
+    """The exact strings given to pulumi-command, run by a real shell: nothing is interpreted."""
+    record = tmp_path / "argv.jsonl"
+    env = {**os.environ, "PATH": f"{_fake_docker(tmp_path)}:{os.environ['PATH']}", "RECORD": str(record)}
+    line = render.with_log_tail_on_failure(render.exec_python(word, 30), cfg.nodes[0], word)
+    result = subprocess.run(["bash", "-c", line], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 3  # the failing exec's code is kept
+    calls = [json.loads(x) for x in record.read_text().splitlines()]
+    assert calls == [["exec", "-i", word, "python3", "-"], ["logs", "--tail", "60", word]]
+    assert "node spark-01" in result.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_delete_is_safe_when_the_container_is_gone(tmp_path):
+    record = tmp_path / "argv.jsonl"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\necho "$@" >> "$RECORD"\n[ "$1" = inspect ] && exit 1\nexit 0\n')
+    (bin_dir / "docker").chmod(0o755)
+    line = render.if_container_exists("gone", ["docker", "exec", "gone", "true"])
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
+    result = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True)
+    assert result.returncode == 0
+    assert record.read_text().splitlines() == ["inspect --type container gone"]
+
+
+def test_known_hosts_lines_use_bracket_form_for_other_ports():
+    raw = config(
+        nodes__0__hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA1",
+        nodes__1__hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA2",
+        nodes__1__sshPort=2222,
+    )
+    assert render.known_hosts_lines(load_cluster_config(raw)) == [
+        "10.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA1",
+        "[10.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA2",
+    ]
+
+
+def test_docker_host_url():
+    raw = config(nodes__1__user="aurora", nodes__1__sshPort=2222)
+    nodes = load_cluster_config(raw).nodes
+    assert render.docker_host_url(nodes[0]) == "ssh://root@10.0.0.1"
+    assert render.docker_host_url(nodes[1]) == "ssh://aurora@10.0.0.2:2222"
