@@ -8,9 +8,11 @@ from typing import Optional
 import pulumi
 import pulumi_command as command
 
+from components.checks import NodeChecks, NodeChecksArgs
 from components.config import ClusterConfig
 from components.image import NodeImage, NodeImageArgs
 from components.node import NodeHost, NodeHostArgs
+from components.preflight import compare_fingerprints, parse_fingerprint
 from components.ray_node import RayNode, RayNodeArgs
 from components.release import ReleaseSource, release_record
 from components.render import ray_address
@@ -20,6 +22,18 @@ from components.ssh import SshFiles
 
 class ImageMismatchError(Exception):
     pass
+
+
+class PreflightError(Exception):
+    pass
+
+
+def same_model(stdouts_by_node: dict[str, str]) -> bool:
+    """True when every node fingerprinted the same model; PreflightError naming the differences."""
+    problems = compare_fingerprints({node: parse_fingerprint(out) for node, out in stdouts_by_node.items()})
+    if problems:
+        raise PreflightError("\n".join(problems))
+    return True
 
 
 def same_image(ids_by_node: dict[str, str]) -> str:
@@ -49,7 +63,12 @@ class VllmCluster(pulumi.ComponentResource):
         self.hosts = {
             node.name: NodeHost(
                 node.name,
-                NodeHostArgs(node=node, ssh_files=args.ssh_files, private_key=secrets.get("sshPrivateKey")),
+                NodeHostArgs(
+                    node=node,
+                    ssh_files=args.ssh_files,
+                    private_key=secrets.get("sshPrivateKey"),
+                    network=cfg.network,
+                ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
             for node in cfg.nodes
@@ -67,9 +86,10 @@ class VllmCluster(pulumi.ComponentResource):
             for node in cfg.nodes
         }
         names = list(images)
-        image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
+        same_image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
             lambda ids: same_image(dict(zip(names, ids, strict=True)))
         )
+        image_id = self._after_checks(cfg, args, images, same_image_id)
         secret_env = self._secret_env(cfg, secrets)
         self.ray_nodes: dict[str, RayNode] = {}
         head = cfg.head_node
@@ -133,6 +153,39 @@ class VllmCluster(pulumi.ComponentResource):
                 "release": self.release,
             }
         )
+
+    def _after_checks(self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, image_id: pulumi.Output):
+        """The image id, available only once every node passed its checks and all agree on the model.
+
+        Every Ray container takes its image from here, so a failing check on any node stops all of
+        them before one starts.
+        """
+        networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
+        self.checks = {
+            node.name: NodeChecks(
+                node.name,
+                NodeChecksArgs(
+                    config=cfg,
+                    node=node,
+                    connection=self.hosts[node.name].connection,
+                    image_id=images[node.name].image_id,
+                    model=args.release.model,
+                    after=networks,  # peers must have their fabric address before we ping them
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
+        gates = [checks.passed for checks in self.checks.values()]
+        fingerprints = {name: c.fingerprint for name, c in self.checks.items() if c.fingerprint is not None}
+        if fingerprints:
+            names = list(fingerprints)
+            gates.append(
+                pulumi.Output.all(*fingerprints.values()).apply(
+                    lambda outs: same_model(dict(zip(names, outs, strict=True)))
+                )
+            )
+        return pulumi.Output.all(image_id, *gates).apply(lambda parts: parts[0])
 
     def _secret_env(self, cfg: ClusterConfig, secrets: dict) -> pulumi.Output:
         parts: list[pulumi.Input[str]] = []

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import typing
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
@@ -17,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -213,6 +216,14 @@ class NetworkConfig(_Model):
     mtu: Optional[int] = Field(None, ge=576, le=9216, description="MTU of the fabric interface (e.g. 9000).")
 
 
+class UlimitsConfig(_Model):
+    memlock: int = Field(
+        -1, ge=-1, description="Locked-memory limit in bytes; -1 = unlimited (RDMA registers GPU memory)."
+    )
+    stack: int = Field(67108864, ge=-1, description="Stack size limit in bytes (64 MiB as NVIDIA's containers use).")
+    nofile: int = Field(1048576, ge=1024, description="Open files (Ray's object store and NCCL sockets need many).")
+
+
 class ContainerConfig(_Model):
     gpus: bool = Field(True, description="Give the Ray containers every GPU (`--gpus all`). false for CPU-only hosts.")
     shm_size_mb: PositiveInt = Field(10240, description="Shared memory of each Ray container, in MB.")
@@ -227,6 +238,10 @@ class ContainerConfig(_Model):
         "unless-stopped", description="Docker restart policy of the Ray containers (brings them back after a reboot)."
     )
     keep_image: bool = Field(True, description="Keep the image on the nodes when the stack is destroyed.")
+    ulimits: UlimitsConfig = Field(
+        default_factory=UlimitsConfig,
+        description="Ulimits of the Ray containers; lower them only where the host's hard limits cannot be raised.",
+    )
 
 
 class SecurityConfig(_Model):
@@ -299,18 +314,75 @@ def _problem(path: str, value: Any, expected: str) -> str:
     return f"{path}: {value!r} — {expected}"
 
 
-def _node_problems(cfg: ClusterConfig) -> list[str]:
-    problems = []
+class _Invalid:
+    """A value that failed its own field rule: cross-field rules leave it to that message."""
+
+    def __repr__(self) -> str:
+        return "<invalid>"
+
+
+INVALID = _Invalid()
+
+
+def _submodel(annotation: Any) -> tuple[Optional[type[BaseModel]], bool]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if typing.get_origin(annotation) is list:
+        inner = typing.get_args(annotation)[0]
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            return inner, True
+    return None, False
+
+
+def _lenient(model: type[BaseModel], raw: Any) -> Any:
+    """The raw config as attributes, each field validated on its own: invalid ones become INVALID.
+
+    Lets the cross-field rules run even when some fields are wrong, so one error lists everything.
+    """
+    if not isinstance(raw, dict):
+        return INVALID
+    values = {}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key not in raw:
+            values[name] = field.get_default(call_default_factory=True)
+            continue
+        sub, is_list = _submodel(field.annotation)
+        value = raw[key]
+        if sub is not None and is_list:
+            values[name] = [_lenient(sub, v) for v in value] if isinstance(value, list) else INVALID
+        elif sub is not None:
+            values[name] = _lenient(sub, value)
+        else:
+            try:
+                annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+                values[name] = TypeAdapter(annotation).validate_python(value)
+            except ValidationError:
+                values[name] = INVALID
+    return SimpleNamespace(**values)
+
+
+def _node_problems(cfg: Any) -> list[str]:
+    problems: list[str] = []
     seen_names: dict[str, int] = {}
     seen_fabric: dict[str, int] = {}
+    if cfg.nodes is INVALID:
+        return problems
     for index, node in enumerate(cfg.nodes):
-        if node.name in seen_names:
+        if node is INVALID:
+            continue
+        if node.name is INVALID:
+            pass
+        elif node.name in seen_names:
             problems.append(
                 _problem(f"nodes[{index}].name", node.name, f"a unique name (nodes[{seen_names[node.name]}] has it)")
             )
-        seen_names.setdefault(node.name, index)
+        else:
+            seen_names[node.name] = index
         address = str(node.fabric_address)
-        if address in seen_fabric:
+        if node.fabric_address is INVALID:
+            pass
+        elif address in seen_fabric:
             problems.append(
                 _problem(
                     f"nodes[{index}].fabricAddress",
@@ -318,8 +390,9 @@ def _node_problems(cfg: ClusterConfig) -> list[str]:
                     f"a unique address (nodes[{seen_fabric[address]}] has it)",
                 )
             )
-        seen_fabric.setdefault(address, index)
-        if cfg.security.require_host_keys and node.host_key is None:
+        else:
+            seen_fabric[address] = index
+        if cfg.security is not INVALID and cfg.security.require_host_keys is True and node.host_key is None:
             problems.append(
                 _problem(
                     f"nodes[{index}].hostKey",
@@ -328,14 +401,18 @@ def _node_problems(cfg: ClusterConfig) -> list[str]:
                     f"(get it with `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`)",
                 )
             )
-    if cfg.head is not None and cfg.head not in seen_names:
+    names_valid = all(node is not INVALID and node.name is not INVALID for node in cfg.nodes)
+    if cfg.head not in (None, INVALID) and names_valid and cfg.head not in seen_names:
         problems.append(_problem("head", cfg.head, f"one of the node names {sorted(seen_names)}"))
     return problems
 
 
-def _parallelism_problems(cfg: ClusterConfig) -> list[str]:
+def _parallelism_problems(cfg: Any) -> list[str]:
+    facts = [cfg.nodes, cfg.tensor_parallel_size, cfg.pipeline_parallel_size]
+    if INVALID in facts or any(node is INVALID or INVALID in (node.gpus, node.name) for node in cfg.nodes):
+        return []
     total_gpus = sum(node.gpus for node in cfg.nodes)
-    world = cfg.world_size
+    world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
     if world == total_gpus:
         return []
     value = f"{cfg.tensor_parallel_size} × {cfg.pipeline_parallel_size} = {world}"
@@ -360,15 +437,17 @@ def _parallelism_problems(cfg: ClusterConfig) -> list[str]:
     ]
 
 
-def _serving_problems(cfg: ClusterConfig) -> list[str]:
-    problems = []
-    if cfg.promote_from is None:
+def _serving_problems(cfg: Any) -> list[str]:
+    problems: list[str] = []
+    if cfg.promote_from is INVALID:
+        pass
+    elif cfg.promote_from is None:
         for key in ("image", "model"):
             if getattr(cfg, key) is None:
                 problems.append(_problem(key, None, "a value (or promoteFrom: a stack whose release to deploy)"))
     else:
         for key in ("image", "model"):
-            if getattr(cfg, key) is not None:
+            if getattr(cfg, key) not in (None, INVALID):
                 problems.append(
                     _problem(
                         key,
@@ -376,11 +455,14 @@ def _serving_problems(cfg: ClusterConfig) -> list[str]:
                         f"no value: promoteFrom {cfg.promote_from!r} decides it (remove one of the two)",
                     )
                 )
-    if cfg.vllm.enable_auto_tool_choice and cfg.vllm.tool_call_parser is None:
+    if cfg.vllm is INVALID:
+        return problems
+    if cfg.vllm.enable_auto_tool_choice is True and cfg.vllm.tool_call_parser is None:
         problems.append(
             _problem("vllm.toolCallParser", None, "a parser (e.g. qwen3_coder) because enableAutoToolChoice is true")
         )
-    if not cfg.vllm.host.is_loopback and cfg.api_key is None and not cfg.vllm.allow_unauthenticated:
+    host = cfg.vllm.host
+    if host is not INVALID and not host.is_loopback and cfg.api_key is None and cfg.vllm.allow_unauthenticated is False:
         problems.append(
             _problem(
                 "apiKey",
@@ -389,7 +471,7 @@ def _serving_problems(cfg: ClusterConfig) -> list[str]:
                 "or set vllm.allowUnauthenticated: true to serve without one",
             )
         )
-    for index, arg in enumerate(cfg.vllm.extra_args):
+    for index, arg in enumerate([] if cfg.vllm.extra_args is INVALID else cfg.vllm.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_VLLM_FLAGS:
             problems.append(
@@ -441,4 +523,9 @@ def load_cluster_config(raw: dict[str, Any]) -> ClusterConfig:
         return ClusterConfig.model_validate(raw)
     except ValidationError as error:
         problems = [line for item in error.errors() for line in _describe(item)]
-        raise ConfigError(problems) from None
+    view = _lenient(ClusterConfig, raw)
+    if view is not INVALID:
+        for line in [*_node_problems(view), *_parallelism_problems(view), *_serving_problems(view)]:
+            if line not in problems:
+                problems.append(line)
+    raise ConfigError(problems)

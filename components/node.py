@@ -9,8 +9,9 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from components.config import NodeConfig
-from components.render import docker_host_url
+from components.config import NetworkConfig, NodeConfig
+from components.netplan import netplan_apply_argv, node_netplan_yaml
+from components.render import docker_host_url, script, shell_line, with_script
 from components.ssh import SshFiles
 
 
@@ -19,6 +20,7 @@ class NodeHostArgs:
     node: NodeConfig
     ssh_files: SshFiles
     private_key: Optional[pulumi.Input[str]]  # secret; None: ssh-agent (SSH_AUTH_SOCK)
+    network: NetworkConfig
 
 
 class NodeHost(pulumi.ComponentResource):
@@ -30,6 +32,7 @@ class NodeHost(pulumi.ComponentResource):
 
     provider: docker.Provider
     connection: command.remote.ConnectionArgs
+    fabric_network: Optional[command.remote.Command]
 
     def __init__(self, name: str, args: NodeHostArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeHost", name, None, opts)
@@ -49,5 +52,21 @@ class NodeHost(pulumi.ComponentResource):
             # A reboot or a busy sshd should not fail the whole deployment at once.
             dial_error_limit=20,
         )
+        self.fabric_network = self._create_fabric_network(name, args) if args.network.manage else None
         self.docker_host = pulumi.Output.from_input(docker_host_url(node))
         self.register_outputs({"docker_host": self.docker_host})
+
+    def _create_fabric_network(self, name: str, args: NodeHostArgs) -> command.remote.Command:
+        """The fabric address as a netplan drop-in: written (mode 600) and applied only when it
+        changed; removed again on destroy. The management link is never touched."""
+        node, sudo = args.node, args.node.user != "root"
+        content = node_netplan_yaml(node, args.network)
+        apply_script = script("netplan_apply.sh")
+        return command.remote.Command(
+            f"{name}-fabric-network",
+            connection=self.connection,
+            create=with_script(shell_line(netplan_apply_argv(content, sudo)), apply_script),
+            delete=with_script(shell_line(netplan_apply_argv(None, sudo)), apply_script),
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -23,13 +23,6 @@ from components.render import (
     with_log_tail_on_failure,
 )
 
-# memlock unlimited for RDMA registration; a 64 MB stack as NVIDIA's containers recommend;
-# many open files for Ray's object store and NCCL sockets.
-ULIMITS = [
-    docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
-    docker.ContainerUlimitArgs(name="stack", soft=67108864, hard=67108864),
-    docker.ContainerUlimitArgs(name="nofile", soft=1048576, hard=1048576),
-]
 POLL_SECONDS = 1
 PROGRESS_SECONDS = 30
 
@@ -44,6 +37,14 @@ class RayNodeArgs:
     connection: command.remote.ConnectionArgs
     secret_env: pulumi.Input[Sequence[str]]  # ["HF_TOKEN=…", "RAY_AUTH_TOKEN=…"], secret
     start_after: Sequence[pulumi.Resource] = ()  # workers wait for the head's container
+
+
+def ulimits(cfg: ClusterConfig) -> list[docker.ContainerUlimitArgs]:
+    limits = cfg.container.ulimits
+    return [
+        docker.ContainerUlimitArgs(name=name, soft=value, hard=value)
+        for name, value in (("memlock", limits.memlock), ("stack", limits.stack), ("nofile", limits.nofile))
+    ]
 
 
 def model_mounts(model: str) -> list[docker.ContainerMountArgs]:
@@ -89,7 +90,7 @@ class RayNode(pulumi.ComponentResource):
             ipc_mode="host",
             shm_size=cfg.container.shm_size_mb,
             gpus="all" if cfg.container.gpus else None,
-            ulimits=ULIMITS,
+            ulimits=ulimits(cfg),
             mounts=mounts,
             restart=cfg.container.restart,
             init=True,  # reaps vLLM's exited children and forwards SIGTERM to Ray

@@ -62,9 +62,17 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),
         model=release.apply(lambda r: r["model"]),
-        engine=release.apply(lambda r: {**defaults, **(r.get("engine") or {})}),
+        engine=release.apply(lambda r: _engine(defaults, r.get("engine") or {})),
         origin=stack,
     )
+
+
+def _engine(defaults: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
+    """The promoted engine settings over this stack's; numbers come back from state as floats."""
+    engine = {**defaults, **promoted}
+    if isinstance(engine.get("maxModelLen"), float) and engine["maxModelLen"].is_integer():
+        engine["maxModelLen"] = int(engine["maxModelLen"])
+    return engine
 
 
 def release_record(image: str, model: str, engine: dict, validated: bool, origin: str) -> dict[str, Any]:

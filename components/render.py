@@ -164,6 +164,21 @@ def with_log_tail_on_failure(command: list[str], node: NodeConfig, container: st
     )
 
 
+HEREDOC_MARKER = "SPARK_VLLM_SCRIPT_END"
+
+
+def with_script(command: str, script_text: str) -> str:
+    """`command` with a script on its stdin as a quoted heredoc (no expansion inside).
+
+    The script travels inside the command itself, so create and delete work the same way
+    (pulumi-command feeds `stdin` only where it is set) and nothing is copied to the host first.
+    """
+    if HEREDOC_MARKER in script_text:
+        raise ValueError("script contains the heredoc marker")
+    body = script_text if script_text.endswith("\n") else script_text + "\n"
+    return f"{command} <<'{HEREDOC_MARKER}'\n{body}{HEREDOC_MARKER}"
+
+
 def if_container_exists(container: str, command: list[str]) -> str:
     """A delete that succeeds when the container is already gone (destroy must be safe to repeat)."""
     quoted = shlex.quote(container)

@@ -31,6 +31,7 @@ from components.render import (
     serve_argv,
     shell_line,
     with_log_tail_on_failure,
+    with_script,
 )
 
 POLL_SECONDS = 1  # readiness notices a ready server within this
@@ -143,9 +144,7 @@ class VllmServer(pulumi.ComponentResource):
             )
 
         stop = ["docker", "exec", "-i", args.container, "python3", "-", VLLM_PID, str(VLLM_STOP_GRACE_SECONDS)]
-        delete = (
-            f"{if_container_exists(args.container, stop)} <<'SPARK_VLLM_STOP'\n{script('serve_stop.py')}SPARK_VLLM_STOP"
-        )
+        delete = with_script(if_container_exists(args.container, stop), script("serve_stop.py"))
         return self._head_command(
             f"{name}-serve",
             VLLM_STOP_GRACE_SECONDS + 120,

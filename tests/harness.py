@@ -140,13 +140,21 @@ class FakeCloud(pulumi.runtime.Mocks):
             outputs.update(image_id=digest, repo_digest=f"{args.inputs['name'].split(':')[0]}@{digest}")
         elif args.typ.startswith("command:"):
             stdout = "0f" * 32 if args.name == "ray-auth-token" else ""
-            if args.name.endswith("-smoke"):
+            if args.name.endswith("-model-fingerprint"):
+                stdout = json.dumps(self.fingerprint(args.name.removesuffix("-model-fingerprint")))
+            elif args.name.endswith("-preflight"):
+                stdout = f"preflight {args.name.removesuffix('-preflight')}: ok"
+            elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             outputs.update(stdout=stdout, stderr="")
         elif args.typ == "pulumi:pulumi:StackReference":
             stack = args.inputs["name"]
             outputs.update(outputs=self.stack_outputs.get(stack, {}), secretOutputNames=[])
         return f"{args.name}-id", outputs
+
+    def fingerprint(self, node: str) -> dict[str, Any]:
+        """What model_fingerprint.py prints for the same model on every node."""
+        return {"fingerprint": "f" * 64, "files": {"config.json": 700}, "metadata": {"config.json": "c" * 64}}
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         return {}

@@ -293,31 +293,44 @@ class SimCluster:
                 return n
         raise KeyError(ref)
 
-    def run_in(self, ref: SimNode | str, argv: Sequence[str], check: bool = True, timeout: float = 60,
-               **kw) -> subprocess.CompletedProcess:
+    def run_in(
+        self, ref: SimNode | str, argv: Sequence[str], check: bool = True, timeout: float = 60, **kw
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` inside the node's network namespace (host filesystem and PIDs)."""
         node = self.node(ref)
         return _run(["ip", "netns", "exec", node.netns, *argv], check=check, timeout=timeout, **kw)
 
-    def docker(self, ref: SimNode | str, *args: str, check: bool = True, timeout: float = 120,
-               **kw) -> subprocess.CompletedProcess:
+    def docker(
+        self, ref: SimNode | str, *args: str, check: bool = True, timeout: float = 120, **kw
+    ) -> subprocess.CompletedProcess:
         """The docker CLI against the node's daemon socket directly (no SSH)."""
         node = self.node(ref)
         return _run([_tool("docker"), "-H", node.docker_host, *args], check=check, timeout=timeout, **kw)
 
-    def docker_ssh(self, ref: SimNode | str, *args: str, check: bool = True, timeout: float = 120,
-                   **kw) -> subprocess.CompletedProcess:
+    def docker_ssh(
+        self, ref: SimNode | str, *args: str, check: bool = True, timeout: float = 120, **kw
+    ) -> subprocess.CompletedProcess:
         """The docker CLI over ``ssh://root@<mgmt_ip>``, the path the Pulumi docker provider takes."""
         node = self.node(ref)
-        return _run([_tool("docker"), "-H", f"ssh://{node.ssh_target}", *args], check=check, timeout=timeout,
-                    env=self.ssh_env(), **kw)
+        return _run(
+            [_tool("docker"), "-H", f"ssh://{node.ssh_target}", *args],
+            check=check,
+            timeout=timeout,
+            env=self.ssh_env(),
+            **kw,
+        )
 
-    def ssh(self, ref: SimNode | str, command: str, check: bool = True, timeout: float = 60,
-            **kw) -> subprocess.CompletedProcess:
+    def ssh(
+        self, ref: SimNode | str, command: str, check: bool = True, timeout: float = 60, **kw
+    ) -> subprocess.CompletedProcess:
         """Run a shell command on the node over SSH with the generated key and strict host keys."""
         node = self.node(ref)
-        return _run(["/usr/bin/ssh", "-F", str(self.ssh_config_path), node.ssh_target, command],
-                    check=check, timeout=timeout, **kw)
+        return _run(
+            ["/usr/bin/ssh", "-F", str(self.ssh_config_path), node.ssh_target, command],
+            check=check,
+            timeout=timeout,
+            **kw,
+        )
 
     # fault injection -------------------------------------------------------------------------
     def start_dockerd(self, ref: SimNode | str, timeout: float = 60) -> None:
@@ -378,8 +391,11 @@ class SimCluster:
 
 def _used_names() -> str:
     """Everything that could collide with a new cluster: link names, netns names, addresses."""
-    parts = [_run(["ip", "-o", "link"], check=False).stdout, _run(["ip", "-o", "addr"], check=False).stdout,
-             _run(["ip", "route", "show", "table", "all"], check=False).stdout]
+    parts = [
+        _run(["ip", "-o", "link"], check=False).stdout,
+        _run(["ip", "-o", "addr"], check=False).stdout,
+        _run(["ip", "route", "show", "table", "all"], check=False).stdout,
+    ]
     with contextlib.suppress(OSError):
         parts += os.listdir(NETNS_DIR)
     parts += os.listdir(RUN_ROOT)
@@ -430,8 +446,11 @@ def _iptables_backends() -> list[str]:
     iptables-legacy would load it)."""
     backends = ["iptables"] if _have("iptables") else []
     with contextlib.suppress(OSError):
-        if _have("iptables-legacy") and "filter" in Path("/proc/net/ip_tables_names").read_text().split() \
-                and "legacy" not in _run(["iptables", "-V"], check=False).stdout:
+        if (
+            _have("iptables-legacy")
+            and "filter" in Path("/proc/net/ip_tables_names").read_text().split()
+            and "legacy" not in _run(["iptables", "-V"], check=False).stdout
+        ):
             backends.append("iptables-legacy")
     return backends
 
@@ -453,8 +472,10 @@ def _create_netns(cluster: SimCluster, node: SimNode, default_route: bool) -> No
     _run(["ip", "netns", "add", ns])
     _run(["ip", "-n", ns, "link", "set", "lo", "up"])
     cid = cluster.cluster_id
-    links = ((f"{cid}-m{node.index}", node.mgmt_interface, cluster.mgmt_bridge, node.mgmt_ip),
-             (f"{cid}-f{node.index}", node.fabric_interface, cluster.fabric_bridge, node.fabric_ip))
+    links = (
+        (f"{cid}-m{node.index}", node.mgmt_interface, cluster.mgmt_bridge, node.mgmt_ip),
+        (f"{cid}-f{node.index}", node.fabric_interface, cluster.fabric_bridge, node.fabric_ip),
+    )
     for host_if, ns_if, bridge, ip in links:
         _run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns])
         if bridge == cluster.fabric_bridge:
@@ -471,8 +492,20 @@ def _create_netns(cluster: SimCluster, node: SimNode, default_route: bool) -> No
 
 def _write_client_material(cluster: SimCluster) -> None:
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{cluster.cluster_id}-client",
-          "-f", str(cluster.client_key_path)])
+    _run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            f"{cluster.cluster_id}-client",
+            "-f",
+            str(cluster.client_key_path),
+        ]
+    )
     cluster.client_key_path.chmod(0o600)
     cluster.authorized_keys_path.write_text(cluster.client_key_public + "\n")
 
@@ -484,23 +517,27 @@ def _write_node_config(cluster: SimCluster, node: SimNode) -> None:
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(node.host_key_path)])
     key_type, key_b64 = Path(f"{node.host_key_path}.pub").read_text().split()[:2]
     node.host_key = f"{key_type} {key_b64}"
-    node.sshd_config.write_text("\n".join([
-        f"Port {node.ssh_port}",
-        f"ListenAddress {node.mgmt_ip}",
-        f"HostKey {node.host_key_path}",
-        f"PidFile {node.sshd_pidfile}",
-        "UsePAM no",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        f"AuthorizedKeysFile {cluster.authorized_keys_path}",
-        "StrictModes no",  # the key files live in a pytest tmp dir, not ~/.ssh
-        f"SetEnv DOCKER_HOST={node.docker_host}",  # plain `docker` in a session = this node's daemon
-        "Subsystem sftp internal-sftp",
-        "LogLevel VERBOSE",
-        "",
-    ]))
+    node.sshd_config.write_text(
+        "\n".join(
+            [
+                f"Port {node.ssh_port}",
+                f"ListenAddress {node.mgmt_ip}",
+                f"HostKey {node.host_key_path}",
+                f"PidFile {node.sshd_pidfile}",
+                "UsePAM no",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                f"AuthorizedKeysFile {cluster.authorized_keys_path}",
+                "StrictModes no",  # the key files live in a pytest tmp dir, not ~/.ssh
+                f"SetEnv DOCKER_HOST={node.docker_host}",  # plain `docker` in a session = this node's daemon
+                "Subsystem sftp internal-sftp",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
     # An explicit (empty) daemon.json keeps /etc/docker/daemon.json from leaking into the nodes.
     node.dockerd_config.write_text("{}\n")
 
@@ -512,13 +549,18 @@ def _spawn_sshd(node: SimNode) -> None:
     # the Popen pid is sshd's. -D keeps it in the foreground so we own and reap it.
     node._sshd = subprocess.Popen(
         ["ip", "netns", "exec", node.netns, _tool("sshd"), "-D", "-e", "-f", str(node.sshd_config)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
 
 
 def _wait_sshd(node: SimNode, timeout: float) -> None:
-    if not _wait_for(lambda: _tcp_open(node.mgmt_ip, node.ssh_port) or _exited(node._sshd), timeout) \
-            or _exited(node._sshd):
+    if not _wait_for(lambda: _tcp_open(node.mgmt_ip, node.ssh_port) or _exited(node._sshd), timeout) or _exited(
+        node._sshd
+    ):
         raise SimNodeError(f"sshd of {node.name} ({node.mgmt_ip}) did not come up:\n{_tail(node.sshd_log)}")
 
 
@@ -528,32 +570,56 @@ def _spawn_dockerd(node: SimNode) -> None:
     # execs, so the Popen pid is dockerd's. dockerd starts its own containerd, which inherits the
     # namespace, so --network host containers see exactly this node's interfaces.
     node._dockerd = subprocess.Popen(
-        ["nsenter", f"--net={node.netns_path}", _tool("dockerd"),
-         "--config-file", str(node.dockerd_config),
-         "--data-root", str(node.data_root),
-         "--exec-root", str(node.exec_root),
-         "--pidfile", str(node.docker_pidfile),
-         "-H", node.docker_host,
-         "--storage-driver", "overlay2",  # explicit: never fall back silently to slow vfs
-         "--bridge=none", "--iptables=false", "--ip-masq=false",
-         "--cgroup-parent", f"/{node.netns}"],  # so leftover cgroups carry the cluster id
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            "nsenter",
+            f"--net={node.netns_path}",
+            _tool("dockerd"),
+            "--config-file",
+            str(node.dockerd_config),
+            "--data-root",
+            str(node.data_root),
+            "--exec-root",
+            str(node.exec_root),
+            "--pidfile",
+            str(node.docker_pidfile),
+            "-H",
+            node.docker_host,
+            "--storage-driver",
+            "overlay2",  # explicit: never fall back silently to slow vfs
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--cgroup-parent",
+            f"/{node.netns}",
+        ],  # so leftover cgroups carry the cluster id
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
 
 
 def _docker_answers(node: SimNode) -> bool:
     if not node.docker_socket.exists():
         return False
-    proc = subprocess.run([_tool("docker"), "-H", node.docker_host, "version", "--format", "{{.Server.Version}}"],
-                          capture_output=True, text=True, timeout=10)
+    proc = subprocess.run(
+        [_tool("docker"), "-H", node.docker_host, "version", "--format", "{{.Server.Version}}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     return proc.returncode == 0
 
 
 def _wait_dockerd(node: SimNode, timeout: float) -> None:
     ok = _wait_for(lambda: _exited(node._dockerd) or _docker_answers(node), timeout, interval=0.2)
     if not ok or _exited(node._dockerd):
-        what = (f"exited with {node._dockerd.returncode}" if _exited(node._dockerd)
-                else f"did not answer on {node.docker_socket} within {timeout}s")
+        what = (
+            f"exited with {node._dockerd.returncode}"
+            if _exited(node._dockerd)
+            else f"did not answer on {node.docker_socket} within {timeout}s"
+        )
         raise SimNodeError(f"dockerd of {node.name} {what}:\n{_tail(node.dockerd_log)}")
 
 
@@ -565,19 +631,23 @@ def _write_client_config(cluster: SimCluster) -> None:
     cluster.known_hosts_path.write_text("".join(f"{n.mgmt_ip} {n.host_key}\n" for n in cluster.nodes))
     entries = []
     for n in cluster.nodes:
-        entries.append("\n".join([
-            f"Host {n.mgmt_ip}",
-            "  User root",
-            f"  Port {n.ssh_port}",
-            f"  IdentityFile {cluster.client_key_path}",
-            "  IdentitiesOnly yes",
-            f"  UserKnownHostsFile {cluster.known_hosts_path}",
-            "  GlobalKnownHostsFile /dev/null",
-            "  StrictHostKeyChecking yes",
-            "  BatchMode yes",
-            "  ConnectTimeout 10",
-            "  LogLevel ERROR",
-        ]))
+        entries.append(
+            "\n".join(
+                [
+                    f"Host {n.mgmt_ip}",
+                    "  User root",
+                    f"  Port {n.ssh_port}",
+                    f"  IdentityFile {cluster.client_key_path}",
+                    "  IdentitiesOnly yes",
+                    f"  UserKnownHostsFile {cluster.known_hosts_path}",
+                    "  GlobalKnownHostsFile /dev/null",
+                    "  StrictHostKeyChecking yes",
+                    "  BatchMode yes",
+                    "  ConnectTimeout 10",
+                    "  LogLevel ERROR",
+                ]
+            )
+        )
     cluster.ssh_config_path.write_text("\n\n".join(entries) + "\n")
     cluster.bin_dir.mkdir(exist_ok=True)
     wrapper = cluster.bin_dir / "ssh"
@@ -585,8 +655,9 @@ def _write_client_config(cluster: SimCluster) -> None:
     wrapper.chmod(0o755)
 
 
-def create_cluster(count: int, workdir: Path, *, prefix: str = PREFIX, default_route: bool = True,
-                   timeout: float = 90) -> SimCluster:
+def create_cluster(
+    count: int, workdir: Path, *, prefix: str = PREFIX, default_route: bool = True, timeout: float = 90
+) -> SimCluster:
     """Bring up ``count`` nodes; on any failure tear down what was built and re-raise.
 
     ``default_route``: give each node a default route via the host's management address, like
@@ -600,11 +671,16 @@ def create_cluster(count: int, workdir: Path, *, prefix: str = PREFIX, default_r
     cid, k = _pick_identity(prefix)
     cluster = SimCluster(cluster_id=cid, subnet=k, workdir=Path(workdir).resolve())
     cluster.nodes = [
-        SimNode(name=f"node-{i}", index=i, netns=f"{cid}-n{i}",
-                mgmt_ip=f"{MGMT_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
-                fabric_ip=f"{FABRIC_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
-                state_dir=cluster.workdir / f"{cid}-n{i}")
-        for i in range(1, count + 1)]
+        SimNode(
+            name=f"node-{i}",
+            index=i,
+            netns=f"{cid}-n{i}",
+            mgmt_ip=f"{MGMT_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
+            fabric_ip=f"{FABRIC_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
+            state_dir=cluster.workdir / f"{cid}-n{i}",
+        )
+        for i in range(1, count + 1)
+    ]
     try:
         _claim(cluster)
         _write_client_material(cluster)
@@ -638,8 +714,7 @@ def simulated_nodes(count: int, workdir: Path, **kw) -> Iterator[SimCluster]:
         cluster.close()
 
 
-def sim_cluster_fixture(count: int = 2, *, scope: str = "session", name: str | None = None,
-                        prefix: str = PREFIX, **kw):
+def sim_cluster_fixture(count: int = 2, *, scope: str = "session", name: str | None = None, prefix: str = PREFIX, **kw):
     """A pytest fixture factory for conftest.py: ``sim_cluster = sim_cluster_fixture(2)``.
 
     Skips when prerequisites are missing; removes leftovers of killed earlier runs first.
@@ -896,8 +971,10 @@ def _purge(cid: str, extra_dirs: Sequence[Path] = ()) -> list[str]:
     # dockerd leaves <exec-root>/netns/default (pinning the namespace) and overlay/shm mounts
     # under the data root; all carry the cluster id in their path. /run/netns/* go via `ip netns del`.
     marker = re.compile(rf"/{re.escape(cid)}")
-    errors += [f"mount {m}" for m in _umount_matching(
-        lambda mp: bool(marker.search(mp)) and not mp.startswith(f"{NETNS_DIR}/"))]
+    errors += [
+        f"mount {m}"
+        for m in _umount_matching(lambda mp: bool(marker.search(mp)) and not mp.startswith(f"{NETNS_DIR}/"))
+    ]
     errors += _delete_netns(cid)
     errors += _delete_links(cid)
     errors += _delete_iptables_rules(cid)

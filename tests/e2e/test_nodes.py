@@ -95,9 +95,20 @@ def test_wrong_host_key_is_refused(cluster: SimCluster, tmp_path: Path) -> None:
     n1, n2 = cluster.nodes[:2]
     bad_known_hosts = tmp_path / "known_hosts"
     bad_known_hosts.write_text(f"{n1.mgmt_ip} {n2.host_key}\n")
-    proc = subprocess.run(["/usr/bin/ssh", "-F", str(cluster.ssh_config_path), "-o",
-                           f"UserKnownHostsFile={bad_known_hosts}", n1.ssh_target, "true"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            "/usr/bin/ssh",
+            "-F",
+            str(cluster.ssh_config_path),
+            "-o",
+            f"UserKnownHostsFile={bad_known_hosts}",
+            n1.ssh_target,
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode != 0
     assert "HOST IDENTIFICATION HAS CHANGED" in proc.stderr or "verification failed" in proc.stderr
 
@@ -105,9 +116,13 @@ def test_wrong_host_key_is_refused(cluster: SimCluster, tmp_path: Path) -> None:
 def test_docker_over_ssh_reaches_the_nodes_own_daemon(cluster: SimCluster) -> None:
     for node in cluster.nodes:
         # plain `docker -H ssh://…` with the wrapper first on PATH: the docker provider's path
-        proc = subprocess.run(["docker", "-H", f"ssh://root@{node.mgmt_ip}", "info", "--format",
-                               "{{.DockerRootDir}} {{.Driver}}"],
-                              capture_output=True, text=True, timeout=60, env=cluster.ssh_env())
+        proc = subprocess.run(
+            ["docker", "-H", f"ssh://root@{node.mgmt_ip}", "info", "--format", "{{.DockerRootDir}} {{.Driver}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cluster.ssh_env(),
+        )
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == [str(node.data_root), "overlay2"]
         assert cluster.docker(node, "info", "--format", "{{.DockerRootDir}}").stdout.strip() == str(node.data_root)
@@ -119,16 +134,31 @@ def test_fabric_connects_nodes(cluster: SimCluster) -> None:
         cluster.run_in(n1, ["ping", "-c1", "-W2", n2.fabric_ip])
     # TCP over the fabric: a listener bound to node-2's fabric address, a client in node-1
     server = subprocess.Popen(
-        ["ip", "netns", "exec", n2.netns, sys.executable, "-c",
-         "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
-         f"s.bind(('{n2.fabric_ip}', 7777)); s.listen(); print('ready', flush=True);"
-         "c,_=s.accept(); c.sendall(b'fabric-ok'); c.close()"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            "ip",
+            "netns",
+            "exec",
+            n2.netns,
+            sys.executable,
+            "-c",
+            "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+            f"s.bind(('{n2.fabric_ip}', 7777)); s.listen(); print('ready', flush=True);"
+            "c,_=s.accept(); c.sendall(b'fabric-ok'); c.close()",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout.readline().strip() == "ready"
-        client = cluster.run_in(n1, [sys.executable, "-c",
-                                     "import socket; c=socket.create_connection"
-                                     f"(('{n2.fabric_ip}', 7777), timeout=5); print(c.recv(64).decode())"])
+        client = cluster.run_in(
+            n1,
+            [
+                sys.executable,
+                "-c",
+                "import socket; c=socket.create_connection"
+                f"(('{n2.fabric_ip}', 7777), timeout=5); print(c.recv(64).decode())",
+            ],
+        )
         assert client.stdout.strip() == "fabric-ok"
     finally:
         server.kill()
@@ -136,28 +166,43 @@ def test_fabric_connects_nodes(cluster: SimCluster) -> None:
 
 
 def test_host_has_no_foothold_on_fabric(cluster: SimCluster) -> None:
-    addrs = subprocess.run(["ip", "-o", "addr", "show", "dev", cluster.fabric_bridge],
-                           capture_output=True, text=True, check=True).stdout
+    addrs = subprocess.run(
+        ["ip", "-o", "addr", "show", "dev", cluster.fabric_bridge], capture_output=True, text=True, check=True
+    ).stdout
     assert addrs.strip() == ""  # not even an IPv6 link-local address
     routes = subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True, text=True).stdout
     assert cluster.fabric_bridge not in routes
     assert f"10.78.{cluster.subnet}." not in routes
     # …while the management side is reachable from the host
-    mgmt = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", cluster.mgmt_bridge],
-                          capture_output=True, text=True).stdout
+    mgmt = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", cluster.mgmt_bridge], capture_output=True, text=True
+    ).stdout
     assert f"{cluster.host_mgmt_ip}/24" in mgmt
 
 
 def test_host_network_container_sees_node_interfaces(cluster: SimCluster) -> None:
     n1 = cluster.nodes[0]
     cluster.docker_ssh(n1, "import", "-", "simtools:latest", input=_tools_image_tar().decode("latin-1"))
-    out = cluster.docker_ssh(n1, "run", "--rm", "--network", "host", "-v", "/usr:/usr:ro", "simtools:latest",
-                             "ip", "-o", "-4", "addr").stdout
+    out = cluster.docker_ssh(
+        n1, "run", "--rm", "--network", "host", "-v", "/usr:/usr:ro", "simtools:latest", "ip", "-o", "-4", "addr"
+    ).stdout
     assert f"{n1.mgmt_ip}/24" in out and f"{n1.fabric_ip}/24" in out
     assert " eth0 " not in out and f"{cluster.host_mgmt_ip}/" not in out, out
     # leave one running so the teardown test covers shims, overlay mounts and container processes
-    cluster.docker_ssh(n1, "run", "-d", "--name", "sleeper", "--network", "host", "-v", "/usr:/usr:ro",
-                       "simtools:latest", "sleep", "infinity")
+    cluster.docker_ssh(
+        n1,
+        "run",
+        "-d",
+        "--name",
+        "sleeper",
+        "--network",
+        "host",
+        "-v",
+        "/usr:/usr:ro",
+        "simtools:latest",
+        "sleep",
+        "infinity",
+    )
 
 
 def test_fault_injection(cluster: SimCluster) -> None:
@@ -211,10 +256,15 @@ def test_cleanup_stale_after_killed_run(tmp_path: Path) -> None:
     """A run killed with SIGKILL leaves daemons, namespaces, mounts and rules; cleanup_stale
     removes them, and leaves a cluster whose owner is still alive alone."""
     with simulated_nodes(1, tmp_path / "live") as live:
-        script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import nodes;"
-                  "c = nodes.create_cluster(2, sys.argv[2]); print(c.cluster_id, flush=True); time.sleep(600)")
-        orphan = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "dead")],
-                                  stdout=subprocess.PIPE, text=True)
+        script = (
+            "import sys, time; sys.path.insert(0, sys.argv[1]); import nodes;"
+            "c = nodes.create_cluster(2, sys.argv[2]); print(c.cluster_id, flush=True); time.sleep(600)"
+        )
+        orphan = subprocess.Popen(
+            [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "dead")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         cid = orphan.stdout.readline().strip()
         assert cid.startswith(PREFIX), "bring-up in the subprocess failed"
         inodes = {os.stat(f"/run/netns/{cid}-n{i}").st_ino for i in (1, 2)}

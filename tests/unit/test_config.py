@@ -198,3 +198,10 @@ def test_loopback_bind_needs_no_api_key():
 def test_promote_from_replaces_image_and_model():
     cfg = load_cluster_config(config(image=DELETE, model=DELETE, promoteFrom="organization/spark-vllm/staging"))
     assert cfg.promote_from == "organization/spark-vllm/staging" and cfg.image is None
+
+
+def test_field_errors_and_cross_field_rules_are_reported_together():
+    raw = config(tensorParallelSize=3, nodes__1__fabricInterface="fab0;reboot", nodes__0__name="spark-02", head="x")
+    problems = problems_of(raw)
+    paths = [p.split(":")[0] for p in problems]
+    assert paths == ["nodes[1].fabricInterface", "nodes[1].name", "head", "tensorParallelSize × pipelineParallelSize"]

@@ -1,0 +1,94 @@
+"""Checks on one node before its Ray container starts: fabric link, peers, Docker, GPU, model.
+
+Each check is a remote command on that node's host. What they print is judged in the cluster
+(components/preflight.py): every Ray container's image input waits for every node's checks, so
+one failing node leaves nothing half-started anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+
+from components.config import ClusterConfig, NodeConfig
+from components.preflight import fingerprint_argv, model_path, preflight_argv
+from components.render import script, shell_line, with_script
+
+
+@dataclass(frozen=True)
+class NodeChecksArgs:
+    config: ClusterConfig
+    node: NodeConfig
+    connection: command.remote.ConnectionArgs
+    image_id: pulumi.Input[str]  # this node's pulled image, for the GPU check
+    model: pulumi.Input[str]
+    after: Sequence[pulumi.Resource] = ()  # every node's fabric network, when managed
+
+
+def gpu_check(node: NodeConfig, image_id: str) -> str:
+    """A throwaway container must see a GPU through the NVIDIA runtime, as the Ray container will."""
+    probe = ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "nvidia-smi", image_id, "-L"]
+    hint = shell_line(
+        [
+            "echo",
+            f"preflight {node.name}: no GPU visible in a container (--gpus all) — install the NVIDIA "
+            "Container Toolkit and restart Docker, or set container.gpus: false on CPU-only hosts",
+        ]
+    )
+    return f"{shell_line(probe)} || {{ {hint} >&2; exit 1; }}"
+
+
+class NodeChecks(pulumi.ComponentResource):
+    preflight: command.remote.Command
+    fingerprint: Optional[pulumi.Output[str]]
+    gpu: Optional[command.remote.Command]
+
+    def __init__(self, name: str, args: NodeChecksArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:NodeChecks", name, None, opts)
+        cfg, node = args.config, args.node
+        model = pulumi.Output.from_input(args.model)
+        common = dict(connection=args.connection, add_previous_output_in_env=False)
+        # Read-only checks have nothing to undo, hence no delete. They run again when the release
+        # (model or image) changes, i.e. whenever the Ray containers would be recreated.
+        self.preflight = command.remote.Command(
+            f"{name}-preflight",
+            create=model.apply(
+                lambda m: with_script(shell_line(preflight_argv(cfg, node, m)), script("preflight_node.sh"))
+            ),
+            triggers=[args.image_id, model],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+            **common,
+        )
+        self.fingerprint = None
+        if model_path(cfg.model) or cfg.promote_from:
+            fingerprint = command.remote.Command(
+                f"{name}-model-fingerprint",
+                create=model.apply(
+                    lambda m: (
+                        with_script(shell_line(fingerprint_argv(m)), script("model_fingerprint.py"))
+                        if model_path(m)
+                        else "echo '{}'"
+                    )
+                ),
+                triggers=[model],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
+                **common,
+            )
+            self.fingerprint = fingerprint.stdout
+        self.gpu = None
+        if cfg.container.gpus:
+            self.gpu = command.remote.Command(
+                f"{name}-gpu-check",
+                create=pulumi.Output.from_input(args.image_id).apply(lambda image: gpu_check(node, image)),
+                triggers=[args.image_id],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
+                **common,
+            )
+        self.passed = pulumi.Output.all(self.preflight.stdout, *([self.gpu.stdout] if self.gpu else [])).apply(
+            lambda _: True
+        )
+        self.register_outputs({"passed": self.passed})

@@ -1,0 +1,100 @@
+"""Checks before anything is deployed: the remote commands and how their answers are judged.
+
+Pure functions, no Pulumi and no I/O: `components/scripts/preflight_node.sh` and
+`components/scripts/model_fingerprint.py` run on the node hosts; what they print is judged here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.config import ClusterConfig, NodeConfig
+
+MAX_DIFFERENCES = 5
+
+
+def model_path(model: str | None) -> str:
+    """The model's host path, or "" when the model is a Hugging Face repo id (or not set)."""
+    return model if model and model.startswith("/") else ""
+
+
+def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> list[str]:
+    """`env … bash -s` running components/scripts/preflight_node.sh (fed on stdin) on `node`'s host.
+
+    Peers go as NAME=ADDRESS so a failure names both nodes of the pair.
+    """
+    peers = " ".join(f"{peer.name}={peer.fabric_address}" for peer in cfg.nodes if peer.name != node.name)
+    return [
+        "env",
+        f"NODE={node.name}",
+        f"FABRIC_IF={node.fabric_interface}",
+        f"FABRIC_ADDR={node.fabric_address}",
+        f"PEERS={peers}",
+        f"MODEL={model_path(model)}",
+        "bash",
+        "-s",
+    ]
+
+
+def fingerprint_argv(model_dir: str) -> list[str]:
+    """`python3 - MODEL_DIR`: runs components/scripts/model_fingerprint.py (fed on stdin) on a host."""
+    return ["python3", "-", model_dir]
+
+
+def parse_fingerprint(stdout: str) -> dict[str, Any]:
+    """The JSON line model_fingerprint.py printed (its last non-empty line)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("model fingerprint printed nothing")
+    return json.loads(lines[-1])
+
+
+def _differences(node: str, reference: str, mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """What differs between `mine` (node) and `theirs` (reference), sorted by path."""
+    files, ref_files = mine.get("files", {}), theirs.get("files", {})
+    meta, ref_meta = mine.get("metadata", {}), theirs.get("metadata", {})
+    found = []
+    for path in sorted(set(files) | set(ref_files)):
+        if path not in files:
+            found.append(f"missing on {node}: {path}")
+        elif path not in ref_files:
+            found.append(f"missing on {reference}: {path}")
+        elif files[path] != ref_files[path]:
+            found.append(f"{path} size {files[path]} vs {ref_files[path]}")
+        elif meta.get(path) != ref_meta.get(path):
+            found.append(f"{path} hash differs")
+    for path in sorted(set(mine.get("broken", [])) - set(theirs.get("broken", []))):
+        found.append(f"broken symlink on {node}: {path}")
+    for path in sorted(set(theirs.get("broken", [])) - set(mine.get("broken", []))):
+        found.append(f"broken symlink on {reference}: {path}")
+    return found
+
+
+def compare_fingerprints(by_node: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems when the model is not the same on every node; [] when it is.
+
+    `by_node` maps node name to what model_fingerprint.py printed (parsed), the head first: every
+    other node is compared with the first. An entry with "error" reports that node's failure.
+    Each problem names the two nodes and the first differing files, e.g.
+    `model differs: node-2 vs node-1: config.json hash differs; model-00001.safetensors size 123 vs 456`.
+    """
+    problems = []
+    valid = {}
+    for node, result in by_node.items():
+        if "error" in result or "fingerprint" not in result:
+            problems.append(f"model fingerprint failed on {node}: {result.get('error', 'no fingerprint')}")
+        else:
+            valid[node] = result
+    if not valid:
+        return problems
+    reference, *others = valid
+    for node in others:
+        if valid[node]["fingerprint"] == valid[reference]["fingerprint"]:
+            continue
+        found = _differences(node, reference, valid[node], valid[reference]) or ["fingerprint differs"]
+        shown = found[:MAX_DIFFERENCES]
+        if len(found) > MAX_DIFFERENCES:
+            shown.append(f"… and {len(found) - MAX_DIFFERENCES} more")
+        problems.append(f"model differs: {node} vs {reference}: " + "; ".join(shown))
+    return problems

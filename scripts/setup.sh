@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything the tests and the rehearsal need on a fresh Debian/Ubuntu machine, idempotent.
+# Debian packages: Docker (one daemon per simulated node), sshd, iproute2 (namespaces), debootstrap
+# (the rehearsal image), netplan.io (renders the fabric netplan file in tests). Python: a venv with
+# requirements-dev.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(docker.io openssh-server openssh-client iproute2 iptables util-linux debootstrap netplan.io
+          python3-venv ca-certificates procps iputils-ping)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install: ${missing[*]}" >&2; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x venv/bin/python ]; then
+  python3 -m venv venv
+fi
+stamp=venv/.requirements.sha256
+want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  venv/bin/pip install -q --upgrade pip
+  venv/bin/pip install -q -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi

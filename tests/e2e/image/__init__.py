@@ -1,0 +1,1 @@
+"""Locally built test image for the end-to-end rehearsal (see build.py)."""

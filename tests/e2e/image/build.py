@@ -1,0 +1,477 @@
+"""Build (or reuse) the rehearsal image: Debian bookworm + Ray + the vLLM stand-in, without any registry.
+
+Steps of a build (as root, needs ``debootstrap`` and a docker daemon):
+
+1. ``debootstrap --variant=minbase --include=python3,... bookworm ROOTFS MIRROR``
+   (MIRROR: the Debian mirror this machine's apt uses);
+2. ``pip install --target ROOTFS/opt/site ray==RAY_VERSION`` from the host
+   (host Python must be 3.11 like bookworm's python3), unused Ray libraries pruned;
+3. the stand-in package copied to ``/opt/site/vllm_standin``, wrappers
+   ``/usr/local/bin/ray`` and ``/usr/local/bin/vllm`` written (console scripts
+   from ``pip --target`` carry the host interpreter in their shebang);
+4. ``tar -C ROOTFS -c . | docker import`` as ``spark-vllm-rehearsal:<hash>``,
+   then ``docker save`` to ``CACHE/spark-vllm-rehearsal-<hash>.tar``.
+
+The archive is the unit of reuse: loading the same archive into every daemon
+(``load_into``) gives the same image ID everywhere, which a per-daemon
+``docker import`` would not (its config carries a timestamp). ``<hash>`` covers
+this file, the stand-in sources, the Ray version, the suite and the package
+list, so any change of those rebuilds. Steps 1-2 are cached separately as
+``CACHE/base-<key>.tar`` (key: their inputs and code), so a change of the
+stand-in alone rebuilds in seconds; ``CACHE/debs`` keeps debootstrap's .debs.
+Only the newest archive and base are kept.
+
+CLI: ``python -m tests.e2e.image.build --cache-dir DIR --docker-host unix:///path.sock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("rehearsal.image")
+
+IMAGE_REPO = "spark-vllm-rehearsal"
+SUITE = "bookworm"
+PYTHON_MINOR = (3, 11)  # bookworm's python3
+PACKAGES = ("python3", "ca-certificates", "procps", "iproute2", "curl")
+RAY_VERSION = "2.60.0"
+# Ray libraries that neither `ray start` nor the stand-in import (about 80 MB).
+RAY_PRUNE = ("rllib", "tune", "train", "data", "serve", "llm", "jars")
+# Parts of the Debian rootfs nobody reads in a test container.
+ROOTFS_PRUNE = (
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+)
+IMAGE_ENV = {
+    "PYTHONPATH": "/opt/site",
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+HERE = Path(__file__).resolve().parent
+STANDIN_PKG = HERE.parent / "standin" / "vllm_standin"
+
+RAY_WRAPPER = """#!/bin/sh
+# Ray CLI for a pip --target install (the generated console script points at the build host's python).
+export PYTHONPATH="/opt/site${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -c 'import sys; sys.argv[0] = "ray"; from ray.scripts.scripts import main; sys.exit(main())' "$@"
+"""
+VLLM_WRAPPER = """#!/bin/sh
+# NOT vLLM: the rehearsal's test double for `vllm serve` (see /opt/site/vllm_standin/__init__.py).
+export PYTHONPATH="/opt/site${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -m vllm_standin "$@"
+"""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    ref: str  # e.g. spark-vllm-rehearsal:0123456789ab
+    archive: Path  # `docker save` tarball, loadable into any daemon
+    image_id: str  # sha256:..., identical on every daemon the archive is loaded into
+    built: bool = False  # True when this call built the image (False: cached archive reused)
+    timings: dict = field(default_factory=dict, compare=False)  # seconds per phase
+
+
+# -- identity -----------------------------------------------------------------------
+
+
+def standin_files() -> list[Path]:
+    return sorted(p for p in STANDIN_PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def content_hash() -> str:
+    """12 hex digits over everything that shapes the image."""
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    for p in standin_files():
+        h.update(str(p.relative_to(STANDIN_PKG)).encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(json.dumps([RAY_VERSION, SUITE, list(PACKAGES)]).encode())
+    return h.hexdigest()[:12]
+
+
+def image_ref() -> str:
+    return f"{IMAGE_REPO}:{content_hash()}"
+
+
+def archive_path(cache_dir: Path) -> Path:
+    return Path(cache_dir) / f"{IMAGE_REPO}-{content_hash()}.tar"
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    log.debug("run: %s", " ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def docker(docker_host: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return _run(["docker", "-H", docker_host, *args], **kw)
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses for the main archive (override: REHEARSAL_DEBIAN_MIRROR)."""
+    env = os.environ.get("REHEARSAL_DEBIAN_MIRROR")
+    if env:
+        return env
+    candidates: list[str] = []
+    apt = Path("/etc/apt")
+    for f in [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]:
+        with contextlib.suppress(OSError):
+            for line in f.read_text().splitlines():
+                parts = line.split("#", 1)[0].split()
+                if len(parts) >= 3 and parts[0] == "deb":
+                    url_i = 2 if parts[1].startswith("[") else 1
+                    if url_i + 1 < len(parts) and parts[url_i + 1] == SUITE:
+                        candidates.append(parts[url_i])
+    for f in sorted((apt / "sources.list.d").glob("*.sources")):
+        with contextlib.suppress(OSError):
+            for stanza in f.read_text().split("\n\n"):
+                fields = {}
+                for line in stanza.splitlines():
+                    if ":" in line and not line.startswith((" ", "#")):
+                        k, v = line.split(":", 1)
+                        fields[k.strip().lower()] = v.split()
+                if "deb" in fields.get("types", []) and SUITE in fields.get("suites", []):
+                    candidates += fields.get("uris", [])
+    for url in candidates:
+        if url.rstrip("/").endswith("/debian"):
+            return url.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def _mounts_under(root: Path) -> list[str]:
+    root_s = str(root.resolve())
+    out = []
+    with open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            mp = line.split()[1].replace("\\040", " ")
+            if mp == root_s or mp.startswith(root_s + "/"):
+                out.append(mp)
+    return sorted(out, key=len, reverse=True)
+
+
+def safe_rmtree(root: Path) -> None:
+    """Remove a rootfs, first unmounting anything debootstrap left mounted inside it (never follow a mount)."""
+    if not root.exists():
+        return
+    for mp in _mounts_under(root):
+        subprocess.run(["umount", "-l", mp], check=False, capture_output=True)
+    left = _mounts_under(root)
+    if left:
+        raise RuntimeError(f"refusing to delete {root}: still mounted: {left}")
+    shutil.rmtree(root)
+
+
+def archive_image_id(archive: Path) -> str:
+    """The image ID recorded in a `docker save` archive (its config digest)."""
+    with tarfile.open(archive) as t:
+        member = t.extractfile("manifest.json")
+        if member is None:
+            raise RuntimeError(f"{archive}: no manifest.json")
+        manifest = json.load(member)
+    config = manifest[0]["Config"]  # "<hex>.json" (docker < 25) or "blobs/sha256/<hex>" (OCI layout)
+    hexid = Path(config).name.removesuffix(".json")
+    return f"sha256:{hexid}"
+
+
+def archive_ref(archive: Path) -> str | None:
+    with tarfile.open(archive) as t:
+        member = t.extractfile("manifest.json")
+        tags = json.load(member)[0].get("RepoTags") or [] if member else []
+    return tags[0] if tags else None
+
+
+def daemon_image_id(docker_host: str, ref: str) -> str | None:
+    r = subprocess.run(
+        ["docker", "-H", docker_host, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def load_into(archive: Path, docker_host: str, image_id: str | None = None) -> str:
+    """Load the archive into the daemon at docker_host unless it already has the image; returns the image ID.
+
+    Raises RuntimeError when the daemon ends up with a different ID than the archive records.
+    """
+    archive = Path(archive)
+    expected = image_id or archive_image_id(archive)
+    ref = archive_ref(archive)
+    have = daemon_image_id(docker_host, ref) if ref else None
+    if have != expected:
+        t0 = time.monotonic()
+        docker(docker_host, "load", "-i", str(archive))
+        log.info("loaded %s into %s in %.1f s", archive.name, docker_host, time.monotonic() - t0)
+        have = daemon_image_id(docker_host, ref or expected)
+    if have != expected:
+        raise RuntimeError(f"image ID on {docker_host} is {have}, archive {archive} records {expected}")
+    return have
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- build -----------------------------------------------------------------------------
+
+
+def check_prerequisites() -> None:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("must run as root (debootstrap)")
+    for tool in ("debootstrap", "docker", "tar"):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} not found")
+    if sys.version_info[:2] != PYTHON_MINOR:
+        problems.append(
+            f"host Python is {sys.version_info[0]}.{sys.version_info[1]}; "
+            f"pip --target needs {PYTHON_MINOR[0]}.{PYTHON_MINOR[1]} like {SUITE}'s python3"
+        )
+    if platform.machine() != "x86_64":
+        problems.append(f"built for x86_64 only, this is {platform.machine()}")
+    if problems:
+        raise RuntimeError("cannot build the rehearsal image: " + "; ".join(problems))
+
+
+def _debootstrap(rootfs: Path, deb_cache: Path) -> None:
+    deb_cache.mkdir(parents=True, exist_ok=True)
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            f"--cache-dir={deb_cache}",
+            SUITE,
+            str(rootfs),
+            debian_mirror(),
+        ]
+    )
+
+
+def _pip_ray(rootfs: Path) -> None:
+    site = rootfs / "opt" / "site"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--only-binary=:all:",
+            "--python-version",
+            f"{PYTHON_MINOR[0]}.{PYTHON_MINOR[1]}",
+            "--target",
+            str(site),
+            f"ray=={RAY_VERSION}",
+        ]
+    )
+    shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts with the host's shebang
+    for lib in RAY_PRUNE:
+        shutil.rmtree(site / "ray" / lib, ignore_errors=True)
+
+
+def _prune_rootfs(rootfs: Path) -> None:
+    for rel in ROOTFS_PRUNE:
+        d = rootfs / rel
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+
+
+def base_key() -> str:
+    """Identity of the base stage (Debian + Ray): the inputs and the code of the functions that make it."""
+    h = hashlib.sha256(json.dumps([SUITE, list(PACKAGES), RAY_VERSION, list(RAY_PRUNE), list(ROOTFS_PRUNE)]).encode())
+    for fn in (_debootstrap, _pip_ray, _prune_rootfs):
+        h.update(inspect.getsource(fn).encode())
+    return h.hexdigest()[:12]
+
+
+def base_path(cache_dir: Path) -> Path:
+    return Path(cache_dir) / f"base-{base_key()}.tar"
+
+
+def _save_base(rootfs: Path, base_tar: Path) -> None:
+    part = base_tar.with_name(f"{base_tar.name}.{os.getpid()}.part")
+    _run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(part), "."])
+    os.replace(part, base_tar)
+    for old in base_tar.parent.glob("base-*.tar"):  # keep one base: disk use
+        if old != base_tar:
+            old.unlink(missing_ok=True)
+
+
+def _stage_files(stage: Path) -> list[str]:
+    """Write the image's own files (stand-in, wrappers) under stage; returns their paths relative to /."""
+    dest = stage / "opt" / "site" / "vllm_standin"
+    for p in standin_files():
+        target = dest / p.relative_to(STANDIN_PKG)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, target)
+        target.chmod(0o644)
+    bindir = stage / "usr" / "local" / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("ray", RAY_WRAPPER), ("vllm", VLLM_WRAPPER)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    return ["./opt/site/vllm_standin", "./usr/local/bin/ray", "./usr/local/bin/vllm"]
+
+
+def _image_tar(base_tar: Path, work: Path) -> Path:
+    """The base rootfs tar with the stand-in and wrappers appended (no unpacking of the base)."""
+    stage = work / "stage"
+    rels = _stage_files(stage)
+    out = work / "image.tar"
+    shutil.copyfile(base_tar, out)
+    _run(["tar", "--numeric-owner", "--owner=0", "--group=0", "-rf", str(out), "-C", str(stage), *rels])
+    return out
+
+
+def _import(image_tar: Path, docker_host: str, ref: str) -> None:
+    changes = []
+    for k, v in IMAGE_ENV.items():
+        changes += ["-c", f"ENV {k}={v}"]
+    changes += ["-c", 'CMD ["/bin/bash"]']
+    docker(docker_host, "import", *changes, str(image_tar), ref)
+
+
+def _build_base(cache_dir: Path, base_tar: Path, phase) -> None:
+    work = cache_dir / f"base-{base_key()}-{os.getpid()}"
+    rootfs = work / "rootfs"
+    try:
+        work.mkdir(parents=True)
+        phase("debootstrap", _debootstrap, rootfs, cache_dir / "debs")
+        phase("pip install ray", _pip_ray, rootfs)
+        phase("prune + save base", lambda: (_prune_rootfs(rootfs), _save_base(rootfs, base_tar)))
+    finally:
+        phase("remove rootfs", safe_rmtree, work)
+
+
+def build_archive(cache_dir: Path, docker_host: str) -> dict:
+    """Build the image on docker_host and save it to archive_path(cache_dir); returns timings."""
+    check_prerequisites()
+    cache_dir = Path(cache_dir).resolve()
+    ref, archive = image_ref(), archive_path(cache_dir)
+    timings: dict[str, float] = {}
+
+    def phase(name, fn, *a):
+        t0 = time.monotonic()
+        log.info("%s ...", name)
+        fn(*a)
+        timings[name] = round(time.monotonic() - t0, 1)
+        log.info("%s took %.1f s", name, timings[name])
+
+    base_tar = base_path(cache_dir)
+    with _locked(base_tar.with_suffix(".lock")):
+        if not base_tar.exists():
+            _build_base(cache_dir, base_tar, phase)
+    work = cache_dir / f"build-{content_hash()}-{os.getpid()}"
+    try:
+        work.mkdir(parents=True)
+        box = {}
+        phase("assemble", lambda: box.setdefault("tar", _image_tar(base_tar, work)))
+        phase("docker import", _import, box["tar"], docker_host, ref)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # plain files only: nothing is mounted here
+    tmp = archive.with_suffix(".tar.part")
+    phase("docker save", lambda: docker(docker_host, "save", "-o", str(tmp), ref))
+    tmp.chmod(0o644)  # docker save -o writes 0600
+    os.replace(tmp, archive)
+    for old in cache_dir.glob(f"{IMAGE_REPO}-*.tar"):  # keep the current archive only: disk use
+        if old != archive:
+            old.unlink(missing_ok=True)
+    return timings
+
+
+def ensure_image(cache_dir: Path, docker_host: str) -> ImageInfo:
+    """The rehearsal image on docker_host, built once per content hash and cached as a `docker save` archive.
+
+    Concurrent callers (threads or processes) sharing cache_dir build at most once.
+    """
+    cache_dir = Path(cache_dir).resolve()
+    ref, archive = image_ref(), archive_path(cache_dir)
+    t_start = time.monotonic()
+    with _locked(archive.with_suffix(".lock")):
+        built = False
+        timings: dict[str, float] = {}
+        if not archive.exists():
+            timings.update(build_archive(cache_dir, docker_host))
+            built = True
+        t0 = time.monotonic()
+        image_id = archive_image_id(archive)
+        timings["read archive id"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
+        load_into(archive, docker_host, image_id)
+        timings["load/verify"] = round(time.monotonic() - t0, 1)
+    timings["total"] = round(time.monotonic() - t_start, 1)
+    return ImageInfo(ref=ref, archive=archive, image_id=image_id, built=built, timings=timings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.image.build", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cache-dir", required=True, type=Path, help="where archives (and the .deb cache) live")
+    p.add_argument(
+        "--docker-host", required=True, help="daemon to build on / load into, e.g. unix:///run/x/docker.sock"
+    )
+    p.add_argument(
+        "--load-into",
+        action="append",
+        default=[],
+        metavar="DOCKER_HOST",
+        help="also load the archive into these daemons (repeatable)",
+    )
+    p.add_argument("--print-ref", action="store_true", help="print the image ref for the current sources and exit")
+    a = p.parse_args(argv)
+    if a.print_ref:
+        print(image_ref())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    info = ensure_image(a.cache_dir, a.docker_host)
+    print(f"ref:      {info.ref}")
+    print(f"image id: {info.image_id}")
+    print(f"archive:  {info.archive} ({info.archive.stat().st_size / 2**20:.0f} MiB)")
+    print(f"built:    {info.built}")
+    for k, v in info.timings.items():
+        print(f"  {k:16} {v:7.1f} s")
+    for host in a.load_into:
+        t0 = time.monotonic()
+        image_id = load_into(info.archive, host, info.image_id)
+        print(f"loaded into {host}: {image_id} in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

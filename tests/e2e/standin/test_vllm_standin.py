@@ -1,0 +1,294 @@
+"""Unit tests of the vLLM stand-in's pure parts (no Ray, no Docker needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from vllm_standin import api, args, cli  # noqa: E402
+
+
+def serve_ns(*argv: str):
+    return args.parse_cli(["serve", *argv])
+
+
+# -- command line ---------------------------------------------------------------
+
+
+def test_parses_real_vllm_spellings():
+    ns = serve_ns(
+        "Qwen/Qwen3-0.6B",
+        "--tensor-parallel-size",
+        "2",
+        "-pp",
+        "1",
+        "--data-parallel-size",
+        "1",
+        "--distributed-executor-backend",
+        "ray",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--max-model-len",
+        "32k",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-dtype",
+        "fp8",
+        "--quantization",
+        "fp8",
+        "--load-format",
+        "safetensors",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8001",
+        "--served-model-name",
+        "a",
+        "b",
+        "--reasoning-parser",
+        "qwen3",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--api-key",
+        "k",
+        "--enforce-eager",
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--no-enable-prefix-caching",
+    )
+    assert ns.tensor_parallel_size == 2 and ns.pipeline_parallel_size == 1
+    assert ns.distributed_executor_backend == "ray"
+    assert ns.gpu_memory_utilization == 0.85
+    assert ns.max_model_len == 32000
+    assert ns.served_model_name == ["a", "b"]
+    assert ns.trust_remote_code is True and ns.enable_auto_tool_choice is True
+    assert ns.enable_prefix_caching is False and ns.enforce_eager is True
+    cfg = args.validate(ns, environ={})
+    assert cfg.world_size == 2 and cfg.served_model_names == ("a", "b") and cfg.port == 8001
+
+
+def test_short_tp_and_underscore_spelling():
+    ns = serve_ns("m", "-tp", "4", "--max_model_len=8192")
+    assert ns.tensor_parallel_size == 4 and ns.max_model_len == 8192
+
+
+def test_defaults():
+    ns = serve_ns("m")
+    cfg = args.validate(ns, environ={})
+    assert (cfg.host, cfg.port, cfg.max_model_len, cfg.backend, cfg.api_key) == ("0.0.0.0", 8000, 4096, None, None)
+    assert ns.enable_prefix_caching is None and ns.trust_remote_code is False
+
+
+@pytest.mark.parametrize("bad", [["--tensor-parallel", "2"], ["--no-such-flag"], ["--nccl-debug", "INFO"]])
+def test_unknown_and_abbreviated_flags_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_ns("m", *bad)
+    assert e.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_bad_choice_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_ns("m", "--distributed-executor-backend", "slurm")
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_cli_process_rejects_unknown_flag():
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_standin", "serve", "m", "--bogus"],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("4096", 4096),
+        ("32k", 32000),
+        ("32K", 32768),
+        ("25.6k", 25600),
+        ("1M", 2**20),
+        ("1m", 10**6),
+        ("auto", -1),
+        ("AUTO", -1),
+        ("-1", -1),
+    ],
+)
+def test_max_model_len_forms(text, value):
+    assert args.human_readable_int_or_auto(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.5K", "abc", "32kk"])
+def test_max_model_len_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        args.human_readable_int_or_auto(text)
+
+
+def test_resolved_max_model_len():
+    assert args.resolve_max_model_len(None) == 4096
+    assert args.resolve_max_model_len(-1) == 4096
+    assert args.resolve_max_model_len(32768) == 32768
+    assert args.validate(serve_ns("m", "--max-model-len", "32K"), environ={}).max_model_len == 32768
+
+
+def test_auto_tool_choice_requires_parser():
+    with pytest.raises(args.StandinError, match="requires --tool-call-parser"):
+        args.validate(serve_ns("m", "--enable-auto-tool-choice"), environ={})
+
+
+def test_unknown_parser_names_fail():
+    with pytest.raises(args.StandinError, match="invalid tool call parser"):
+        args.validate(serve_ns("m", "--tool-call-parser", "qwen3-coder"), environ={})
+    with pytest.raises(args.StandinError, match="invalid reasoning parser"):
+        args.validate(serve_ns("m", "--reasoning-parser", "qwen"), environ={})
+
+
+def test_model_path_needs_config_json(tmp_path):
+    with pytest.raises(args.StandinError, match="config.json"):
+        args.validate(serve_ns(str(tmp_path)), environ={})
+    with pytest.raises(args.StandinError, match="Invalid repository ID or local directory"):
+        args.validate(serve_ns(str(tmp_path / "missing")), environ={})
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 6}))
+    assert args.validate(serve_ns(str(tmp_path)), environ={}).model == str(tmp_path)
+    with pytest.raises(args.StandinError, match="divisible by tensor parallel size"):
+        args.validate(serve_ns(str(tmp_path), "-tp", "4"), environ={})
+
+
+def test_cli_exit_1_on_missing_model_dir(tmp_path, capsys):
+    assert cli.main(["serve", str(tmp_path / "nope")], environ={}) == 1
+    assert "Invalid repository ID or local directory" in capsys.readouterr().out
+
+
+def test_cli_world_above_local_gpus_needs_ray(capsys):
+    assert cli.main(["serve", "m", "--tensor-parallel-size", "2"], environ={}) == 1
+    assert "--distributed-executor-backend ray" in capsys.readouterr().out
+
+
+def test_api_key_source():
+    assert args.validate(serve_ns("m"), environ={"VLLM_API_KEY": "env"}).api_key == "env"
+    assert args.validate(serve_ns("m", "--api-key", "cli"), environ={"VLLM_API_KEY": "env"}).api_key == "cli"
+    assert args.validate(serve_ns("m"), environ={"VLLM_API_KEY": ""}).api_key is None
+
+
+def test_args_log_hides_key():
+    assert args.redacted_args(serve_ns("m", "--api-key", "s3cret"))["api_key"] == "<redacted>"
+
+
+# -- API ------------------------------------------------------------------------------
+
+
+def test_auth_guards_v1_only():
+    assert api.is_authorized("/v1/models", None, None)
+    assert not api.is_authorized("/v1/models", None, "k")
+    assert not api.is_authorized("/v1/models", "Bearer x", "k")
+    assert api.is_authorized("/v1/models", "Bearer k", "k")
+    for p in ("/health", "/version", "/metrics", "/ping"):
+        assert api.is_authorized(p, None, "k")
+
+
+def cfg(**kw):
+    base = dict(
+        model="/models/m",
+        served_model_names=("m",),
+        max_model_len=4096,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        backend=None,
+        host="127.0.0.1",
+        port=0,
+        api_key=None,
+    )
+    base.update(kw)
+    return args.ServeConfig(**base)
+
+
+def test_chat_reply_is_deterministic():
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two three"}]
+    assert api.chat_reply(msgs) == "standin reply: three two one"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a b"}]}]
+    assert api.chat_reply(parts) == "standin reply: b a"
+
+
+def test_chat_completion_usage_and_truncation():
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}]}
+    status, r = api.chat_completion(body, cfg(), 0)
+    assert status == 200
+    assert r["choices"][0]["message"]["content"] == "standin reply: three two one"
+    assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert r["choices"][0]["finish_reason"] == "stop"
+    status, r2 = api.chat_completion(dict(body, max_tokens=2), cfg(), 0)
+    assert r2["choices"][0]["message"]["content"] == "standin reply:"
+    assert r2["choices"][0]["finish_reason"] == "length" and r2["usage"]["completion_tokens"] == 2
+    assert api.chat_completion(body, cfg(), 0)[1]["id"] == r["id"]
+
+
+def test_chat_completion_errors():
+    status, r = api.chat_completion({"model": "other", "messages": [{"role": "user", "content": "x"}]}, cfg(), 0)
+    assert status == 404 and r["error"]["type"] == "NotFoundError"
+    assert api.chat_completion({"model": "m"}, cfg(), 0)[0] == 400
+    status, r = api.chat_completion(
+        {"model": "m", "messages": [{"role": "user", "content": "x y"}], "max_tokens": 10}, cfg(max_model_len=5), 0
+    )
+    assert status == 400 and "maximum context length is 5" in r["error"]["message"]
+
+
+def test_models_payload():
+    p = api.models_payload(cfg(served_model_names=("a", "b"), max_model_len=32768), 1)
+    assert [m["id"] for m in p["data"]] == ["a", "b"]
+    assert all(m["root"] == "/models/m" and m["max_model_len"] == 32768 and m["owned_by"] == "vllm" for m in p["data"])
+
+
+def test_http_server_end_to_end():
+    state = api.ServerState(cfg(api_key="k"))
+    server = api.make_server(state)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+
+    def call(path, body=None, key=None):
+        req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode())
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    try:
+        assert call("/health") == (200, b"")
+        assert json.loads(call("/version")[1]) == {"version": "0.0.0-standin"}
+        assert b"vllm:num_requests_running" in call("/metrics")[1]
+        status, body = call("/v1/models")
+        assert status == 401 and json.loads(body) == {"error": "Unauthorized"}
+        status, body = call("/v1/models", key="k")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hello world"}]}
+        assert call("/v1/chat/completions", chat)[0] == 401
+        status, body = call("/v1/chat/completions", chat, key="k")
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "standin reply: world hello"
+        status, body = call("/v1/chat/completions", dict(chat, stream=True), key="k")
+        assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+        state.engine_alive = False
+        assert call("/health")[0] == 503
+    finally:
+        server.shutdown()
+        server.server_close()

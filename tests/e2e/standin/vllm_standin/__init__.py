@@ -1,0 +1,30 @@
+"""Test double for ``vllm serve`` used by the end-to-end rehearsal.
+
+This is NOT vLLM. It is a small stand-in, installed as ``/usr/local/bin/vllm``
+in the locally built rehearsal image (see ``tests/e2e/image/build.py``), that
+behaves like ``vllm serve`` where the deployment can observe it:
+
+* the command line: the same flag spellings as real vLLM (unknown flags exit 2
+  with "unrecognized arguments"; ``--max-model-len`` accepts ``32k``/``32K``/
+  ``auto`` exactly like vLLM's ``human_readable_int_or_auto``);
+* the model argument: a path must be a directory holding ``config.json``;
+* the Ray executor: with ``--distributed-executor-backend ray`` it joins the
+  running Ray cluster (``ray.init(address="auto")``), checks ``VLLM_HOST_IP``
+  against the alive Ray nodes, reserves ``[{"GPU": 1}] * (TP*PP)`` in a
+  placement group and keeps one GPU actor per rank alive while serving;
+* the HTTP server: ``/health``, ``/version``, ``/metrics``, ``/v1/models`` and a
+  deterministic ``/v1/chat/completions``, with the ``--api-key``/``VLLM_API_KEY``
+  guard on ``/v1`` paths only; the port opens only after simulated weight
+  loading, as the real server's does.
+
+No model is loaded and no GPU is used. Environment variables read:
+``VLLM_HOST_IP``, ``VLLM_API_KEY``, ``VLLM_PLACEMENT_TIMEOUT_S`` (default 60),
+``STANDIN_LOAD_SECONDS`` (default 2), ``STANDIN_LOCAL_GPUS`` (default 1),
+``STANDIN_PING_TIMEOUT_S`` (default 5), ``STANDIN_DEAD_LINGER_S`` (default 2),
+``RAY_ADDRESS`` (through Ray).
+
+Everything except ``engine.py`` is pure standard library; ``ray`` is imported
+lazily so that the unit tests run without it.
+"""
+
+__version__ = "0.0.0-standin"

@@ -1,0 +1,272 @@
+"""Command line of the stand-in: ``vllm serve MODEL [flags]`` with real vLLM's spellings.
+
+Pure standard library. Differences from vLLM that matter to callers:
+* abbreviations of long flags are rejected (``allow_abbrev=False``), so a
+  misspelt flag fails here instead of being silently accepted;
+* only the flags listed in ``build_parser`` exist; any other flag exits 2 with
+  argparse's "unrecognized arguments", as real vLLM does for unknown flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from . import __version__
+
+# Default context length reported when --max-model-len is absent or "auto"
+# (real vLLM derives it from the model config; the stand-in has no model).
+DEFAULT_MAX_MODEL_LEN = 4096
+
+EXECUTOR_BACKENDS = ("ray", "mp", "uni", "external_launcher")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+# Names vLLM registers (union over recent releases). Real vLLM rejects unknown
+# names at start-up; so does the stand-in, which catches typos like "qwen3-coder".
+REASONING_PARSERS = frozenset(
+    """deepseek_r1 deepseek_v3 ernie45 glm45 gpt_oss granite hunyuan_a13b kimi_k2
+    minimax_m2 minimax_m2_append_think mistral olmo3 qwen3 seed_oss step3""".split()
+)
+TOOL_CALL_PARSERS = frozenset(
+    """deepseek_v3 deepseek_v31 deepseek_v32 ernie45 functiongemma gigachat3 glm45
+    glm47 granite granite-20b-fc hermes hunyuan_a13b internlm jamba kimi_k2
+    llama3_json llama4_json llama4_pythonic longcat minimax minimax_m2 mistral
+    olmo3 openai phi4_mini_json pythonic qwen3_coder qwen3_xml seed_oss step3
+    xlam""".split()
+)
+
+
+class StandinError(Exception):
+    """A start-up failure: message printed as vLLM would, then exit code 1."""
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's parser: ``1k`` -> 1000, ``1K`` -> 1024, ``25.6k`` -> 25600, ``4096`` -> 4096.
+
+    Lower-case suffixes are decimal, upper-case binary (decimals not allowed
+    with binary suffixes), exactly like ``vllm.utils.argparse_utils``.
+    """
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+        binary = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+        if suffix in decimal:
+            return int(float(number) * decimal[suffix])
+        try:
+            return int(number) * binary[suffix]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. "
+                f"Did you mean to use {number}{suffix.lower()} instead?"
+            ) from e
+    try:
+        return int(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid integer: {value!r}") from e
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """Like :func:`human_readable_int`; ``auto`` or ``-1`` give -1 (auto-detect)."""
+    value = value.strip()
+    if value == "-1" or value.lower() == "auto":
+        return -1
+    return human_readable_int(value)
+
+
+def resolve_max_model_len(value: int | None) -> int:
+    """The context length the server reports: the parsed value, or 4096 for auto/absent."""
+    if value is None or value < 0:
+        return DEFAULT_MAX_MODEL_LEN
+    return value
+
+
+def _bool_flag(p: argparse.ArgumentParser, name: str, default: bool | None, help: str) -> None:
+    p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="vllm", allow_abbrev=False, description="vLLM stand-in CLI (test double)")
+    top.add_argument("-v", "--version", action="version", version=__version__)
+    sub = top.add_subparsers(dest="subparser", metavar="{serve}")
+    sub.required = True
+    p = sub.add_parser(
+        "serve", prog="vllm serve", allow_abbrev=False, help="Start the (stand-in) OpenAI-compatible server."
+    )
+    p.add_argument("model_tag", nargs="?", default=None, help="model directory or repo id")
+    p.add_argument("--model", default=None, help="deprecated: give the model as the positional argument")
+    # parallelism
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None)
+    # model / cache
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--swap-space", type=float, default=4)
+    p.add_argument("--download-dir", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--revision", default=None)
+    p.add_argument("--generation-config", default="auto")
+    p.add_argument("--hf-overrides", default=None)
+    p.add_argument("--compilation-config", "-O", default=None)
+    p.add_argument("--speculative-config", default=None)
+    p.add_argument("--limit-mm-per-prompt", default=None)
+    _bool_flag(p, "--trust-remote-code", False, "trust remote code from the hub")
+    _bool_flag(p, "--enforce-eager", False, "disable CUDA graphs")
+    _bool_flag(p, "--enable-prefix-caching", None, "prefix caching (on by default)")
+    _bool_flag(p, "--enable-chunked-prefill", None, "chunked prefill")
+    _bool_flag(p, "--disable-custom-all-reduce", False, "custom all-reduce off")
+    _bool_flag(p, "--async-scheduling", None, "async scheduling")
+    _bool_flag(p, "--disable-log-stats", False, "no stats logging")
+    _bool_flag(p, "--enable-log-requests", False, "log requests")
+    # frontend
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--chat-template", default=None)
+    p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--tool-call-parser", default=None)
+    _bool_flag(p, "--enable-auto-tool-choice", False, "auto tool choice (needs --tool-call-parser)")
+    p.add_argument(
+        "--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"), default="info"
+    )
+    return top
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser accepts ``--max_model_len`` for ``--max-model-len``."""
+    out = []
+    for a in argv:
+        if a.startswith("--") and len(a) > 2:
+            if "=" in a:
+                key, val = a.split("=", 1)
+                a = "--" + key[2:].replace("_", "-") + "=" + val
+            else:
+                a = "--" + a[2:].replace("_", "-")
+        out.append(a)
+    return out
+
+
+def parse_cli(argv: list[str]) -> argparse.Namespace:
+    """Parse ``serve MODEL ...`` (argv without the program name). Exits 2 on usage errors."""
+    return build_parser().parse_args(normalize_argv(argv))
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str
+    served_model_names: tuple[str, ...]
+    max_model_len: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    backend: str | None
+    host: str
+    port: int
+    api_key: str | None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def api_key_from(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """``--api-key`` wins; otherwise ``VLLM_API_KEY``; empty means none."""
+    key = ns.api_key if ns.api_key is not None else environ.get("VLLM_API_KEY")
+    return key or None
+
+
+def check_model(model: str) -> dict:
+    """A path-like model must be a directory with config.json; returns the parsed config ({} for repo ids)."""
+    if not (model.startswith("/") or model.startswith(".")):
+        return {}
+    cfg = os.path.join(model, "config.json")
+    if not os.path.isdir(model) or not os.path.isfile(cfg):
+        raise StandinError(
+            f"Invalid repository ID or local directory specified: '{model}'.\n"
+            "Please verify the following requirements:\n"
+            "1. Provide a valid Hugging Face repository ID.\n"
+            "2. Specify a local directory that contains a recognized configuration file.\n"
+            "   - For Hugging Face models: ensure the presence of a 'config.json'.\n"
+            "   - For Mistral models: ensure the presence of a 'params.json'."
+        )
+    try:
+        with open(cfg, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise StandinError(f"Failed to load config.json of '{model}': {e}") from e
+    if not isinstance(data, dict):
+        raise StandinError(f"config.json of '{model}' is not a JSON object")
+    return data
+
+
+def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.environ) -> ServeConfig:
+    """Checks real vLLM makes before loading anything; raises StandinError (exit 1)."""
+    if ns.model_tag and ns.model and ns.model_tag != ns.model:
+        raise StandinError(f"model given twice: positional '{ns.model_tag}' and --model '{ns.model}'")
+    model = ns.model_tag or ns.model
+    if not model:
+        raise StandinError("vllm serve: no model given (vllm serve MODEL ...)")
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        raise StandinError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if ns.tool_call_parser and ns.tool_call_parser not in TOOL_CALL_PARSERS:
+        raise StandinError(
+            f"invalid tool call parser: {ns.tool_call_parser} (chose from {{ {','.join(sorted(TOOL_CALL_PARSERS))} }})"
+        )
+    if ns.reasoning_parser and ns.reasoning_parser not in REASONING_PARSERS:
+        raise StandinError(
+            f"invalid reasoning parser: {ns.reasoning_parser} (chose from {{ {','.join(sorted(REASONING_PARSERS))} }})"
+        )
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(ns, name) < 1:
+            raise StandinError(f"{name} must be >= 1, got {getattr(ns, name)}")
+    if not (0 < ns.gpu_memory_utilization <= 1):
+        raise StandinError(f"GPU memory utilization must be within (0, 1]. Got {ns.gpu_memory_utilization}.")
+    if not (0 < ns.port < 65536):
+        raise StandinError(f"invalid port {ns.port}")
+    if ns.max_num_seqs is not None and ns.max_num_seqs < 1:
+        raise StandinError(f"max_num_seqs must be >= 1, got {ns.max_num_seqs}")
+    if ns.max_model_len is not None and ns.max_model_len == 0:
+        raise StandinError("max_model_len must be positive")
+    hf_config = check_model(model)
+    heads = hf_config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % ns.tensor_parallel_size:
+        raise StandinError(
+            f"Total number of attention heads ({heads}) must be divisible by "
+            f"tensor parallel size ({ns.tensor_parallel_size})."
+        )
+    return ServeConfig(
+        model=model,
+        served_model_names=tuple(ns.served_model_name or [model]),
+        max_model_len=resolve_max_model_len(ns.max_model_len),
+        tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        data_parallel_size=ns.data_parallel_size,
+        backend=ns.distributed_executor_backend,
+        host=ns.host or "0.0.0.0",
+        port=ns.port,
+        api_key=api_key_from(ns, environ),
+    )
+
+
+def redacted_args(ns: argparse.Namespace) -> dict:
+    """The parsed args for the start-up log line, with the API key hidden."""
+    d = dict(vars(ns))
+    if d.get("api_key"):
+        d["api_key"] = "<redacted>"
+    return d

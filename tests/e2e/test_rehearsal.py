@@ -1,0 +1,173 @@
+"""The rehearsal: deploy, change and destroy the real program on simulated nodes.
+
+Runs as root in CI with no skips (tests/e2e/conftest.py skips with the reason elsewhere). The
+tests in this module share one deployment and run in order: deploy → no-op → vLLM-only change →
+destroy; then a bad config and a node fault on the same nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from components.config import ConfigError
+from tests.e2e.engine import ResourceError
+from tests.e2e.rehearsal import chat, rehearsal_config, request
+
+pytestmark = pytest.mark.e2e
+
+RAY_NODES = (
+    "import json, ray; ray.init(address='auto', logging_level='ERROR'); "
+    "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
+)
+
+
+def container_ids(cluster) -> dict[str, str]:
+    return {
+        node.name: cluster.docker(node, "ps", "-q", "--no-trunc", "--filter", "label=spark-vllm.node").stdout.strip()
+        for node in cluster.nodes
+    }
+
+
+def netns_processes(cluster, words=("raylet", "gcs_server", "vllm", "ray start", "standin")) -> list[str]:
+    """Processes of any node's network namespace whose command line names Ray or vLLM."""
+    inodes = {os.stat(node.netns_path).st_ino for node in cluster.nodes}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino not in inodes:
+                continue
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(word in cmdline for word in words):
+            found.append(f"{pid}: {cmdline[:120]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def deployed(sim_cluster, rehearsal, model_dir):
+    deployment, image = rehearsal
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    run, operations = deployment.up(config, secrets)
+    return {"config": config, "secrets": secrets, "run": run, "operations": operations}
+
+
+def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
+    head = sim_cluster.nodes[0]
+    alive = json.loads(sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout)
+    assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster.nodes)
+    assert not {node.mgmt_ip for node in sim_cluster.nodes} & set(alive)
+
+    run, key = deployed["run"], deployed["secrets"]["apiKey"]
+    endpoint = run.exports["endpoint"]
+    assert endpoint == f"http://{head.mgmt_ip}:8000/v1"
+    status, models = request(f"{endpoint}/models", key)
+    assert status == 200 and [m["id"] for m in models["data"]] == [run.exports["servedModelName"]]
+    answer = chat(endpoint, key, run.exports["servedModelName"])
+    assert answer["choices"][0]["message"]["content"]
+    assert request(f"{endpoint}/models")[0] == 401
+    assert request(f"{endpoint}/models", "wrong-key")[0] == 401
+    assert run.exports["smoke"]["completionTokens"] > 0
+    assert run.exports["release"]["validated"] is True
+
+
+def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_on_it(sim_cluster, deployed):
+    head = sim_cluster.nodes[0]
+    log = sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    for node in sim_cluster.nodes:
+        assert node.fabric_ip in log  # one actor per GPU bundle, reported with its node's address
+
+
+def test_a_second_up_with_nothing_changed_does_nothing(sim_cluster, rehearsal, deployed):
+    deployment, _ = rehearsal
+    before = container_ids(sim_cluster)
+    _, operations = deployment.up(deployed["config"], deployed["secrets"])
+    assert {op.action for op in operations} == {"same"}, [op for op in operations if op.action != "same"]
+    assert container_ids(sim_cluster) == before
+
+
+def test_a_vllm_only_change_keeps_every_ray_container(sim_cluster, rehearsal, deployed):
+    deployment, _ = rehearsal
+    before = container_ids(sim_cluster)
+    config = {**deployed["config"], "maxModelLen": 2048}
+    run, operations = deployment.up(config, deployed["secrets"])
+    changed = {op.name: op.action for op in operations if op.action != "same"}
+    # vLLM restarted in place; readiness and smoke test ran again; nothing else was touched
+    assert changed == {"spark-vllm-serve": "update", "spark-vllm-ready": "replace", "spark-vllm-smoke": "replace"}
+    assert container_ids(sim_cluster) == before
+    status, models = request(f"{run.exports['endpoint']}/models", deployed["secrets"]["apiKey"])
+    assert status == 200 and models["data"][0]["max_model_len"] == 2048
+
+
+def test_destroy_leaves_no_container_or_process(sim_cluster, rehearsal, deployed):
+    deployment, _ = rehearsal
+    operations = deployment.destroy()
+    names = [op.name for op in operations]
+    # vLLM first, then the worker, then the head
+    assert names.index("spark-vllm-serve") < names.index("node-2-ray") < names.index("node-1-ray")
+    for node in sim_cluster.nodes:
+        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    assert netns_processes(sim_cluster) == []
+    assert deployment.destroy() == []  # a second destroy is safe and does nothing
+
+
+def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, rehearsal, model_dir):
+    deployment, image = rehearsal
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir, tensorParallelSize=3)
+    config["nodes"][1]["fabricInterface"] = "fab0;reboot"
+    with pytest.raises(ConfigError) as caught:
+        deployment.up(config, secrets)
+    assert "tensorParallelSize × pipelineParallelSize" in str(caught.value)
+    assert "nodes[1].fabricInterface" in str(caught.value)
+    for node in sim_cluster.nodes:
+        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    assert not deployment.state_path.exists() or json.loads(deployment.state_path.read_text()) == []
+
+
+def test_a_worker_without_docker_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
+    deployment, image = rehearsal
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    sim_cluster.stop_dockerd("node-2")
+    try:
+        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: .*docker.*failed"):
+            deployment.up(config, secrets)
+    finally:
+        sim_cluster.start_dockerd("node-2")
+        deployment.destroy()
+    for node in sim_cluster.nodes:
+        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+
+
+def test_a_worker_without_sshd_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
+    deployment, image = rehearsal
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    sim_cluster.stop_sshd("node-2")
+    try:
+        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: "):
+            deployment.up(config, secrets)
+    finally:
+        sim_cluster.start_sshd("node-2")
+        deployment.destroy()
+
+
+def test_three_nodes_with_pipeline_parallelism(sim_cluster3, rehearsal3, model_dir):
+    deployment, image = rehearsal3
+    config, secrets = rehearsal_config(sim_cluster3, image.ref, model_dir, pipeline_parallel=True)
+    run, _ = deployment.up(config, secrets)
+    try:
+        head = sim_cluster3.nodes[0]
+        alive = json.loads(
+            sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout
+        )
+        assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster3.nodes)
+        log = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+        assert "--pipeline-parallel-size=3" in log and "--tensor-parallel-size=1" in log
+        answer = chat(run.exports["endpoint"], secrets["apiKey"], run.exports["servedModelName"])
+        assert answer["usage"]["completion_tokens"] > 0
+    finally:
+        deployment.destroy()
+    assert netns_processes(sim_cluster3) == []

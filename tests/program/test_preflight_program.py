@@ -1,0 +1,91 @@
+"""Preflight and fabric network under mocks: what runs where, in which order, and what a failure stops."""
+
+import pytest
+
+from tests.harness import FakeCloud, run_program
+from tests.lifecycle import CONTAINER
+from tests.program.test_program import SECRETS, prod
+
+
+def test_every_node_is_checked_before_any_container_starts():
+    run = run_program(prod(), SECRETS, stack="prod")
+    for node in ("spark-01", "spark-02"):
+        preflight = run.named(f"{node}-preflight")
+        assert (
+            preflight.inputs["create"].startswith("env NODE=" + node + " FABRIC_IF=enp1s0f1np1")
+            and "bash -s <<'SPARK_VLLM_SCRIPT_END'" in preflight.inputs["create"]
+        )
+        fingerprint = run.named(f"{node}-model-fingerprint")
+        assert fingerprint.inputs["create"].startswith("python3 - /models/Qwen3.5-122B-A10B-FP8 <<")
+        gpu = run.named(f"{node}-gpu-check")
+        assert gpu.inputs["create"].startswith("docker run --rm --gpus all --entrypoint nvidia-smi sha256:")
+    containers = run.of_type(CONTAINER)
+    checks = {r.urn for r in run.registrations if r.name.endswith(("-preflight", "-model-fingerprint", "-gpu-check"))}
+    for container in containers:
+        # every container waits for every node's checks, not only its own
+        assert checks <= set(container.dependencies), container.name
+
+
+def test_peers_are_named_in_each_preflight():
+    run = run_program(prod(), SECRETS, stack="prod")
+    assert "PEERS=spark-02=192.168.200.13" in run.named("spark-01-preflight").inputs["create"]
+    assert "PEERS=spark-01=192.168.200.12" in run.named("spark-02-preflight").inputs["create"]
+
+
+def test_a_model_that_differs_on_one_node_stops_every_container():
+    class Differing(FakeCloud):
+        def fingerprint(self, node):
+            result = super().fingerprint(node)
+            if node == "spark-02":
+                result = {**result, "fingerprint": "e" * 64, "files": {"config.json": 701}}
+            return result
+
+    created = []
+
+    class Recording(Differing):
+        def new_resource(self, args):
+            created.append(args.typ)
+            return super().new_resource(args)
+
+    with pytest.raises(Exception, match=r"model differs: spark-02 vs spark-01: config.json size 701 vs 700"):
+        run_program(prod(), SECRETS, stack="prod", mocks=Recording())
+    assert CONTAINER not in created
+
+
+def test_a_failing_check_on_one_node_stops_every_container():
+    created = []
+
+    class Failing(FakeCloud):
+        def new_resource(self, args):
+            if args.name == "spark-02-preflight":
+                raise RuntimeError("preflight spark-02: cannot reach spark-01 (192.168.200.12) via enp1s0f1np1")
+            created.append(args.typ)
+            return super().new_resource(args)
+
+    with pytest.raises(Exception, match="cannot reach spark-01"):
+        run_program(prod(), SECRETS, stack="prod", mocks=Failing())
+    assert CONTAINER not in created
+
+
+def test_cpu_only_hosts_skip_the_gpu_check_and_repo_ids_skip_the_fingerprint():
+    run = run_program(prod(container={"gpus": False}, model="Qwen/Qwen3-0.6B"), SECRETS, stack="prod")
+    names = {r.name for r in run.registrations}
+    assert not any(n.endswith(("-gpu-check", "-model-fingerprint")) for n in names)
+    assert "MODEL= " in run.named("spark-01-preflight").inputs["create"]
+
+
+def test_managed_fabric_network_is_written_before_any_check_and_removed_on_delete():
+    run = run_program(prod(network={"manage": True, "mtu": 9000}), SECRETS, stack="prod")
+    networks = {n: run.named(f"{n}-fabric-network") for n in ("spark-01", "spark-02")}
+    create = networks["spark-01"].inputs["create"]
+    assert "NETPLAN_PATH=/etc/netplan/40-spark-vllm-fabric.yaml" in create
+    assert "'SUDO=sudo -n'" in create and "ACTION=apply" in create  # user aurora is not root
+    assert "ACTION=remove" in networks["spark-01"].inputs["delete"]
+    for node in ("spark-01", "spark-02"):
+        deps = set(run.named(f"{node}-preflight").dependencies)
+        assert {networks["spark-01"].urn, networks["spark-02"].urn} <= deps
+
+
+def test_no_fabric_network_resource_unless_managed():
+    run = run_program(prod(), SECRETS, stack="prod")
+    assert not any(r.name.endswith("-fabric-network") for r in run.registrations)

@@ -1,0 +1,107 @@
+"""Promotion under mocks: a stack deploys another stack's validated release, by digest, or nothing."""
+
+import json
+
+import pytest
+
+from tests.harness import FakeCloud, run_program
+from tests.lifecycle import CONTAINER, IMAGE, plan, touched
+from tests.program.test_program import SECRETS, prod
+
+STAGING = "organization/spark-vllm/staging"
+DIGEST = "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "12" * 32
+
+
+def release(**changes) -> dict:
+    value = {
+        "image": DIGEST,
+        "model": "/models/Qwen3.5-122B-A10B-FP8",
+        "engine": {
+            "maxModelLen": 16384,
+            "reasoningParser": "qwen3",
+            "toolCallParser": "qwen3_coder",
+            "enableAutoToolChoice": True,
+            "trustRemoteCode": True,
+            "extraArgs": [],
+        },  # fmt: skip
+        "validated": True,
+        "fingerprint": "abc",
+        "promotedFrom": "config",
+    }
+    value.update(changes)
+    return value
+
+
+def promoted(**changes) -> dict:
+    cfg = prod(promoteFrom=STAGING, **changes)
+    del cfg["image"], cfg["model"]
+    return cfg
+
+
+def run_promoted(staging_release, cfg=None, mocks_cls=FakeCloud):
+    outputs = {STAGING: {"release": staging_release} if staging_release is not None else {}}
+    return run_program(cfg or promoted(), SECRETS, stack="prod", mocks=mocks_cls(stack_outputs=outputs))
+
+
+def test_a_validated_release_is_deployed_by_digest_with_its_engine_settings():
+    run = run_promoted(release())
+    assert {r.inputs["name"] for r in run.of_type(IMAGE)} == {DIGEST}
+    serve = run.named("spark-vllm-serve")
+    params = json.loads(json.loads(serve.inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+    assert params["argv"][2] == "/models/Qwen3.5-122B-A10B-FP8"
+    assert "--max-model-len=16384" in params["argv"]  # the release's, not the stack file's 32768
+    assert run.exports["release"]["promotedFrom"] == STAGING
+    assert run.exports["release"]["engine"]["maxModelLen"] == 16384
+
+
+@pytest.mark.parametrize(
+    ("staging_release", "message"),
+    [
+        (None, "that stack has no `release` output"),
+        (release(validated=False), "is not validated"),
+        (release(image="hellohal2064/vllm-qwen3.5-gb10:latest"), "is not pinned by digest"),
+        ({"model": "/models/x", "validated": True}, "its release lacks ['image']"),
+    ],
+    ids=["missing", "unvalidated", "tag-not-digest", "incomplete"],
+)
+def test_a_release_that_cannot_be_promoted_creates_nothing_that_depends_on_it(staging_release, message):
+    created = []
+
+    class Recording(FakeCloud):
+        def new_resource(self, args):
+            created.append(args.typ)
+            return super().new_resource(args)
+
+    with pytest.raises(
+        Exception, match=f"promoteFrom '{STAGING}': .*{message}".replace("[", r"\[").replace("]", r"\]")
+    ):
+        run_promoted(staging_release, mocks_cls=Recording)
+    assert IMAGE not in created and CONTAINER not in created
+    assert not any(t == "command:remote:Command" for t in created)
+
+
+def test_setting_image_or_model_beside_promote_from_is_refused():
+    from components.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        run_program(prod(promoteFrom=STAGING), SECRETS, stack="prod")
+    assert [p.split(":")[0] for p in caught.value.problems] == ["image", "model"]
+
+
+def test_promoting_a_new_release_changes_exactly_what_it_changes():
+    first = run_promoted(release())
+    second = run_promoted(release(engine={**release()["engine"], "maxModelLen": 8192}))
+    assert touched(plan(first.registrations, second.registrations)) == {
+        "spark-vllm-serve": "update",
+        "spark-vllm-ready": "replace",
+        "spark-vllm-smoke": "replace",
+    }
+    rollback = run_promoted(release(image="hellohal2064/vllm-qwen3.5-gb10@sha256:" + "34" * 32))
+    changed = touched(plan(first.registrations, rollback.registrations))
+    assert changed["spark-01-image"] == changed["spark-02-image"] == "replace"
+    assert not any(name.endswith("-docker") for name in changed)
+
+
+def test_topology_stays_per_stack():
+    run = run_promoted(release(), cfg=promoted(vllm={"port": 31000, "gpuMemoryUtilization": 0.8}))
+    assert run.exports["endpoint"] == "http://spark-01.lan:31000/v1"

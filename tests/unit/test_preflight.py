@@ -1,0 +1,599 @@
+"""Preflight: the netplan drop-in (validated by netplan itself), netplan_apply.sh, preflight_node.sh
+inside network namespaces made here, and the model fingerprint with its comparison."""
+
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from components import netplan, preflight
+from components.config import load_cluster_config
+from components.render import script
+from tests.unit.test_config import config
+
+NETPLAN = shutil.which("netplan")
+IP = shutil.which("ip")
+PING = shutil.which("ping")
+BASH = shutil.which("bash")
+PYTHON = shutil.which("python3")
+
+# --- netplan drop-in -------------------------------------------------------------------------------
+
+GOLDEN = """\
+# Written by spark-vllm (Pulumi): the fabric interface only. Removed by `pulumi destroy`.
+network:
+  version: 2
+  ethernets:
+    "enp1s0f1np1":
+      dhcp4: false
+      addresses:
+        - "192.168.100.10/24"
+      mtu: 9000
+"""
+
+
+def test_netplan_yaml_golden():
+    assert netplan.netplan_yaml("enp1s0f1np1", "192.168.100.10", 24, 9000) == GOLDEN
+    without_mtu = netplan.netplan_yaml("enp1s0f1np1", "192.168.100.10", 24, None)
+    assert without_mtu == GOLDEN.replace("      mtu: 9000\n", "")
+    assert "renderer" not in GOLDEN
+    assert netplan.NETPLAN_PATH == "/etc/netplan/40-spark-vllm-fabric.yaml"
+
+
+def test_netplan_yaml_parses_to_the_intended_structure():
+    yaml = pytest.importorskip("yaml")
+    # "on" would be a YAML boolean unquoted: the interface name must stay a string.
+    assert yaml.safe_load(netplan.netplan_yaml("on", "10.79.0.1", 16, 1500)) == {
+        "network": {
+            "version": 2,
+            "ethernets": {"on": {"dhcp4": False, "addresses": ["10.79.0.1/16"], "mtu": 1500}},
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("fab0;reboot", "10.79.0.1", 24, None),
+        ("fab0", "10.79.0.300", 24, None),
+        ("fab0", "10.79.0.1", 33, None),
+        ("fab0", "10.79.0.1", 24, 100),
+    ],
+)
+def test_netplan_yaml_refuses_bad_values(args):
+    with pytest.raises(ValueError):
+        netplan.netplan_yaml(*args)
+
+
+def test_node_netplan_yaml_and_apply_argv():
+    cfg = load_cluster_config(config(network={"manage": True, "prefixLength": 24, "mtu": 9000}))
+    node = cfg.nodes[0]
+    text = netplan.node_netplan_yaml(node, cfg.network)
+    assert f'"{node.fabric_address}/24"' in text and "mtu: 9000" in text
+    argv = netplan.netplan_apply_argv(text, sudo=True)
+    env = dict(item.split("=", 1) for item in argv[:-2] if "=" in item)
+    assert argv[0] == "env" and argv[-2:] == ["bash", "-s"]
+    assert env["NETPLAN_PATH"] == netplan.NETPLAN_PATH and env["ACTION"] == "apply" and env["SUDO"] == "sudo -n"
+    assert netplan.netplan_apply_argv(None, sudo=False)[1:5] == [
+        f"NETPLAN_PATH={netplan.NETPLAN_PATH}",
+        "CONTENT_B64=",
+        "SUDO=",
+        "ACTION=remove",
+    ]
+
+
+def _generate(tmp_path, files):
+    root = tmp_path / "root"
+    (root / "etc/netplan").mkdir(parents=True)
+    for name, text in files.items():
+        path = root / "etc/netplan" / name
+        path.write_text(text)
+        path.chmod(0o600)
+    result = subprocess.run([NETPLAN, "generate", "--root-dir", str(root)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.mark.skipif(NETPLAN is None, reason="netplan is not installed (apt-get install netplan.io)")
+def test_netplan_generate_accepts_the_drop_in(tmp_path):
+    root = _generate(tmp_path, {"40-spark-vllm-fabric.yaml": netplan.netplan_yaml("fab0", "10.79.0.1", 24, 9000)})
+    network = (root / "run/systemd/network/10-netplan-fab0.network").read_text()
+    assert "Name=fab0" in network
+    assert "Address=10.79.0.1/24" in network
+    assert "MTUBytes=9000" in network
+    assert "DHCP=" not in network or "DHCP=no" in network
+
+
+@pytest.mark.skipif(NETPLAN is None, reason="netplan is not installed (apt-get install netplan.io)")
+def test_netplan_generate_follows_a_global_network_manager_renderer(tmp_path):
+    # No renderer of our own: on a desktop-style install another file picks NetworkManager for all.
+    root = _generate(
+        tmp_path,
+        {
+            "01-network-manager-all.yaml": "network:\n  version: 2\n  renderer: NetworkManager\n",
+            "40-spark-vllm-fabric.yaml": netplan.netplan_yaml("fab0", "10.79.0.1", 24, 9000),
+        },
+    )
+    connection = (root / "run/NetworkManager/system-connections/netplan-fab0.nmconnection").read_text()
+    assert "10.79.0.1/24" in connection and "mtu=9000" in connection
+    assert not (root / "run/systemd/network/10-netplan-fab0.network").exists()
+
+
+# --- netplan_apply.sh with a fake netplan ----------------------------------------------------------
+
+
+def _fake_tool(bindir: Path, name: str, body: str) -> Path:
+    path = bindir / name
+    path.write_text(f"#!{BASH}\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def _run_netplan_apply(bindir, target, action, content=None, netplan_rc=0):
+    argv = netplan.netplan_apply_argv(content, sudo=False, path=str(target))
+    env = dict(item.split("=", 1) for item in argv[1:-2])
+    env["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    env["NETPLAN_RC"] = str(netplan_rc)
+    assert env["ACTION"] == action
+    return subprocess.run(
+        [BASH, "-s"], input=script("netplan_apply.sh"), env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_netplan_apply_writes_once_then_is_unchanged_then_removes(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "netplan-calls"
+    _fake_tool(bindir, "netplan", f'echo "$*" >> {calls}\nexit "${{NETPLAN_RC:-0}}"')
+    target = tmp_path / "etc/netplan/40-spark-vllm-fabric.yaml"
+    text = netplan.netplan_yaml("fab0", "10.79.0.1", 24, 9000)
+
+    first = _run_netplan_apply(bindir, target, "apply", text)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "netplan: written and applied\n"
+    assert target.read_text() == text
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert calls.read_text() == "apply\n"
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary file left
+
+    target.chmod(0o644)  # same content, loose mode: fixed without applying
+    second = _run_netplan_apply(bindir, target, "apply", text)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == "netplan: unchanged\n"
+    assert calls.read_text() == "apply\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+    changed = netplan.netplan_yaml("fab0", "10.79.0.1", 24, 1500)
+    third = _run_netplan_apply(bindir, target, "apply", changed)
+    assert third.stdout == "netplan: written and applied\n" and target.read_text() == changed
+    assert calls.read_text() == "apply\napply\n"
+
+    removed = _run_netplan_apply(bindir, target, "remove")
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout == f"netplan: removed {target}\n"
+    assert not target.exists()
+    assert calls.read_text() == "apply\napply\napply\n"
+
+    again = _run_netplan_apply(bindir, target, "remove")
+    assert again.returncode == 0 and again.stdout == "netplan: nothing to remove\n"
+    assert calls.read_text() == "apply\napply\napply\n"
+
+
+def test_netplan_apply_failure_restores_the_previous_file(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_tool(bindir, "netplan", 'echo "netplan: bad config" >&2; exit "${NETPLAN_RC:-0}"')
+    target = tmp_path / "etc/netplan/40-spark-vllm-fabric.yaml"
+    old = netplan.netplan_yaml("fab0", "10.79.0.1", 24, None)
+    assert _run_netplan_apply(bindir, target, "apply", old).returncode == 0
+
+    failed = _run_netplan_apply(bindir, target, "apply", old.replace("10.79.0.1", "10.79.0.7"), netplan_rc=1)
+    assert failed.returncode == 1
+    assert "restored the previous" in failed.stderr
+    assert target.read_text() == old  # so the next run sees a difference and tries again
+
+    target.unlink()
+    failed = _run_netplan_apply(bindir, target, "apply", old, netplan_rc=1)
+    assert failed.returncode == 1 and not target.exists()
+
+
+# --- preflight_node.sh inside network namespaces --------------------------------------------------
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or IP is None, reason="needs root and iproute2 (`ip`) to create network namespaces"
+)
+
+
+def _ip(*args):
+    subprocess.run([IP, *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def fabric():
+    """Two namespaces pft…a / pft…b joined by a veth pair, `fab0` on each (10.79.0.1/24, 10.79.0.2/24)."""
+    tag = "pft" + uuid.uuid4().hex[:6]
+    a, b = f"{tag}a", f"{tag}b"
+    created = []
+    try:
+        for ns in (a, b):
+            _ip("netns", "add", ns)
+            created.append(ns)
+        _ip("link", "add", f"{a}0", "type", "veth", "peer", "name", f"{b}0")
+        for ns, address in ((a, "10.79.0.1/24"), (b, "10.79.0.2/24")):
+            _ip("link", "set", f"{ns}0", "netns", ns)
+            _ip("-n", ns, "link", "set", f"{ns}0", "name", "fab0")
+            _ip("-n", ns, "addr", "add", address, "dev", "fab0")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", "fab0", "up")
+        yield a, b
+    finally:
+        subprocess.run([IP, "link", "del", f"{a}0"], capture_output=True, timeout=30)  # if never moved
+        for ns in created:
+            subprocess.run([IP, "netns", "del", ns], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def bindir(tmp_path):
+    """A PATH holding only what the script may use (bash, iproute2, coreutils) and a fake docker."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in ("bash", "ip", "timeout", "mktemp", "rm", "id"):
+        (path / tool).symlink_to(shutil.which(tool))
+    _fake_tool(
+        path,
+        "docker",
+        'if [[ ${DOCKER_DOWN:-} ]]; then echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1; fi\n'
+        '[[ "$*" == "info --format {{.ServerVersion}}" ]] && echo 24.0.7',
+    )
+    return path
+
+
+def _fake_ping(bindir, calls):
+    """A stand-in ping: records its arguments; only 10.79.0.99 does not answer."""
+    _fake_tool(bindir, "ping", f'echo "$*" >> {calls}\n[[ ${{@: -1}} != 10.79.0.99 ]]')
+
+
+def _preflight(ns, bindir, **env):
+    values = {
+        "PATH": str(bindir),
+        "NODE": "node-1",
+        "FABRIC_IF": "fab0",
+        "FABRIC_ADDR": "10.79.0.1",
+        "PEERS": "10.79.0.2",
+        "MODEL": "",
+    }
+    values.update(env)
+    result = subprocess.run(
+        [IP, "netns", "exec", ns, "bash", "-s"],
+        input=script("preflight_node.sh"),
+        env=values,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    problems = [line for line in result.stderr.splitlines() if "warning:" not in line]
+    for line in problems:
+        assert line.startswith("preflight node-1: ") and " — " in line, line
+    return result, problems
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    return path
+
+
+@needs_netns
+def test_preflight_ok_without_ping_checks_routes_and_warns(fabric, bindir, model_dir):
+    result, problems = _preflight(fabric[0], bindir, MODEL=str(model_dir))
+    assert (result.returncode, problems) == (0, [])
+    assert result.stdout == "preflight node-1: ok\n"
+    assert "warning: ping not found: checked only that the route to each peer leaves through fab0" in result.stderr
+
+
+@needs_netns
+def test_preflight_ok_with_ping_pings_through_the_fabric_interface(fabric, bindir, tmp_path):
+    calls = tmp_path / "ping-calls"
+    _fake_ping(bindir, calls)
+    result, problems = _preflight(fabric[0], bindir, PEERS="node-2=10.79.0.2")
+    assert (result.returncode, problems, result.stderr) == (0, [], "")
+    assert result.stdout == "preflight node-1: ok\n"
+    assert calls.read_text() == "-c 1 -W 2 -I fab0 10.79.0.2\n"
+
+
+@needs_netns
+def test_preflight_unanswered_ping_names_the_pair(fabric, bindir, tmp_path):
+    _fake_ping(bindir, tmp_path / "ping-calls")
+    result, problems = _preflight(fabric[0], bindir, PEERS="node-2=10.79.0.2 node-3=10.79.0.99")
+    assert result.returncode == 1 and result.stdout == ""
+    assert problems == [
+        "preflight node-1: cannot reach node-3 (10.79.0.99) via fab0 (from 10.79.0.1): no answer to ping — check the "
+        "cable, that fab0 is up on both nodes and the peer's fabricAddress (or a firewall dropping ICMP)"
+    ]
+
+
+@needs_netns
+@pytest.mark.skipif(PING is None, reason="ping is not installed here: the route-check fallback is tested instead")
+def test_preflight_with_the_real_ping(fabric, bindir):
+    (bindir / "ping").symlink_to(PING)
+    result, problems = _preflight(fabric[0], bindir, PEERS="10.79.0.2 10.79.0.99")
+    assert result.returncode == 1
+    assert len(problems) == 1 and "cannot reach peer 10.79.0.99 via fab0 (from 10.79.0.1): no answer" in problems[0]
+
+
+@needs_netns
+def test_preflight_without_ping_names_the_pair_when_no_route_uses_the_interface(fabric, bindir):
+    # Without ping only the route is checked: 10.79.0.99 (same subnet, nobody there) passes with the
+    # warning; 10.79.5.5 has no route at all.
+    result, problems = _preflight(fabric[0], bindir, PEERS="10.79.0.2 10.79.0.99 10.79.5.5")
+    assert result.returncode == 1
+    assert problems == [
+        "preflight node-1: cannot reach peer 10.79.5.5 via fab0 (from 10.79.0.1): no route (RTNETLINK answers: "
+        "Network is unreachable) — all fabric addresses must share the fabric subnet (network.prefixLength) on fab0"
+    ]
+
+
+@needs_netns
+def test_preflight_interface_missing(fabric, bindir):
+    result, problems = _preflight(fabric[0], bindir, FABRIC_IF="fab9", PEERS="")
+    assert result.returncode == 1 and result.stdout == ""
+    assert problems == [
+        "preflight node-1: fabric interface fab9 does not exist — 10.79.0.1 is on fab0: set "
+        "nodes[].fabricInterface to that interface"
+    ]
+
+
+@needs_netns
+def test_preflight_interface_down(fabric, bindir):
+    _ip("-n", fabric[0], "link", "set", "fab0", "down")
+    result, problems = _preflight(fabric[0], bindir)
+    assert result.returncode == 1
+    assert problems[0] == (
+        "preflight node-1: fabric interface fab0 is down — bring it up (`ip link set dev fab0 up`) or let the "
+        "program manage it (network.manage: true)"
+    )
+    # Its prefix route went with it: the peer check says so too (every check runs).
+    assert problems[1].startswith("preflight node-1: cannot reach peer 10.79.0.2 via fab0 (from 10.79.0.1)")
+    assert len(problems) == 2
+
+
+@needs_netns
+def test_preflight_interface_without_carrier(fabric, bindir):
+    _ip("-n", fabric[1], "link", "set", "fab0", "down")  # the far end: cable "unplugged"
+    result, problems = _preflight(fabric[0], bindir, PEERS="")
+    assert result.returncode == 1
+    assert problems == [
+        "preflight node-1: fabric interface fab0 is up but has no link (no carrier) — check the cable "
+        "and that the peer's port is up"
+    ]
+
+
+@needs_netns
+def test_preflight_address_missing(fabric, bindir):
+    _ip("-n", fabric[0], "addr", "flush", "dev", "fab0")
+    result, problems = _preflight(fabric[0], bindir, PEERS="")
+    assert result.returncode == 1
+    assert problems == [
+        "preflight node-1: fabric address 10.79.0.1 is not configured on fab0 — add it (network.manage: true writes "
+        "a netplan drop-in) or correct nodes[].fabricAddress"
+    ]
+
+
+@needs_netns
+def test_preflight_address_on_another_interface(fabric, bindir):
+    a, b = fabric
+    _ip("link", "add", f"{a}1", "type", "veth", "peer", "name", f"{b}1")
+    _ip("link", "set", f"{a}1", "netns", a)
+    _ip("link", "set", f"{b}1", "netns", b)
+    _ip("-n", a, "link", "set", f"{a}1", "name", "mgmt0")
+    _ip("-n", a, "addr", "flush", "dev", "fab0")
+    _ip("-n", a, "addr", "add", "10.79.0.1/24", "dev", "mgmt0")
+    result, problems = _preflight(a, bindir, PEERS="")
+    assert result.returncode == 1
+    assert problems == [
+        "preflight node-1: fabric address 10.79.0.1 is on mgmt0, not on fab0 — set nodes[].fabricInterface to "
+        "mgmt0, or move the address to fab0"
+    ]
+
+
+@needs_netns
+def test_preflight_model_missing(fabric, bindir, tmp_path):
+    result, problems = _preflight(fabric[0], bindir, MODEL=str(tmp_path / "nowhere"))
+    assert result.returncode == 1
+    assert problems == [
+        f"preflight node-1: model directory {tmp_path}/nowhere does not exist — copy the model to the same path on "
+        "every node, or set model to a Hugging Face repo id"
+    ]
+
+
+@needs_netns
+def test_preflight_model_without_config_json(fabric, bindir, model_dir):
+    (model_dir / "config.json").unlink()
+    result, problems = _preflight(fabric[0], bindir, MODEL=str(model_dir))
+    assert result.returncode == 1
+    assert problems == [
+        f"preflight node-1: model directory {model_dir} has no config.json — point model at the directory with "
+        "config.json and the weights (in a HF cache: …/snapshots/<revision>)"
+    ]
+
+
+@needs_netns
+def test_preflight_model_path_is_a_file(fabric, bindir, model_dir):
+    result, problems = _preflight(fabric[0], bindir, MODEL=str(model_dir / "config.json"))
+    assert result.returncode == 1
+    assert problems == [
+        f"preflight node-1: model path {model_dir}/config.json is not a directory — point model at the directory "
+        "that holds config.json"
+    ]
+
+
+@needs_netns
+def test_preflight_runs_every_check(fabric, bindir, tmp_path):
+    result, problems = _preflight(
+        fabric[0], bindir, FABRIC_ADDR="10.79.0.5", PEERS="", MODEL=str(tmp_path / "nowhere"), DOCKER_DOWN="1"
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert [line.split(" — ")[0] for line in problems] == [
+        "preflight node-1: fabric address 10.79.0.5 is not configured on fab0",
+        "preflight node-1: Docker does not answer (Cannot connect to the Docker daemon at "
+        "unix:///var/run/docker.sock.)",
+        f"preflight node-1: model directory {tmp_path}/nowhere does not exist",
+    ]
+
+
+@needs_netns
+def test_preflight_docker_missing(fabric, bindir):
+    (bindir / "docker").unlink()
+    result, problems = _preflight(fabric[0], bindir, PEERS="")
+    assert result.returncode == 1
+    assert problems == ["preflight node-1: docker not found — install Docker on the node"]
+
+
+def test_preflight_argv_names_peers_and_passes_only_a_model_path():
+    cfg = load_cluster_config(config(model="/models/Qwen3"))
+    node = cfg.nodes[0]
+    argv = preflight.preflight_argv(cfg, node, cfg.model)
+    peers = " ".join(f"{n.name}={n.fabric_address}" for n in cfg.nodes[1:])
+    assert argv == [
+        "env",
+        f"NODE={node.name}",
+        f"FABRIC_IF={node.fabric_interface}",
+        f"FABRIC_ADDR={node.fabric_address}",
+        f"PEERS={peers}",
+        "MODEL=/models/Qwen3",
+        "bash",
+        "-s",
+    ]
+    repo = load_cluster_config(config(model="Qwen/Qwen3-8B"))
+    assert "MODEL=" in preflight.preflight_argv(repo, repo.nodes[0], repo.model)
+    assert preflight.fingerprint_argv("/models/Qwen3") == ["python3", "-", "/models/Qwen3"]
+
+
+# --- model fingerprint -----------------------------------------------------------------------------
+
+
+def _model(root: Path, **overrides) -> Path:
+    files = {
+        "config.json": '{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096}',
+        "generation_config.json": '{"temperature": 0.6}',
+        "tokenizer.json": '{"model": {"type": "BPE"}}',
+        "tokenizer_config.json": '{"chat_template": "{{ messages }}"}',
+        "model.safetensors.index.json": '{"weight_map": {}}',
+        "model-00001-of-00002.safetensors": "A" * 1000,
+        "model-00002-of-00002.safetensors": "B" * 500,
+        ".cache/huggingface/download/config.json.metadata": "timestamp 1",
+    }
+    files.update(overrides)
+    for name, text in files.items():
+        if text is None:
+            continue
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _fingerprint(path) -> dict:
+    result = subprocess.run(
+        [PYTHON, "-", str(path)], input=script("model_fingerprint.py"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    return preflight.parse_fingerprint(result.stdout)
+
+
+def test_fingerprint_lists_sizes_and_hashes_only_metadata(tmp_path):
+    result = _fingerprint(_model(tmp_path / "m"))
+    assert set(result) == {"fingerprint", "files", "metadata", "broken"}
+    assert len(result["fingerprint"]) == 64
+    assert result["files"]["model-00001-of-00002.safetensors"] == 1000
+    assert ".cache/huggingface/download/config.json.metadata" not in result["files"]  # download state differs
+    assert sorted(result["metadata"]) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert result["broken"] == []
+
+
+def test_fingerprint_same_content_same_fingerprint(tmp_path):
+    one = _fingerprint(_model(tmp_path / "one"))
+    two = _fingerprint(_model(tmp_path / "two", **{".cache/huggingface/download/config.json.metadata": "ts 2"}))
+    assert one == two
+    assert preflight.compare_fingerprints({"node-1": one, "node-2": two}) == []
+
+
+def test_fingerprint_never_reads_weights(tmp_path):
+    # Same size, other bytes: only the size of a weights file counts.
+    one = _fingerprint(_model(tmp_path / "one"))
+    two = _fingerprint(_model(tmp_path / "two", **{"model-00001-of-00002.safetensors": "Z" * 1000}))
+    assert one["fingerprint"] == two["fingerprint"]
+
+
+def test_fingerprint_follows_hugging_face_snapshot_symlinks(tmp_path):
+    plain = _fingerprint(_model(tmp_path / "plain"))
+    blobs = _model(tmp_path / "repo/blobs")
+    snapshot = tmp_path / "repo/snapshots/abc123"
+    snapshot.mkdir(parents=True)
+    for blob in blobs.iterdir():
+        if blob.is_file():
+            (snapshot / blob.name).symlink_to(f"../../blobs/{blob.name}")
+    assert _fingerprint(snapshot)["fingerprint"] == plain["fingerprint"]
+    (snapshot / "model-00002-of-00002.safetensors").unlink()
+    (snapshot / "model-00002-of-00002.safetensors").symlink_to("../../blobs/missing")  # incomplete download
+    broken = _fingerprint(snapshot)
+    assert broken["broken"] == ["model-00002-of-00002.safetensors"]
+    assert preflight.compare_fingerprints({"node-1": plain, "node-2": broken}) == [
+        "model differs: node-2 vs node-1: missing on node-2: model-00002-of-00002.safetensors; "
+        "broken symlink on node-2: model-00002-of-00002.safetensors"
+    ]
+
+
+def test_fingerprint_changes_are_named_by_compare(tmp_path):
+    head = _fingerprint(_model(tmp_path / "n1"))
+    same = _fingerprint(_model(tmp_path / "n2"))
+    other = _fingerprint(
+        _model(
+            tmp_path / "n3",
+            **{
+                "config.json": '{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4097}',  # same size
+                "model-00001-of-00002.safetensors": "A" * 999,
+                "tokenizer.json": None,
+            },
+        )
+    )
+    assert len({head["fingerprint"], other["fingerprint"]}) == 2
+    assert preflight.compare_fingerprints({"node-1": head, "node-2": same, "node-3": other}) == [
+        "model differs: node-3 vs node-1: config.json hash differs; model-00001-of-00002.safetensors size 999 vs "
+        "1000; missing on node-3: tokenizer.json"
+    ]
+    extra = _fingerprint(_model(tmp_path / "n4", **{"chat_template.jinja": "{{ x }}"}))
+    assert preflight.compare_fingerprints({"node-1": head, "node-2": extra}) == [
+        "model differs: node-2 vs node-1: missing on node-1: chat_template.jinja"
+    ]
+
+
+def test_compare_fingerprints_limits_the_list_and_reports_failures():
+    base = {"fingerprint": "a", "files": {f"f{i}.json": 1 for i in range(8)}, "metadata": {}, "broken": []}
+    empty = {"fingerprint": "b", "files": {}, "metadata": {}, "broken": []}
+    (problem,) = preflight.compare_fingerprints({"node-1": base, "node-2": empty})
+    assert problem.endswith("missing on node-2: f4.json; … and 3 more")
+    assert preflight.compare_fingerprints({"node-1": base, "node-2": {"error": "not a readable directory"}}) == [
+        "model fingerprint failed on node-2: not a readable directory"
+    ]
+
+
+def test_fingerprint_of_a_missing_directory_fails(tmp_path):
+    result = subprocess.run(
+        [PYTHON, "-", str(tmp_path / "nowhere")], input=script("model_fingerprint.py"), capture_output=True, text=True
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert "is not a readable directory" in result.stderr
