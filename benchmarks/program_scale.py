@@ -2,33 +2,37 @@
 
     venv/bin/python -m benchmarks.program_scale [--nodes 2 16 128] [--repeats 3]
 
-For each node count N it runs, in one process and interleaved repeat by repeat:
+For each node count N, in one process, interleaved repeat by repeat, all through the same
+`tests.harness.run_program` (FakeCloud mocks, RecordingMonitor, runpy); only the program differs:
 
-* the real `__main__.py` under Pulumi's mocks, through `tests.harness.run_program` (FakeCloud,
-  RecordingMonitor) with a valid N-node stack config (TP = N, one GPU a node, pinned host keys,
-  an `apiKey` secret);
-* the floor: `benchmarks/floor/__main__.py`, a bare program registering as many trivial
-  ComponentResources and CustomResources as the real run did (customs parented to components),
-  through the very same `run_program` (only the program file differs).
+* program: the real `__main__.py` with a valid N-node stack config (TP = N, one GPU a node,
+  pinned host keys, an `apiKey` secret);
+* floor: `benchmarks/floor/__main__.py`, a bare program registering as many trivial
+  ComponentResources and CustomResources (one input each, customs parented to components) as the
+  program did. This is the floor the issue's targets are measured against;
+* typed floor (diagnostic only): `benchmarks/typed_floor/__main__.py`, the program's resource tree
+  rebuilt from the same SDK classes, names, parents and providers, with minimal inputs and no
+  dependencies. program / typed floor is what the program's own code adds; typed / trivial floor
+  is what the resource classes cost, which no change to the program can remove.
 
 Times are wall-clock seconds of the whole `run_program` call, the BEST (minimum) of `--repeats`
 runs, after one untimed warm-up of each program at N=2 so imports are not counted. The minimum,
 not the median, because the machine may be shared: other load only ever adds time. The process
-CPU time of the same runs is printed too, as a cross-check that is less sensitive to other load.
+CPU time of the same runs is printed too, as a cross-check less sensitive to other load.
 
 "Longest chain" is the longest path of dependent custom resources, counted in resources. An edge
 A -> B exists when B lists A in its `dependencies` or uses A as its provider; a dependency on a
 component stands for every custom resource under it. Parent edges are not counted: a component
 does no work of its own.
 
-Targets checked (from the issue):
-* ratio: program time at the largest N is at most 1.5x its floor;
+Targets (from the issue), each printed as PASS or FAIL:
+* ratio: program time at the largest N is at most 1.5x the floor's;
 * linear resources: resources = a*N + b exactly across all N (constant resources per node);
-* linear time: seconds per resource at the largest N is within 2x of that at the next N (16);
+* linear time: seconds per resource at the largest N within 2x of that at the next N (16);
 * parallel nodes: the longest chain is the same at the two largest N (16 and 128).
 
-Exit code: 0 when every target passes, 1 when any fails (so CI can gate on it); the table is
-printed either way.
+Exit code: 0 when every target passes, 1 when any fails (CI can gate on it); the whole report is
+printed either way. A run takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -41,13 +45,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
 from tests import harness
 from tests.harness import FakeCloud, ProgramRun, Registration, run_program
 
-FLOOR_DIR = Path(__file__).resolve().parent / "floor"
+HERE = Path(__file__).resolve().parent
+FLOOR_DIR = HERE / "floor"
+TYPED_FLOOR_DIR = HERE / "typed_floor"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
 SECRETS = {"apiKey": "sk-benchmark-0000"}
 MAX_RATIO = 1.5
@@ -78,22 +86,51 @@ def run_real(n: int) -> ProgramRun:
     return run_program(cluster_config(n), SECRETS, stack=f"bench-{n}", mocks=FakeCloud())
 
 
-def run_floor(components: int, customs: int) -> ProgramRun:
+def _run_other(program_dir: Path, config: dict, stack: str) -> ProgramRun:
     # Same harness, same monitor and mocks: only the program file it executes is swapped.
-    with mock.patch.object(harness, "ROOT", FLOOR_DIR):
-        return run_program({"floorComponents": components, "floorCustoms": customs}, stack="floor", mocks=FakeCloud())
+    with mock.patch.object(harness, "ROOT", program_dir):
+        return run_program(config, stack=stack, mocks=FakeCloud())
 
 
-def timed(fn: Callable[[], ProgramRun]) -> tuple[float, float, ProgramRun]:
-    """(wall seconds, process CPU seconds, result)."""
+def run_floor(components: int, customs: int) -> ProgramRun:
+    return _run_other(FLOOR_DIR, {"floorComponents": components, "floorCustoms": customs}, "floor")
+
+
+def typed_floor_spec(registrations: list[Registration]) -> dict:
+    return {
+        "registrations": [
+            [r.typ, r.name, r.custom, r.parent, r.provider.rsplit("::", 1)[0] if r.provider else ""]
+            for r in registrations
+        ],
+        "urns": [r.urn for r in registrations],
+    }
+
+
+def run_typed_floor(spec: dict) -> ProgramRun:
+    return _run_other(TYPED_FLOOR_DIR, {"floorSpec": spec}, "typed-floor")
+
+
+@dataclass
+class Timing:
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def best(self) -> float:
+        return min(self.wall)
+
+
+def timed(fn: Callable[[], ProgramRun], into: Timing) -> ProgramRun:
     gc.collect()
     start, cpu = time.perf_counter(), time.process_time()
     result = fn()
-    return time.perf_counter() - start, time.process_time() - cpu, result
+    into.wall.append(time.perf_counter() - start)
+    into.cpu.append(time.process_time() - cpu)
+    return result
 
 
 def longest_chain(registrations: list[Registration]) -> tuple[int, list[str]]:
-    """Longest path (in custom resources) over dependency and provider edges."""
+    """Longest path (in custom resources) over dependency and provider edges, and its names."""
     by_urn = {r.urn: r for r in registrations}
     children: dict[str, list[str]] = {}
     for r in registrations:
@@ -120,14 +157,11 @@ def longest_chain(registrations: list[Registration]) -> tuple[int, list[str]]:
         return {p for p in preds if p in by_urn}
 
     best: dict[str, tuple[int, str | None]] = {}
-    # A resource can only name URNs already registered, so registration order is topological;
-    # still, resolve recursively in case the mocks ever reorder.
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
 
     def depth(urn: str) -> int:
         if urn not in best:
-            preds = predecessors(by_urn[urn])
-            prev = max(preds, key=depth, default=None)
+            prev = max(predecessors(by_urn[urn]), key=depth, default=None)
             best[urn] = ((depth(prev) if prev else 0) + 1, prev)
         return best[urn][0]
 
@@ -142,86 +176,65 @@ def longest_chain(registrations: list[Registration]) -> tuple[int, list[str]]:
     return best[end][0], path[::-1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 16, 128])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    sizes = sorted(args.nodes)
+def measure(n: int, repeats: int) -> dict:
+    program, floor, typed = Timing([], []), Timing([], []), Timing([], [])
+    for _ in range(repeats):
+        real_run = timed(partial(run_real, n), program)
+        total = len(real_run.registrations)
+        custom = sum(r.custom for r in real_run.registrations)
+        floor_run = timed(partial(run_floor, total - custom, custom), floor)
+        typed_run = timed(partial(run_typed_floor, typed_floor_spec(real_run.registrations)), typed)
+        for other in (floor_run, typed_run):
+            assert len(other.registrations) == total, f"a floor registered {len(other.registrations)}, not {total}"
+    chain, path = longest_chain(real_run.registrations)
+    return {
+        "n": n,
+        "resources": total,
+        "custom": custom,
+        "program": program,
+        "floor": floor,
+        "typed": typed,
+        "ratio": program.best / floor.best,
+        "chain": chain,
+        "path": path,
+        "dependencies": sum(len(r.dependencies) for r in real_run.registrations),
+    }
 
-    home = tempfile.mkdtemp(prefix="spark-vllm-bench-")
-    os.environ["SPARK_VLLM_HOME"] = home  # the program writes known_hosts here
-    try:
-        # Warm-up: imports, pydantic schema building, gRPC/protobuf first use.
-        run_real(2)
-        run_floor(2, 2)
-        rows = []
-        for n in sizes:
-            real_times, floor_times, real_cpu, floor_cpu = [], [], [], []
-            real_run = floor_run = None
-            for _ in range(args.repeats):
-                t, c, real_run = timed(lambda n=n: run_real(n))
-                real_times.append(t)
-                real_cpu.append(c)
-                total = len(real_run.registrations)
-                custom = sum(r.custom for r in real_run.registrations)
-                t, c, floor_run = timed(lambda total=total, custom=custom: run_floor(total - custom, custom))
-                floor_times.append(t)
-                floor_cpu.append(c)
-            floor_count = len(floor_run.registrations)
-            assert floor_count == total, f"floor registered {floor_count}, program {total}"
-            chain, path = longest_chain(real_run.registrations)
-            program_s, floor_s = min(real_times), min(floor_times)
-            rows.append(
-                {
-                    "n": n,
-                    "resources": total,
-                    "custom": custom,
-                    "program": program_s,
-                    "floor": floor_s,
-                    "ratio": program_s / floor_s,
-                    "chain": chain,
-                    "path": path,
-                    "spread": (min(real_times), max(real_times), min(floor_times), max(floor_times)),
-                    "cpu": (min(real_cpu), min(floor_cpu)),
-                    "dependencies": sum(len(r.dependencies) for r in real_run.registrations),
-                }
-            )
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
-    print(f"best of {args.repeats} runs each, program and floor interleaved; seconds are wall clock\n")
+def report(rows: list[dict], repeats: int) -> list[tuple[bool, str]]:
+    print(f"best of {repeats} runs each, program and floors interleaved; seconds are wall clock\n")
     header = (
         f"{'nodes':>5} | {'resources (custom)':>18} | {'program s':>9} | {'floor s':>7} | {'ratio':>5} | "
-        f"{'longest chain':>13} | {'s per node':>10}"
+        f"{'longest chain':>13} | {'s per node':>10} || {'typed floor s':>13} | {'program/typed':>13}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         res = f"{r['resources']} ({r['custom']})"
         print(
-            f"{r['n']:>5} | {res:>18} | {r['program']:>9.3f} | {r['floor']:>7.3f} | {r['ratio']:>5.2f} | "
-            f"{r['chain']:>13} | {r['program'] / r['n']:>10.4f}"
+            f"{r['n']:>5} | {res:>18} | {r['program'].best:>9.3f} | {r['floor'].best:>7.3f} | {r['ratio']:>5.2f} | "
+            f"{r['chain']:>13} | {r['program'].best / r['n']:>10.4f} || {r['typed'].best:>13.3f} | "
+            f"{r['program'].best / r['typed'].best:>13.2f}"
         )
     print()
     for r in rows:
-        lo, hi, flo, fhi = r["spread"]
-        cpu, fcpu = r["cpu"]
+        p, f, t = r["program"], r["floor"], r["typed"]
         print(
-            f"  N={r['n']}: program runs {lo:.3f}-{hi:.3f} s (cpu {cpu:.3f}), floor runs {flo:.3f}-{fhi:.3f} s "
-            f"(cpu {fcpu:.3f}), cpu ratio {cpu / fcpu:.2f}; {r['dependencies']} dependency URNs recorded"
+            f"  N={r['n']}: wall program {min(p.wall):.3f}-{max(p.wall):.3f}, floor {min(f.wall):.3f}-{max(f.wall):.3f}"
+            f", typed {min(t.wall):.3f}-{max(t.wall):.3f}; best cpu program {min(p.cpu):.3f}, floor {min(f.cpu):.3f}"
+            f" (ratio {min(p.cpu) / min(f.cpu):.2f}), typed {min(t.cpu):.3f}; "
+            f"{r['dependencies']} dependency URNs ({r['dependencies'] / r['resources']:.1f} per resource)"
         )
     print(f"  longest chain at N={rows[-1]['n']}: {' -> '.join(rows[-1]['path'])}")
     print()
 
-    checks: list[tuple[bool, str]] = []
     big = rows[-1]
-    checks.append(
+    checks = [
         (
             big["ratio"] <= MAX_RATIO,
             f"ratio at {big['n']} nodes: {big['ratio']:.2f}x its floor (target <= {MAX_RATIO}x)",
         )
-    )
+    ]
     if len(rows) >= 2:
         slopes = [(b["resources"] - a["resources"]) / (b["n"] - a["n"]) for a, b in zip(rows, rows[1:], strict=False)]
         checks.append(
@@ -233,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         mid = rows[-2]
-        per_mid, per_big = mid["program"] / mid["resources"], big["program"] / big["resources"]
+        per_mid, per_big = mid["program"].best / mid["resources"], big["program"].best / big["resources"]
         growth = per_big / per_mid
         checks.append(
             (
@@ -250,6 +263,26 @@ def main(argv: list[str] | None = None) -> int:
         )
     for ok, text in checks:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 16, 128])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    home = tempfile.mkdtemp(prefix="spark-vllm-bench-")
+    os.environ["SPARK_VLLM_HOME"] = home  # the program writes known_hosts here
+    try:
+        # Warm-up: imports, pydantic schema building, gRPC/protobuf first use.
+        warm = run_real(2)
+        run_floor(2, 2)
+        run_typed_floor(typed_floor_spec(warm.registrations))
+        rows = [measure(n, args.repeats) for n in sorted(args.nodes)]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    checks = report(rows, args.repeats)
     return 0 if all(ok for ok, _ in checks) else 1
 
 

@@ -100,7 +100,9 @@ class VllmCluster(pulumi.ComponentResource):
                 RayNodeArgs(
                     config=cfg,
                     node=node,
-                    image_id=image_id,
+                    # Only the head waits on the cross-node gate (checks, same image and model): workers
+                    # start after the head anyway, and one gate per container would make N² dependencies.
+                    image_id=image_id if node is head else images[node.name].image_id,
                     model=args.release.model,
                     provider=host.provider,
                     connection=host.connection,

@@ -6,6 +6,7 @@ at the very edge (`shell_line`), so a hostile value stays one quoted word even i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shlex
@@ -128,6 +129,7 @@ def local_http_host(cfg: ClusterConfig) -> str:
     return "127.0.0.1" if str(cfg.vllm.host) == "0.0.0.0" else str(cfg.vllm.host)
 
 
+@functools.cache
 def script(name: str) -> str:
     return resources.files("components.scripts").joinpath(name).read_text()
 

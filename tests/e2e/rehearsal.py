@@ -100,7 +100,11 @@ def rehearsal_config(
         "security": {"requireHostKeys": True},
     }
     config.update(overrides)
-    return config, {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "sshPrivateKey": cluster.client_key_private}
+    return config, {
+        "apiKey": "sk-rehearsal-" + secrets.token_hex(12),
+        "hfToken": "hf_rehearsal_" + secrets.token_hex(12),
+        "sshPrivateKey": cluster.client_key_private,
+    }
 
 
 @dataclass
@@ -117,21 +121,28 @@ class StageClock:
     def record(self, operation: Operation) -> None:
         self.marks.append((operation, time.monotonic()))
 
-    def window(self, predicate) -> Optional[float]:
-        ends = [(end - op.seconds, end) for op, end in self.marks if predicate(op)]
-        if not ends:
-            return None
-        return max(e for _, e in ends) - min(s for s, _ in ends)
+    def finished(self, predicate) -> Optional[float]:
+        ends = [end for op, end in self.marks if predicate(op)]
+        return max(ends) if ends else None
 
     def stages(self) -> dict[str, Optional[float]]:
-        return {
-            "image on every node": self.window(lambda op: op.typ.endswith("RemoteImage")),
-            "Ray formation (containers → all nodes joined)": self.window(
-                lambda op: op.typ.endswith("Container") or op.name.endswith(("-joined", "-cluster-ready"))
+        """Seconds from the end of one stage to the end of the next: they add up to the deploy time."""
+        ends = {
+            "image on every node": self.finished(lambda op: op.typ.endswith("RemoteImage")),
+            "node checks (preflight, model fingerprint)": self.finished(
+                lambda op: op.name.endswith(("-preflight", "-model-fingerprint", "-gpu-check"))
             ),
-            "vLLM start → ready": self.window(lambda op: op.name.endswith(("-serve", "-ready"))),
-            "smoke test": self.window(lambda op: op.name.endswith("-smoke")),
+            "Ray formation (containers → all nodes joined)": self.finished(
+                lambda op: op.name.endswith("-cluster-ready")
+            ),
+            "vLLM start → ready": self.finished(lambda op: op.name.endswith("-ready") and "cluster" not in op.name),
+            "smoke test": self.finished(lambda op: op.name.endswith("-smoke")),
         }
+        result, previous = {}, self.started
+        for stage, end in ends.items():
+            result[stage] = None if end is None else end - previous
+            previous = end if end is not None else previous
+        return result
 
 
 def request(url: str, api_key: Optional[str] = None, body: Optional[dict] = None, timeout: float = 30) -> tuple:
@@ -196,11 +207,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     cluster = simnodes.create_cluster(args.nodes, args.workdir / "nodes")
     try:
         image = ensure_image(CACHE_DIR, cluster.nodes[0].docker_host)
-        print(f"image {image.ref}: {'built' if image.built else 'cached'} in {time.monotonic() - build_started:.1f} s")
+        print(
+            f"{args.nodes} simulated nodes and image {image.ref} ({'built' if image.built else 'cached'}) "
+            f"ready in {time.monotonic() - build_started:.1f} s"
+        )
         deployment = Deployment(args.workdir, {image.ref: image.archive}, on_operation=_progress(clock))
         config, secret_values = rehearsal_config(
             cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
         )
+        clock.started = time.monotonic()  # the deploy itself; bring-up and image build are printed above
         run, _ = deployment.up(config, secret_values)
         endpoint = run.exports["endpoint"]
         answer = chat(endpoint, secret_values["apiKey"], run.exports["servedModelName"])

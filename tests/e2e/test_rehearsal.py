@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.config import ConfigError
-from tests.e2e.engine import ResourceError
+from tests.e2e.engine import Deployment, ResourceError
 from tests.e2e.rehearsal import chat, rehearsal_config, request
 
 pytestmark = pytest.mark.e2e
@@ -82,6 +82,30 @@ def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_o
         assert node.fabric_ip in log  # one actor per GPU bundle, reported with its node's address
 
 
+def test_ray_refuses_a_client_without_the_token(sim_cluster, deployed):
+    head = sim_cluster.nodes[0]
+    probe = f"import ray; ray.init(address='{head.fabric_ip}:6379', logging_level='ERROR'); print('joined')"
+    without = sim_cluster.docker(
+        head, "exec", "spark-vllm-ray-node-1", "env", "-u", "RAY_AUTH_TOKEN", "timeout", "60", "python3", "-c", probe,
+        check=False,
+    )  # fmt: skip
+    assert without.returncode != 0 and "joined" not in without.stdout
+    env = sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "env").stdout
+    assert "RAY_AUTH_MODE=token" in env
+
+
+def test_no_secret_is_on_any_command_line(deployed):
+    secrets = [deployed["secrets"]["apiKey"], deployed["secrets"]["hfToken"]]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        for secret in secrets:
+            assert secret not in cmdline, f"pid {pid}: {cmdline[:80]}"
+    assert all(secret not in json.dumps(deployed["run"].exports) for secret in secrets)
+
+
 def test_a_second_up_with_nothing_changed_does_nothing(sim_cluster, rehearsal, deployed):
     deployment, _ = rehearsal
     before = container_ids(sim_cluster)
@@ -128,6 +152,23 @@ def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, rehearsal, model_
     assert not deployment.state_path.exists() or json.loads(deployment.state_path.read_text()) == []
 
 
+def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_cluster, rehearsal, model_dir):
+    deployment, image = rehearsal
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    wrong = sim_cluster.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".99"
+    config["nodes"][1]["fabricAddress"] = wrong
+    try:
+        with pytest.raises(ResourceError) as caught:
+            deployment.up(config, secrets)
+        message = str(caught.value)
+        assert "preflight node-" in message
+        assert f"{wrong}" in message
+    finally:
+        deployment.destroy()
+    for node in sim_cluster.nodes:
+        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+
+
 def test_a_worker_without_docker_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
     deployment, image = rehearsal
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
@@ -154,9 +195,13 @@ def test_a_worker_without_sshd_fails_the_deploy_naming_that_node(sim_cluster, re
         deployment.destroy()
 
 
-def test_three_nodes_with_pipeline_parallelism(sim_cluster3, rehearsal3, model_dir):
+def test_three_nodes_with_pipeline_parallelism_and_hostile_extra_args(sim_cluster3, rehearsal3, model_dir):
     deployment, image = rehearsal3
-    config, secrets = rehearsal_config(sim_cluster3, image.ref, model_dir, pipeline_parallel=True)
+    marker = f"/tmp/spark-vllm-pwned-{os.getpid()}"
+    hostile = ["--revision", f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""]
+    config, secrets = rehearsal_config(
+        sim_cluster3, image.ref, model_dir, pipeline_parallel=True, vllm={"port": 8000, "extraArgs": hostile}
+    )
     run, _ = deployment.up(config, secrets)
     try:
         head = sim_cluster3.nodes[0]
@@ -168,6 +213,38 @@ def test_three_nodes_with_pipeline_parallelism(sim_cluster3, rehearsal3, model_d
         assert "--pipeline-parallel-size=3" in log and "--tensor-parallel-size=1" in log
         answer = chat(run.exports["endpoint"], secrets["apiKey"], run.exports["servedModelName"])
         assert answer["usage"]["completion_tokens"] > 0
+        # the hostile value reached vLLM as one argument, and nothing ran
+        assert f"touch {marker}" in log
+        assert not Path(marker).exists()
+        in_container = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "test", "-e", marker, check=False)
+        assert in_container.returncode != 0
     finally:
         deployment.destroy()
     assert netns_processes(sim_cluster3) == []
+    rehearsal3_release.update(run.exports["release"])
+
+
+rehearsal3_release: dict = {}
+
+
+def test_a_second_stack_deploys_the_first_stacks_validated_release(sim_cluster3, rehearsal3, model_dir, tmp_path):
+    """staging (the test above) validated a release; prod takes exactly that image and model."""
+    if not rehearsal3_release:
+        pytest.fail("the staging deployment above did not run")
+    deployment, image = rehearsal3
+    staging = "organization/spark-vllm/rehearsal"
+    prod = Deployment(tmp_path, deployment.image_archives, stack="prod")
+    config, secrets = rehearsal_config(sim_cluster3, image.ref, model_dir, pipeline_parallel=True)
+    del config["image"], config["model"]
+    config["promoteFrom"] = staging
+    run, operations = prod.up(config, secrets, stack_outputs={staging: {"release": rehearsal3_release}})
+    try:
+        assert run.exports["release"]["image"] == rehearsal3_release["image"]
+        assert run.exports["release"]["model"] == rehearsal3_release["model"]
+        assert run.exports["release"]["engine"] == rehearsal3_release["engine"]
+        assert run.exports["release"]["promotedFrom"] == staging and run.exports["release"]["validated"] is True
+        images = {op.name for op in operations if op.typ.endswith("RemoteImage")}
+        assert images == {"node-1-image", "node-2-image", "node-3-image"}
+        chat(run.exports["endpoint"], secrets["apiKey"], run.exports["servedModelName"])
+    finally:
+        prod.destroy()

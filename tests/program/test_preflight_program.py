@@ -19,11 +19,18 @@ def test_every_node_is_checked_before_any_container_starts():
         assert fingerprint.inputs["create"].startswith("python3 - /models/Qwen3.5-122B-A10B-FP8 <<")
         gpu = run.named(f"{node}-gpu-check")
         assert gpu.inputs["create"].startswith("docker run --rm --gpus all --entrypoint nvidia-smi sha256:")
-    containers = run.of_type(CONTAINER)
     checks = {r.urn for r in run.registrations if r.name.endswith(("-preflight", "-model-fingerprint", "-gpu-check"))}
-    for container in containers:
-        # every container waits for every node's checks, not only its own
-        assert checks <= set(container.dependencies), container.name
+    by_urn = run.by_urn()
+
+    def waits_for(urn: str) -> set[str]:
+        deps = set(by_urn[urn].dependencies)
+        return deps.union(*(waits_for(d) for d in deps if d in by_urn))
+
+    for container in run.of_type(CONTAINER):
+        # every container waits for every node's checks, not only its own (workers through the head)
+        assert checks <= waits_for(container.urn), container.name
+    head = run.named("spark-01-ray")
+    assert checks <= set(head.dependencies)
 
 
 def test_peers_are_named_in_each_preflight():

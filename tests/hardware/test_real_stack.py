@@ -1,0 +1,53 @@
+"""Opt-in: `pulumi preview`, `up`, a second `preview` and `destroy` on your own stack and hardware.
+
+Runs only when the Pulumi CLI is installed and SPARK_VLLM_HARDWARE_STACK names a stack of this
+project that is configured for real nodes (e.g. `dev`), through Pulumi's Automation API:
+
+    SPARK_VLLM_HARDWARE_STACK=dev venv/bin/python -m pytest tests/hardware -s
+
+`destroy` runs only with SPARK_VLLM_HARDWARE_DESTROY=1, so a shared stack is not torn down by
+accident. The test itself talks to no host: Pulumi does, and the program's own readiness wait and
+smoke test prove the endpoint serves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.harness import ROOT
+
+STACK = os.environ.get("SPARK_VLLM_HARDWARE_STACK")
+
+pytestmark = [
+    pytest.mark.hardware,
+    pytest.mark.skipif(shutil.which("pulumi") is None, reason="the Pulumi CLI is not installed"),
+    pytest.mark.skipif(not STACK, reason="set SPARK_VLLM_HARDWARE_STACK to a configured stack to run on real nodes"),
+]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from pulumi import automation as auto
+
+    return auto.select_stack(stack_name=STACK, work_dir=str(ROOT))
+
+
+def test_up_serves_and_a_second_preview_changes_nothing(stack):
+    stack.preview(diff=True, on_output=print)
+    result = stack.up(on_output=print)
+    outputs = {key: value.value for key, value in result.outputs.items()}
+    assert outputs["endpoint"].endswith("/v1")
+    smoke_off = getattr(stack.get_all_config().get("spark-vllm:smokeTest"), "value", "true") == "false"
+    assert outputs["release"]["validated"] is True or smoke_off
+    again = stack.preview(on_output=print)
+    changed = {op: n for op, n in again.change_summary.items() if op != "same" and n}
+    assert changed == {}, f"a second preview wants to change: {changed}"
+
+
+@pytest.mark.skipif(os.environ.get("SPARK_VLLM_HARDWARE_DESTROY") != "1", reason="set SPARK_VLLM_HARDWARE_DESTROY=1")
+def test_destroy_twice_is_safe(stack):
+    stack.destroy(on_output=print)
+    stack.destroy(on_output=print)
