@@ -60,10 +60,13 @@ def main():
         say(f"missing node {name} (fabric address {address}): check its Ray container log and the fabric link")
     if gpus < P["gpus_needed"]:
         say(f"GPUs in Ray: {gpus:g}, needed for tensor x pipeline parallel: {P['gpus_needed']}")
-    status = subprocess.run(
-        ["ray", "status", f"--address={P['ray_address']}"], capture_output=True, text=True, timeout=60
-    )
-    print("--- ray status ---\n" + status.stdout + status.stderr, flush=True)
+    try:
+        status = subprocess.run(
+            ["ray", "status", f"--address={P['ray_address']}"], capture_output=True, text=True, timeout=60
+        )
+        print("--- ray status ---\n" + status.stdout + status.stderr, flush=True)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"--- ray status could not run: {error} ---", flush=True)
     return 1
 
 

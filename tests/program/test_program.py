@@ -278,3 +278,35 @@ def test_bumping_restart_generation_restarts_vllm_only():
     result = changes(prod(), prod(vllm=vllm))
     assert result["spark-vllm-serve"] == "replace"
     assert not any(name.endswith(("-ray", "-image", "-docker")) for name in result)
+
+
+def test_nodes_without_host_keys_and_remote_code_are_warned_about(caplog):
+    cfg = prod(security={"requireHostKeys": False})
+    del cfg["nodes"][1]["hostKey"]
+    with caplog.at_level("WARNING"):
+        run_ = run_program(cfg, SECRETS, stack="prod")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("node spark-02: no hostKey") for w in warnings)
+    assert not any(w.startswith("node spark-01: no hostKey") for w in warnings)
+    assert any("trustRemoteCode is on" in w and "/models/Qwen3.5-122B-A10B-FP8" in w for w in warnings)
+    # the unpinned node is reached without strict checking; the pinned one keeps it
+    opts = {r.name: json.loads(r.inputs["sshOpts"]) for r in run_.of_type(DOCKER_PROVIDER)}
+    assert "StrictHostKeyChecking=yes" in opts["spark-01-docker"]
+    assert "StrictHostKeyChecking=yes" not in opts["spark-02-docker"]
+
+
+def test_prod_requires_host_keys():
+    from components.config import ConfigError
+
+    cfg = prod()
+    del cfg["nodes"][0]["hostKey"]
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.hostKey: None — the node's public host key"):
+        run_program(cfg, SECRETS, stack="prod")
+
+
+def test_without_an_ssh_key_secret_the_agent_is_used():
+    secrets = {k: v for k, v in SECRETS.items() if k != "sshPrivateKey"}
+    run_ = run_program(prod(), secrets, stack="prod")
+    opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
+    assert "-i" not in opts
+    assert "privateKey" not in run_.named("spark-vllm-serve").inputs["connection"]
