@@ -169,6 +169,29 @@ def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_clu
         assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
 
 
+def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluster, rehearsal, model_dir):
+    """node-2 has the same tag on a different image (a tag moved, or a local build): caught before Ray."""
+    deployment, image = rehearsal
+    node2 = sim_cluster.nodes[1]
+    original = sim_cluster.docker(node2, "image", "inspect", "-f", "{{.Id}}", image.ref, check=False).stdout.strip()
+    sim_cluster.docker(node2, "run", "--name", "drift", "--network", "none", image.ref, "touch", "/drift")
+    sim_cluster.docker(node2, "commit", "drift", image.ref)
+    sim_cluster.docker(node2, "rm", "drift")
+    drifted = sim_cluster.docker(node2, "image", "inspect", "-f", "{{.Id}}", image.ref).stdout.strip()
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    try:
+        with pytest.raises(Exception, match=r"the image differs between nodes") as caught:
+            deployment.up(config, secrets)
+        assert f"node-2: {drifted}" in str(caught.value)
+        for node in sim_cluster.nodes:
+            assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    finally:
+        deployment.destroy()
+        sim_cluster.docker(node2, "rmi", "-f", image.ref, check=False)
+        if original:  # back to the archive's image, as the other tests expect
+            sim_cluster.docker(node2, "tag", original, image.ref, check=False)
+
+
 def test_a_worker_without_docker_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
     deployment, image = rehearsal
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
