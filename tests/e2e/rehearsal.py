@@ -212,6 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"ready in {time.monotonic() - build_started:.1f} s"
         )
         deployment = Deployment(args.workdir, {image.ref: image.archive}, on_operation=_progress(clock))
+        # New simulated nodes: a state left by an earlier, interrupted run describes nodes that are gone.
+        deployment.state_path.unlink(missing_ok=True)
         config, secret_values = rehearsal_config(
             cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
         )
