@@ -156,6 +156,8 @@ class VllmServer(pulumi.ComponentResource):
                 depends_on=[self.cluster_ready],
                 # Stop the old server before starting the new one: they would share GPUs and the port.
                 delete_before_replace=True,
+                # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
+                additional_secret_outputs=["stdin", "stdout", "stderr"],
             ),
         )
 
@@ -187,7 +189,9 @@ class VllmServer(pulumi.ComponentResource):
             pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
             # Runs again whenever vLLM was (re)started with other arguments; read-only, no delete.
             triggers=[self.serve.id, argv_fingerprint],
-            opts=pulumi.ResourceOptions(depends_on=[self.serve], additional_secret_outputs=["stdin"]),
+            opts=pulumi.ResourceOptions(
+                depends_on=[self.serve], additional_secret_outputs=["stdin", "stdout", "stderr"]
+            ),
         )
 
     def _create_smoke_test(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:

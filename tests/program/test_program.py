@@ -146,6 +146,8 @@ def test_serve_runs_detached_in_the_head_container_with_the_key_off_the_command_
     assert "--distributed-executor-backend=ray" in params["argv"] and "--tensor-parallel-size=2" in params["argv"]
     assert params["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
     assert "stdin" in serve.secret_paths()
+    assert {"stdin", "stdout", "stderr"} <= set(serve.additional_secret_outputs)
+    assert {"stdin", "stdout", "stderr"} <= set(named(run, "spark-vllm-ready").additional_secret_outputs)
     assert "docker exec -i spark-vllm-ray-spark-01 python3 - /run/spark-vllm/vllm.pid 30" in serve.inputs["delete"]
     assert serve.delete_before_replace
 
