@@ -192,30 +192,19 @@ def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluste
             sim_cluster.docker(node2, "tag", original, image.ref, check=False)
 
 
-def test_a_worker_without_docker_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
+@pytest.mark.parametrize("daemon", ["dockerd", "sshd"])
+def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir, daemon):
     deployment, image = rehearsal
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
-    sim_cluster.stop_dockerd("node-2")
+    getattr(sim_cluster, f"stop_{daemon}")("node-2")
     try:
-        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: .*docker.*failed"):
+        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: docker .* on ssh://root@\S+ failed"):
             deployment.up(config, secrets)
     finally:
-        sim_cluster.start_dockerd("node-2")
+        getattr(sim_cluster, f"start_{daemon}")("node-2")
         deployment.destroy()
     for node in sim_cluster.nodes:
         assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
-
-
-def test_a_worker_without_sshd_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir):
-    deployment, image = rehearsal
-    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
-    sim_cluster.stop_sshd("node-2")
-    try:
-        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: "):
-            deployment.up(config, secrets)
-    finally:
-        sim_cluster.start_sshd("node-2")
-        deployment.destroy()
 
 
 def test_three_nodes_with_pipeline_parallelism_and_hostile_extra_args(sim_cluster3, rehearsal3, model_dir):
