@@ -276,6 +276,12 @@ class ClusterConfig(_Model):
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
     )
+    promote_fingerprint: Optional[
+        Annotated[str, _pattern(r"[0-9a-f]{16}", "a release fingerprint (16 hex digits)")]
+    ] = Field(
+        None,
+        description="With promoteFrom: deploy only the release with this fingerprint (the one reviewed).",
+    )
     api_key: Optional[SecretStr] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
     hf_token: Optional[SecretStr] = Field(None, description="Secret. Hugging Face token (HF_TOKEN in the containers).")
     ssh_private_key: Optional[SecretStr] = Field(
@@ -455,6 +461,8 @@ def _serving_problems(cfg: Any) -> list[str]:
                         f"no value: promoteFrom {cfg.promote_from!r} decides it (remove one of the two)",
                     )
                 )
+    if cfg.promote_fingerprint not in (None, INVALID) and cfg.promote_from is None:
+        problems.append(_problem("promoteFingerprint", cfg.promote_fingerprint, "promoteFrom beside it (or remove it)"))
     if cfg.vllm is INVALID:
         return problems
     if cfg.vllm.enable_auto_tool_choice is True and cfg.vllm.tool_call_parser is None:

@@ -29,7 +29,7 @@ class ReleaseSource:
     origin: str  # "config" or the promoted-from stack
 
 
-def check_promotable(release: Any, stack: str) -> dict[str, Any]:
+def check_promotable(release: Any, stack: str, fingerprint: str | None = None) -> dict[str, Any]:
     """The release of stack `stack`, or ReleaseError saying why it cannot be promoted."""
     if not isinstance(release, dict):
         raise ReleaseError(
@@ -42,6 +42,11 @@ def check_promotable(release: Any, stack: str) -> dict[str, Any]:
         raise ReleaseError(
             f"promoteFrom {stack!r}: its release {release.get('fingerprint', '?')} is not validated "
             "(its smoke test did not pass or was turned off); refusing to promote it"
+        )
+    if fingerprint is not None and release.get("fingerprint") != fingerprint:
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: its release is now {release.get('fingerprint')}, not the pinned "
+            f"promoteFingerprint {fingerprint}; review the new release and update promoteFingerprint"
         )
     if "@sha256:" not in release["image"] and not release["image"].startswith("sha256:"):
         raise ReleaseError(f"promoteFrom {stack!r}: release image {release['image']!r} is not pinned by digest")
@@ -57,7 +62,8 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
             origin="config",
         )
     stack = cfg.promote_from
-    release = pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack))
+    pinned = cfg.promote_fingerprint
+    release = pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack, pinned))
     defaults = engine_settings(cfg)
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),

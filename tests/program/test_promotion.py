@@ -105,3 +105,30 @@ def test_promoting_a_new_release_changes_exactly_what_it_changes():
 def test_topology_stays_per_stack():
     run = run_promoted(release(), cfg=promoted(vllm={"port": 31000, "gpuMemoryUtilization": 0.8}))
     assert run.exports["endpoint"] == "http://spark-01.lan:31000/v1"
+
+
+def test_a_pinned_fingerprint_deploys_that_release_and_refuses_another():
+    pinned = "00000000000000ab"
+    run = run_promoted(release(fingerprint=pinned), cfg=promoted(promoteFingerprint=pinned))
+    assert {r.inputs["name"] for r in run.of_type(IMAGE)} == {DIGEST}
+    created = []
+
+    class Recording(FakeCloud):
+        def new_resource(self, args):
+            created.append(args.typ)
+            return super().new_resource(args)
+
+    with pytest.raises(
+        Exception, match=f"its release is now 00000000000000cd, not the pinned promoteFingerprint {pinned}"
+    ):
+        run_promoted(
+            release(fingerprint="00000000000000cd"), cfg=promoted(promoteFingerprint=pinned), mocks_cls=Recording
+        )
+    assert IMAGE not in created and CONTAINER not in created
+
+
+def test_a_pinned_fingerprint_needs_promote_from():
+    from components.config import ConfigError
+
+    with pytest.raises(ConfigError, match="promoteFingerprint: '00000000000000ab' — promoteFrom beside it"):
+        run_program(prod(promoteFingerprint="00000000000000ab"), SECRETS, stack="prod")
