@@ -60,58 +60,15 @@ class VllmCluster(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:VllmCluster", name, None, opts)
         cfg = args.config
         secrets = _secrets(cfg)
-        self.hosts = {
-            node.name: NodeHost(
-                node.name,
-                NodeHostArgs(
-                    node=node,
-                    ssh_files=args.ssh_files,
-                    private_key=secrets.get("sshPrivateKey"),
-                    network=cfg.network,
-                ),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            for node in cfg.nodes
-        }
-        images = {
-            node.name: NodeImage(
-                node.name,
-                NodeImageArgs(
-                    reference=args.release.image,
-                    keep_locally=cfg.container.keep_image,
-                    provider=self.hosts[node.name].provider,
-                ),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            for node in cfg.nodes
-        }
+        self.hosts = self._create_hosts(cfg, args, secrets)
+        images = self._create_images(cfg, args)
         names = list(images)
         same_image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
             lambda ids: same_image(dict(zip(names, ids, strict=True)))
         )
         image_id = self._after_checks(cfg, args, images, same_image_id)
-        secret_env = self._secret_env(cfg, secrets)
-        self.ray_nodes: dict[str, RayNode] = {}
+        self.ray_nodes = self._create_ray_nodes(cfg, args, images, image_id, self._secret_env(cfg, secrets))
         head = cfg.head_node
-        for node in [head, *cfg.workers]:
-            host = self.hosts[node.name]
-            self.ray_nodes[node.name] = RayNode(
-                node.name,
-                RayNodeArgs(
-                    config=cfg,
-                    node=node,
-                    # Only the head waits on the cross-node gate (checks, same image and model): workers
-                    # start after the head anyway, and one gate per container would make N² dependencies.
-                    image_id=image_id if node is head else images[node.name].image_id,
-                    model=args.release.model,
-                    provider=host.provider,
-                    connection=host.connection,
-                    secret_env=secret_env,
-                    # Workers start after the head and are stopped before it on destroy.
-                    start_after=[] if node is head else [self.ray_nodes[head.name].container],
-                ),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
         head_ray = self.ray_nodes[head.name]
         self.server = VllmServer(
             name,
@@ -137,12 +94,7 @@ class VllmCluster(pulumi.ComponentResource):
             **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in self.containers.items()},
         }
         self.smoke = self.server.smoke_result
-        validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
-        head_image = images[head.name]
-        pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
-        self.release = pulumi.Output.all(pinned, args.release.model, args.release.engine, validated).apply(
-            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin)
-        )
+        self.release = self._release(args, images[head.name], image_id)
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
@@ -156,11 +108,74 @@ class VllmCluster(pulumi.ComponentResource):
             }
         )
 
+    def _create_hosts(self, cfg: ClusterConfig, args: VllmClusterArgs, secrets: dict) -> dict[str, NodeHost]:
+        return {
+            node.name: NodeHost(
+                node.name,
+                NodeHostArgs(
+                    node=node,
+                    ssh_files=args.ssh_files,
+                    private_key=secrets.get("sshPrivateKey"),
+                    network=cfg.network,
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
+
+    def _create_images(self, cfg: ClusterConfig, args: VllmClusterArgs) -> dict[str, NodeImage]:
+        return {
+            node.name: NodeImage(
+                node.name,
+                NodeImageArgs(
+                    reference=args.release.image,
+                    keep_locally=cfg.container.keep_image,
+                    provider=self.hosts[node.name].provider,
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
+
+    def _create_ray_nodes(
+        self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, gated_image_id: pulumi.Output, secret_env
+    ) -> dict[str, RayNode]:
+        ray_nodes: dict[str, RayNode] = {}
+        head = cfg.head_node
+        for node in [head, *cfg.workers]:
+            host = self.hosts[node.name]
+            ray_nodes[node.name] = RayNode(
+                node.name,
+                RayNodeArgs(
+                    config=cfg,
+                    node=node,
+                    # Only the head waits on the cross-node gate (checks, same image and model): workers
+                    # start after the head anyway, and one gate per container would make N² dependencies.
+                    image_id=gated_image_id if node is head else images[node.name].image_id,
+                    model=args.release.model,
+                    provider=host.provider,
+                    connection=host.connection,
+                    secret_env=secret_env,
+                    # Workers start after the head and are stopped before it on destroy.
+                    start_after=[] if node is head else [ray_nodes[head.name].container],
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        return ray_nodes
+
+    def _release(self, args: VllmClusterArgs, head_image: NodeImage, image_id: pulumi.Output) -> pulumi.Output:
+        """What this stack runs, pinned by digest; validated once the smoke test passed."""
+        validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
+        pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
+        return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated).apply(
+            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin)
+        )
+
     def _after_checks(self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, image_id: pulumi.Output):
         """The image id, available only once every node passed its checks and all agree on the model.
 
-        Every Ray container takes its image from here, so a failing check on any node stops all of
-        them before one starts.
+        The head's Ray container takes its image from here and every worker starts after the head, so
+        a failing check on any node stops all of them before one starts.
         """
         networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
         self.checks = {
