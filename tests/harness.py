@@ -132,8 +132,10 @@ class FakeCloud(pulumi.runtime.Mocks):
 
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}
+        self.created: list[str] = []  # resource types, in registration order
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.created.append(args.typ)
         outputs = dict(args.inputs)
         if args.typ == "docker:index/remoteImage:RemoteImage":
             digest = "sha256:" + "ab" * 32

@@ -47,31 +47,23 @@ def test_a_model_that_differs_on_one_node_stops_every_container():
                 result = {**result, "fingerprint": "e" * 64, "files": {"config.json": 701}}
             return result
 
-    created = []
-
-    class Recording(Differing):
-        def new_resource(self, args):
-            created.append(args.typ)
-            return super().new_resource(args)
-
+    cloud = Differing()
     with pytest.raises(Exception, match=r"model differs: spark-02 vs spark-01: config.json size 701 vs 700"):
-        run_program(prod(), SECRETS, stack="prod", mocks=Recording())
-    assert CONTAINER not in created
+        run_program(prod(), SECRETS, stack="prod", mocks=cloud)
+    assert CONTAINER not in cloud.created
 
 
 def test_a_failing_check_on_one_node_stops_every_container():
-    created = []
-
     class Failing(FakeCloud):
         def new_resource(self, args):
             if args.name == "spark-02-preflight":
                 raise RuntimeError("preflight spark-02: cannot reach spark-01 (192.168.200.12) via enp1s0f1np1")
-            created.append(args.typ)
             return super().new_resource(args)
 
+    cloud = Failing()
     with pytest.raises(Exception, match="cannot reach spark-01"):
-        run_program(prod(), SECRETS, stack="prod", mocks=Failing())
-    assert CONTAINER not in created
+        run_program(prod(), SECRETS, stack="prod", mocks=cloud)
+    assert CONTAINER not in cloud.created
 
 
 def test_cpu_only_hosts_skip_the_gpu_check_and_repo_ids_skip_the_fingerprint():

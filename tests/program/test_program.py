@@ -174,17 +174,11 @@ def test_outputs(run):
     assert release["validated"] is True and release["engine"]["maxModelLen"] == 32768
 
 
-def test_bad_config_error_lists_all_problems_before_any_resource(monkeypatch):
-    created = []
-
-    class Recording(FakeCloud):
-        def new_resource(self, args):
-            created.append(args.name)
-            return super().new_resource(args)
-
+def test_bad_config_error_lists_all_problems_before_any_resource():
+    cloud = FakeCloud()
     with pytest.raises(ConfigError) as caught:
-        run_program(prod(vllm={"port": 0}, nodes=[]), {}, stack="prod", mocks=Recording())
-    assert created == []
+        run_program(prod(vllm={"port": 0}, nodes=[]), {}, stack="prod", mocks=cloud)
+    assert cloud.created == []
     assert [p.split(":")[0] for p in caught.value.problems] == [
         "nodes",
         "vllm.port",

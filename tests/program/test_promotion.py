@@ -38,9 +38,12 @@ def promoted(**changes) -> dict:
     return cfg
 
 
-def run_promoted(staging_release, cfg=None, mocks_cls=FakeCloud):
-    outputs = {STAGING: {"release": staging_release} if staging_release is not None else {}}
-    return run_program(cfg or promoted(), SECRETS, stack="prod", mocks=mocks_cls(stack_outputs=outputs))
+def staging_cloud(staging_release) -> FakeCloud:
+    return FakeCloud(stack_outputs={STAGING: {"release": staging_release} if staging_release is not None else {}})
+
+
+def run_promoted(staging_release, cfg=None, cloud=None):
+    return run_program(cfg or promoted(), SECRETS, stack="prod", mocks=cloud or staging_cloud(staging_release))
 
 
 def test_a_validated_release_is_deployed_by_digest_with_its_engine_settings():
@@ -65,19 +68,13 @@ def test_a_validated_release_is_deployed_by_digest_with_its_engine_settings():
     ids=["missing", "unvalidated", "tag-not-digest", "incomplete"],
 )
 def test_a_release_that_cannot_be_promoted_creates_nothing_that_depends_on_it(staging_release, message):
-    created = []
-
-    class Recording(FakeCloud):
-        def new_resource(self, args):
-            created.append(args.typ)
-            return super().new_resource(args)
-
+    cloud = staging_cloud(staging_release)
     with pytest.raises(
         Exception, match=f"promoteFrom '{STAGING}': .*{message}".replace("[", r"\[").replace("]", r"\]")
     ):
-        run_promoted(staging_release, mocks_cls=Recording)
-    assert IMAGE not in created and CONTAINER not in created
-    assert not any(t == "command:remote:Command" for t in created)
+        run_promoted(staging_release, cloud=cloud)
+    assert IMAGE not in cloud.created and CONTAINER not in cloud.created
+    assert "command:remote:Command" not in cloud.created
 
 
 def test_setting_image_or_model_beside_promote_from_is_refused():
@@ -111,20 +108,13 @@ def test_a_pinned_fingerprint_deploys_that_release_and_refuses_another():
     pinned = "00000000000000ab"
     run = run_promoted(release(fingerprint=pinned), cfg=promoted(promoteFingerprint=pinned))
     assert {r.inputs["name"] for r in run.of_type(IMAGE)} == {DIGEST}
-    created = []
-
-    class Recording(FakeCloud):
-        def new_resource(self, args):
-            created.append(args.typ)
-            return super().new_resource(args)
-
+    moved_on = release(fingerprint="00000000000000cd")
+    cloud = staging_cloud(moved_on)
     with pytest.raises(
         Exception, match=f"its release is now 00000000000000cd, not the pinned promoteFingerprint {pinned}"
     ):
-        run_promoted(
-            release(fingerprint="00000000000000cd"), cfg=promoted(promoteFingerprint=pinned), mocks_cls=Recording
-        )
-    assert IMAGE not in created and CONTAINER not in created
+        run_promoted(moved_on, cfg=promoted(promoteFingerprint=pinned), cloud=cloud)
+    assert IMAGE not in cloud.created and CONTAINER not in cloud.created
 
 
 def test_a_pinned_fingerprint_needs_promote_from():
