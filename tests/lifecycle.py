@@ -20,20 +20,6 @@ LOCAL_COMMAND = "command:local:Command"
 
 # Container inputs the docker provider updates in place; every other input replaces it.
 CONTAINER_IN_PLACE = {"restart", "memory", "memorySwap", "cpuShares", "maxRetryCount"}
-COMMAND_IN_PLACE = {
-    "create",
-    "update",
-    "delete",
-    "stdin",
-    "environment",
-    "connection",
-    "logging",
-    "addPreviousOutputInEnv",
-    "dir",
-    "interpreter",
-    "assetPaths",
-    "archivePaths",
-}
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> set[str]:

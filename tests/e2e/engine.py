@@ -161,12 +161,14 @@ class RehearsalCloud(pulumi.runtime.Mocks):
         transport: Transport,
         image_archives: dict[str, Path],
         on_operation: Optional[Callable[[Operation], None]] = None,
+        stack_outputs: Optional[dict[str, dict]] = None,
     ):
         self.state = state
         self.previous = state.by_urn()
         self.transport = transport
         self.image_archives = image_archives  # reference → docker-save archive to "pull" from
         self.on_operation = on_operation
+        self.stack_outputs = stack_outputs or {}  # what StackReferences to other rehearsal stacks read
         self.operations: list[Operation] = []
         self.registered: dict[str, Entry] = {}
         self.order: list[str] = []
@@ -175,6 +177,9 @@ class RehearsalCloud(pulumi.runtime.Mocks):
     # --- the Mocks interface ------------------------------------------------------------------
 
     def new_resource(self, args: ExtendedArgs):
+        if args.typ == "pulumi:pulumi:StackReference":
+            name = args.inputs["name"]
+            return f"{name}-ref", {**args.inputs, "outputs": self.stack_outputs.get(name, {}), "secretOutputNames": []}
         reg = args.registration
         entry = Entry(
             urn=reg.urn,
@@ -428,19 +433,18 @@ class Deployment:
     def state_path(self) -> Path:
         return self.workdir / f"state-{self.stack}.json"
 
-    def _cloud(self) -> RehearsalCloud:
+    def _cloud(self, stack_outputs: Optional[dict] = None) -> RehearsalCloud:
         return RehearsalCloud(
-            State.load(self.state_path), Transport(self.workdir), self.image_archives, self.on_operation
+            State.load(self.state_path), Transport(self.workdir), self.image_archives, self.on_operation, stack_outputs
         )
 
     def up(self, config: dict[str, Any], secrets: dict[str, str], stack_outputs: Optional[dict] = None) -> tuple:
         """Apply the program; returns (ProgramRun, operations). Raises on the first failure."""
-        cloud = self._cloud()
-        cloud.stack_outputs = stack_outputs or {}
+        cloud = self._cloud(stack_outputs)
         os.environ["SPARK_VLLM_HOME"] = str(self.workdir / "spark-vllm-home")
         succeeded = False
         try:
-            run: ProgramRun = run_program(config, secrets, stack=self.stack, mocks=_with_stack_refs(cloud))
+            run: ProgramRun = run_program(config, secrets, stack=self.stack, mocks=cloud)
             succeeded = True
             return run, list(cloud.operations)
         finally:
@@ -450,17 +454,3 @@ class Deployment:
         cloud = self._cloud()
         cloud.destroy()
         return list(cloud.operations)
-
-
-def _with_stack_refs(cloud: RehearsalCloud) -> RehearsalCloud:
-    """StackReferences read another rehearsal stack's exported outputs (given by the caller)."""
-    original = cloud.new_resource
-
-    def new_resource(args):
-        if args.typ == "pulumi:pulumi:StackReference":
-            name = args.inputs["name"]
-            return f"{name}-ref", {**args.inputs, "outputs": cloud.stack_outputs.get(name, {}), "secretOutputNames": []}
-        return original(args)
-
-    cloud.new_resource = new_resource  # type: ignore[method-assign]
-    return cloud

@@ -22,8 +22,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -167,15 +165,6 @@ def chat(endpoint: str, api_key: str, model: str) -> dict:
     if status != 200:
         raise RuntimeError(f"chat completion failed: HTTP {status}")
     return answer
-
-
-@contextmanager
-def rehearsal_cluster(count: int, workdir: Path) -> Iterator[tuple[simnodes.SimCluster, Any]]:
-    """Simulated nodes plus the image (built once, cached by content hash)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    with simnodes.simulated_nodes(count, workdir / "nodes") as cluster:
-        image = ensure_image(CACHE_DIR, cluster.nodes[0].docker_host)
-        yield cluster, image
 
 
 def _print_stages(title: str, clock: StageClock) -> None:

@@ -39,10 +39,6 @@ def run():
     return run_program(prod(), SECRETS, stack="prod")
 
 
-def named(run_, name):
-    return run_.named(name)
-
-
 def test_one_docker_provider_per_node_over_ssh_with_pinned_host_key(run, tmp_path):
     providers = {r.name: r for r in run.of_type(DOCKER_PROVIDER)}
     assert set(providers) == {"spark-01-docker", "spark-02-docker"}
@@ -75,7 +71,7 @@ def test_each_node_pulls_the_image_and_keeps_it(run):
 
 
 def test_ray_containers_are_wired_to_the_fabric(run):
-    head, worker = named(run, "spark-01-ray"), named(run, "spark-02-ray")
+    head, worker = run.named("spark-01-ray"), run.named("spark-02-ray")
     for reg, fabric in ((head, "192.168.200.12"), (worker, "192.168.200.13")):
         inputs = reg.inputs
         env = dict(e.split("=", 1) for e in inputs["envs"])
@@ -116,18 +112,18 @@ def test_ray_containers_are_wired_to_the_fabric(run):
 
 
 def test_workers_start_after_the_head_and_serve_after_every_node(run):
-    head, worker = named(run, "spark-01-ray"), named(run, "spark-02-ray")
+    head, worker = run.named("spark-01-ray"), run.named("spark-02-ray")
     assert head.urn in worker.dependencies
-    joined = named(run, "spark-02-joined")
+    joined = run.named("spark-02-joined")
     assert worker.urn in joined.dependencies
-    ready = named(run, "spark-vllm-cluster-ready")
+    ready = run.named("spark-vllm-cluster-ready")
     assert {head.urn, worker.urn, joined.urn} <= set(ready.dependencies)
-    serve, up, smoke = named(run, "spark-vllm-serve"), named(run, "spark-vllm-ready"), named(run, "spark-vllm-smoke")
+    serve, up, smoke = run.named("spark-vllm-serve"), run.named("spark-vllm-ready"), run.named("spark-vllm-smoke")
     assert ready.urn in serve.dependencies and serve.urn in up.dependencies and up.urn in smoke.dependencies
 
 
 def test_cluster_wait_expects_every_node_and_the_gpus(run):
-    stdin = named(run, "spark-vllm-cluster-ready").inputs["stdin"]
+    stdin = run.named("spark-vllm-cluster-ready").inputs["stdin"]
     params = json.loads(json.loads(stdin.split("\n", 1)[0].split("=", 1)[1]))
     assert params["expected"] == [
         {"name": "spark-01", "fabric_address": "192.168.200.12"},
@@ -137,7 +133,7 @@ def test_cluster_wait_expects_every_node_and_the_gpus(run):
 
 
 def test_serve_runs_detached_in_the_head_container_with_the_key_off_the_command_line(run):
-    serve = named(run, "spark-vllm-serve")
+    serve = run.named("spark-vllm-serve")
     assert serve.inputs["create"].startswith(
         "timeout --kill-after=10 150 docker exec -i spark-vllm-ray-spark-01 python3 -"
     )
@@ -147,7 +143,7 @@ def test_serve_runs_detached_in_the_head_container_with_the_key_off_the_command_
     assert params["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
     assert "stdin" in serve.secret_paths()
     assert {"stdin", "stdout", "stderr"} <= set(serve.additional_secret_outputs)
-    assert {"stdin", "stdout", "stderr"} <= set(named(run, "spark-vllm-ready").additional_secret_outputs)
+    assert {"stdin", "stdout", "stderr"} <= set(run.named("spark-vllm-ready").additional_secret_outputs)
     assert "docker exec -i spark-vllm-ray-spark-01 python3 - /run/spark-vllm/vllm.pid 30" in serve.inputs["delete"]
     assert serve.delete_before_replace
 
