@@ -1,0 +1,70 @@
+"""The scale benchmark measures what it says: chain length, class mix, and a tiny run end to end.
+
+Timings are not asserted here (they belong to the benchmark's own report); the structure is.
+"""
+
+import re
+
+import pytest
+
+from benchmarks import program_scale
+from tests.harness import Registration
+
+
+def reg(name, *, custom=True, parent="", provider="", deps=(), typ="test:index:T"):
+    return Registration(
+        typ=typ,
+        name=name,
+        urn=f"urn:{name}",
+        parent=f"urn:{parent}" if parent else "",
+        provider=f"urn:{provider}::id" if provider else "",
+        custom=custom,
+        inputs={},
+        wire={},
+        dependencies=[f"urn:{d}" for d in deps],
+        delete_before_replace=False,
+        additional_secret_outputs=[],
+    )
+
+
+def test_longest_chain_follows_dependencies_and_providers_through_components():
+    regs = [
+        reg("provider"),
+        reg("group", custom=False),
+        reg("a", parent="group", provider="provider"),
+        reg("b", parent="group", deps=["a"]),
+        reg("c", deps=["group"]),  # a component dependency stands for every custom under it
+        reg("lone"),
+    ]
+    assert program_scale.longest_chain(regs) == (4, ["provider", "a", "b", "c"])
+
+
+def test_parents_are_not_edges():
+    regs = [reg("group", custom=False), reg("a", parent="group"), reg("b", parent="group")]
+    assert program_scale.longest_chain(regs)[0] == 1
+
+
+def test_class_mix_counts_components_as_one_class():
+    regs = [reg("x", custom=False, typ="spark-vllm:index:RayNode"), reg("y", custom=False), reg("z", typ="t:C")]
+    assert program_scale.class_mix(regs) == {program_scale.COMPONENT: 2, "t:C": 1}
+
+
+def test_the_registration_floor_refuses_a_class_it_cannot_build_bare():
+    spec = program_scale.unit_spec("aws:s3/bucket:Bucket", 1)
+    with pytest.raises(Exception, match="no minimal constructor for aws:s3/bucket:Bucket"):
+        program_scale.run_typed_floor(spec)
+
+
+def test_a_tiny_run_reports_every_target(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_VLLM_HOME", str(tmp_path))
+    code = program_scale.main(["--nodes", "2", "3", "--repeats", "1", "--unit-count", "2"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    rows = re.findall(r"^\s+(\d+) \|\s+(\d+) \((\d+)\)", out, re.M)
+    assert [(int(n), int(total)) for n, total, _ in rows] == [(2, 28), (3, 39)]  # 11 per node + 6
+    for target in ("ratio at 3 nodes", "resources linear in nodes: 11 resources per added node",
+                   "time linear in nodes", "longest chain at 2 = 11, at 3 = 11"):  # fmt: skip
+        assert re.search(rf"^(PASS|FAIL): {re.escape(target)}", out, re.M), target
+    for cls in ("docker:index/container:Container", "command:remote:Command", "pulumi:providers:docker"):
+        assert re.search(rf"^  {re.escape(cls)}\s+\d+\.\d\d ms", out, re.M), cls
+    assert "NOTE: against the trivial floor" in out
