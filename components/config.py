@@ -365,7 +365,7 @@ def _lenient(model: type[BaseModel], raw: Any) -> Any:
                 values[name] = TypeAdapter(annotation).validate_python(value)
             except ValidationError:
                 values[name] = INVALID
-    return SimpleNamespace(**values)
+    return SimpleNamespace(**values, raw=raw)
 
 
 def _node_problems(cfg: Any) -> list[str]:
@@ -407,15 +407,16 @@ def _node_problems(cfg: Any) -> list[str]:
                     f"(get it with `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`)",
                 )
             )
-    names_valid = all(node is not INVALID and node.name is not INVALID for node in cfg.nodes)
-    if cfg.head not in (None, INVALID) and names_valid and cfg.head not in seen_names:
+    # A head naming a node whose own name is invalid is left to that node's message.
+    raw_names = [node.raw.get("name") for node in cfg.nodes if node is not INVALID and node.name is INVALID]
+    if cfg.head not in (None, INVALID) and cfg.head not in seen_names and cfg.head not in raw_names:
         problems.append(_problem("head", cfg.head, f"one of the node names {sorted(seen_names)}"))
     return problems
 
 
 def _parallelism_problems(cfg: Any) -> list[str]:
     facts = [cfg.nodes, cfg.tensor_parallel_size, cfg.pipeline_parallel_size]
-    if INVALID in facts or any(node is INVALID or INVALID in (node.gpus, node.name) for node in cfg.nodes):
+    if INVALID in facts or any(node is INVALID or node.gpus is INVALID for node in cfg.nodes):
         return []
     total_gpus = sum(node.gpus for node in cfg.nodes)
     world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
@@ -423,13 +424,12 @@ def _parallelism_problems(cfg: Any) -> list[str]:
         return []
     value = f"{cfg.tensor_parallel_size} × {cfg.pipeline_parallel_size} = {world}"
     if world < total_gpus:
-        keep, gpus = [], 0
-        for node in cfg.nodes:
-            if gpus >= world:
-                break
-            keep.append(node.name)
-            gpus += node.gpus
-        hint = f"drop nodes {[n.name for n in cfg.nodes if n.name not in keep]}" if gpus == world else ""
+        kept, gpus = 0, 0
+        while gpus < world:
+            gpus += cfg.nodes[kept].gpus
+            kept += 1
+        labels = [n.name if n.name is not INVALID else f"nodes[{i}]" for i, n in enumerate(cfg.nodes)]
+        hint = f"drop nodes {labels[kept:]}" if gpus == world else ""
     else:
         hint = ""
     fits = [f"TP {tp} × PP {total_gpus // tp}" for tp in range(1, total_gpus + 1) if total_gpus % tp == 0]

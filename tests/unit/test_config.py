@@ -205,3 +205,17 @@ def test_field_errors_and_cross_field_rules_are_reported_together():
     problems = problems_of(raw)
     paths = [p.split(":")[0] for p in problems]
     assert paths == ["nodes[1].fabricInterface", "nodes[1].name", "head", "tensorParallelSize × pipelineParallelSize"]
+
+
+def test_an_invalid_node_name_does_not_hide_the_head_and_parallelism_problems():
+    raw = config(nodes__0__name="Spark_01", head="spark-09", tensorParallelSize=1)
+    problems = problems_of(raw)
+    assert [p.split(":")[0] for p in problems] == ["nodes[0].name", "head", "tensorParallelSize × pipelineParallelSize"]
+    assert "one of the node names ['spark-02']" in problems[1]
+    assert "drop nodes ['spark-02']" in problems[2]
+
+
+def test_a_head_naming_an_invalid_node_is_left_to_that_nodes_message():
+    problems = problems_of(config(nodes__1__name="Spark_02", head="Spark_02"))
+    assert [p.split(":")[0] for p in problems] == ["nodes[1].name", "head"]
+    assert "expected a DNS label" in problems[1]  # the head's own rule, not "one of the node names"
