@@ -7,6 +7,7 @@ feed the README's config reference (``tests/unit/test_readme.py`` keeps the two 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import typing
@@ -351,7 +352,8 @@ def _lenient(model: type[BaseModel], raw: Any) -> Any:
     for name, field in model.model_fields.items():
         key = field.alias or name
         if key not in raw:
-            values[name] = field.get_default(call_default_factory=True)
+            # A missing required key has its own "Field required" message.
+            values[name] = INVALID if field.is_required() else field.get_default(call_default_factory=True)
             continue
         sub, is_list = _submodel(field.annotation)
         value = raw[key]
@@ -416,7 +418,7 @@ def _node_problems(cfg: Any) -> list[str]:
 
 def _parallelism_problems(cfg: Any) -> list[str]:
     facts = [cfg.nodes, cfg.tensor_parallel_size, cfg.pipeline_parallel_size]
-    if INVALID in facts or any(node is INVALID or node.gpus is INVALID for node in cfg.nodes):
+    if INVALID in facts or not cfg.nodes or any(node is INVALID or node.gpus is INVALID for node in cfg.nodes):
         return []
     total_gpus = sum(node.gpus for node in cfg.nodes)
     world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
@@ -504,6 +506,45 @@ def _key_path(loc: tuple) -> str:
     return path
 
 
+def _model_at(loc: tuple) -> Optional[type[BaseModel]]:
+    """The model that owns the keys at `loc` (list indexes skipped), or None."""
+    model: Optional[type[BaseModel]] = ClusterConfig
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        model = _submodel(field.annotation)[0] if field else None
+    return model
+
+
+def _key_paths(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Every key of the config tree, mapped to its full path (`nodes[].gpus`)."""
+    paths: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        sub, is_list = _submodel(field.annotation)
+        path = f"{prefix}{key}"
+        paths.setdefault(key, path)
+        if sub is not None:
+            for inner, inner_path in _key_paths(sub, f"{path}[]." if is_list else f"{path}.").items():
+                paths.setdefault(inner, inner_path)
+    return paths
+
+
+def _unknown_key_hint(loc: tuple) -> str:
+    key, owner = str(loc[-1]), _model_at(loc[:-1])
+    here = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
+    by_lower = {k.lower(): k for k in here}
+    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
+    if close:
+        return f"no such key: did you mean {by_lower[close[0]]!r}?"
+    elsewhere = _key_paths(ClusterConfig).get(key)
+    if elsewhere:
+        where = "the top level" if elsewhere == key else elsewhere
+        return f"no such key here: {key!r} belongs at {where}"
+    return f"no such key (known here: {', '.join(here)})" if here else "no such key"
+
+
 def _describe(error: dict) -> list[str]:
     message = error["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
@@ -516,7 +557,7 @@ def _describe(error: dict) -> list[str]:
     if error["type"] == "missing":
         value = None
     elif error["type"] == "extra_forbidden":
-        message = "no such key (a typo?)"
+        message = _unknown_key_hint(error["loc"])
     if isinstance(value, SecretStr) or (error["loc"] and error["loc"][-1] in SECRET_KEYS):
         value = "[secret]"
     return [_problem(_key_path(error["loc"]), value, message)]

@@ -89,7 +89,17 @@ BAD = [
         "nodes[0].rdmaDevices[1]: 'x y' — expected an RDMA device name",
     ),
     (config(nodes__0__gpus=0), "nodes[0].gpus: 0 — Input should be greater than or equal to 1"),
-    (config(nodes__0__fabricAdress="10.9.0.1"), "nodes[0].fabricAdress: '10.9.0.1' — no such key (a typo?)"),
+    (
+        config(nodes__0__fabricAdress="10.9.0.1"),
+        "nodes[0].fabricAdress: '10.9.0.1' — no such key: did you mean 'fabricAddress'?",
+    ),
+    (config(nodes__1__sshUser="aurora"), "nodes[1].sshUser: 'aurora' — no such key: did you mean 'user'?"),
+    (
+        config(vllm__maxModelLen=4096),
+        "vllm.maxModelLen: 4096 — no such key here: 'maxModelLen' belongs at the top level",
+    ),
+    (config(gpus=2), "gpus: 2 — no such key here: 'gpus' belongs at nodes[].gpus"),
+    (config(nodes__0__wat=1), "nodes[0].wat: 1 — no such key (known here: name, host, user, sshPort, fabricAddress, "),
     (
         config(nodes__0__hostKey="ssh-ed25519 AAAA; rm -rf /"),
         "nodes[0].hostKey: 'ssh-ed25519 AAAA; rm -rf /' — expected a public host key line",
@@ -148,7 +158,7 @@ BAD = [
     ),
     (config(nccl={"debug": "LOUD"}), "nccl.debug: 'LOUD' — Input should be 'VERSION', 'WARN', 'INFO' or 'TRACE'"),
     (config(network={"mtu": 100}), "network.mtu: 100 — Input should be greater than or equal to 576"),
-    (config(modle="/models/x"), "modle: '/models/x' — no such key (a typo?)"),
+    (config(modle="/models/x"), "modle: '/models/x' — no such key: did you mean 'model'?"),
 ]
 
 
@@ -219,3 +229,14 @@ def test_a_head_naming_an_invalid_node_is_left_to_that_nodes_message():
     problems = problems_of(config(nodes__1__name="Spark_02", head="Spark_02"))
     assert [p.split(":")[0] for p in problems] == ["nodes[1].name", "head"]
     assert "expected a DNS label" in problems[1]  # the head's own rule, not "one of the node names"
+
+
+def test_an_empty_config_lists_what_is_missing():
+    problems = problems_of({})
+    assert [p.split(":")[0] for p in problems] == ["nodes", "image", "model", "apiKey"]
+    assert problems[0] == "nodes: None — Field required"
+
+
+def test_no_nodes_is_one_problem_not_a_parallelism_riddle():
+    problems = problems_of(config(nodes=[]))
+    assert [p.split(":")[0] for p in problems] == ["nodes"]

@@ -32,3 +32,23 @@ def test_the_commands_the_readme_names_exist():
 
 def test_no_section_is_left_unwritten():
     assert not re.search(r"[A-Z]+-(SECTION|NUMBERS)", README)
+
+
+def test_the_bad_config_example_is_what_the_program_prints():
+    from components.config import ConfigError, load_cluster_config
+
+    node = {"fabricAddress": "192.168.200.12", "fabricInterface": "enp1s0f1np1"}
+    raw = {
+        "nodes": [{"name": f"spark-0{i}", "host": f"spark-0{i}.lan", **node} for i in (1, 2)],
+        "image": "hellohal2064/vllm-qwen3.5-gb10",
+        "model": "/models/Qwen3.5-122B-A10B-FP8",
+        "tensorParallelSize": 4,
+        "vllm": {"maxModelLen": 32768},
+        "apiKey": "sk-example",
+    }
+    try:
+        load_cluster_config(raw)
+    except ConfigError as error:
+        assert f"```\n{error}\n```" in README
+    else:
+        raise AssertionError("the example config is valid")
