@@ -7,7 +7,7 @@ For each node count N, in one process, interleaved repeat by repeat, all through
 
 * program: the real `__main__.py` with a valid N-node stack config (TP = N, one GPU a node,
   pinned host keys, an `apiKey` secret);
-* registration floor: `benchmarks/typed_floor/__main__.py`, the program's resource tree rebuilt
+* registration floor: `benchmarks/registration_floor/__main__.py`, the program's resource tree rebuilt
   from the same SDK classes, names, parents and providers, with the fewest inputs each class takes,
   no dependencies and no program logic. It is what registering these resources costs by itself;
   program / registration floor is what the program's own code adds (config, rendering, Output
@@ -73,12 +73,12 @@ from tests.harness import FakeCloud, ProgramRun, Registration, run_program
 
 HERE = Path(__file__).resolve().parent
 FLOOR_DIR = HERE / "floor"
-TYPED_FLOOR_DIR = HERE / "typed_floor"
+REGISTRATION_FLOOR_DIR = HERE / "registration_floor"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
 SECRETS = {"apiKey": "sk-benchmark-0000"}
 MAX_RATIO = 1.5
 MAX_WORK_GROWTH = 1.25
-TRIVIAL_CUSTOM = "test:index:Trivial"  # not a class typed_floor knows: registered as a bare CustomResource
+TRIVIAL_CUSTOM = "test:index:Trivial"  # not a class registration_floor knows: registered as a bare CustomResource
 COMPONENT = "component"
 
 
@@ -116,7 +116,7 @@ def run_floor(components: int, customs: int) -> ProgramRun:
     return _run_other(FLOOR_DIR, {"floorComponents": components, "floorCustoms": customs}, "floor")
 
 
-def typed_floor_spec(registrations: list[Registration]) -> dict:
+def registration_floor_spec(registrations: list[Registration]) -> dict:
     return {
         "registrations": [
             [r.typ, r.name, r.custom, r.parent, r.provider.rsplit("::", 1)[0] if r.provider else ""]
@@ -138,8 +138,8 @@ def unit_spec(typ: str, count: int) -> dict:
     }
 
 
-def run_typed_floor(spec: dict) -> ProgramRun:
-    return _run_other(TYPED_FLOOR_DIR, {"floorSpec": spec}, "typed-floor")
+def run_registration_floor(spec: dict) -> ProgramRun:
+    return _run_other(REGISTRATION_FLOOR_DIR, {"floorSpec": spec}, "registration-floor")
 
 
 @dataclass
@@ -219,15 +219,17 @@ def class_mix(registrations: list[Registration]) -> Counter:
 
 
 def measure(n: int, repeats: int) -> dict:
-    program, trivial, typed, paused = Timing([], []), Timing([], []), Timing([], []), Timing([], [])
+    program, trivial, registration, paused = Timing([], []), Timing([], []), Timing([], []), Timing([], [])
     for _ in range(repeats):
         real_run = timed(partial(run_real, n), program)
         total = len(real_run.registrations)
         custom = sum(r.custom for r in real_run.registrations)
         trivial_run = timed(partial(run_floor, total - custom, custom), trivial)
-        typed_run = timed(partial(run_typed_floor, typed_floor_spec(real_run.registrations)), typed)
+        registration_run = timed(
+            partial(run_registration_floor, registration_floor_spec(real_run.registrations)), registration
+        )
         timed(partial(run_real, n), paused, collector=False)
-        for other in (trivial_run, typed_run):
+        for other in (trivial_run, registration_run):
             assert len(other.registrations) == total, f"a floor registered {len(other.registrations)}, not {total}"
     chain, path = longest_chain(real_run.registrations)
     return {
@@ -237,9 +239,9 @@ def measure(n: int, repeats: int) -> dict:
         "mix": class_mix(real_run.registrations),
         "program": program,
         "trivial": trivial,
-        "typed": typed,
+        "registration": registration,
         "paused": paused,
-        "ratio": program.best / typed.best,
+        "ratio": program.best / registration.best,
         "trivial_ratio": program.best / trivial.best,
         "chain": chain,
         "path": path,
@@ -252,7 +254,7 @@ def unit_costs(classes: list[str], count: int, repeats: int) -> dict[str, float]
     timings = {typ: Timing([], []) for typ in classes}
     for _ in range(repeats):
         for typ in classes:
-            timed(partial(run_typed_floor, unit_spec(typ, count)), timings[typ])
+            timed(partial(run_registration_floor, unit_spec(typ, count)), timings[typ])
     return {typ: t.best / count for typ, t in timings.items()}
 
 
@@ -271,12 +273,12 @@ def report(rows: list[dict], units: dict[str, float], unit_count: int, repeats: 
     for r in rows:
         res = f"{r['resources']} ({r['custom']})"
         print(
-            f"{r['n']:>5} | {res:>18} | {r['program'].best:>9.3f} | {r['typed'].best:>20.3f} | {r['ratio']:>5.2f} | "
-            f"{r['chain']:>13} || {r['trivial'].best:>15.3f} | {r['trivial_ratio']:>15.2f}"
+            f"{r['n']:>5} | {res:>18} | {r['program'].best:>9.3f} | {r['registration'].best:>20.3f} | "
+            f"{r['ratio']:>5.2f} | {r['chain']:>13} || {r['trivial'].best:>15.3f} | {r['trivial_ratio']:>15.2f}"
         )
     print()
     for r in rows:
-        p, f, t = r["program"], r["trivial"], r["typed"]
+        p, f, t = r["program"], r["trivial"], r["registration"]
         print(
             f"  N={r['n']}: wall program {min(p.wall):.3f}-{max(p.wall):.3f}, registration floor "
             f"{min(t.wall):.3f}-{max(t.wall):.3f}, trivial {min(f.wall):.3f}-{max(f.wall):.3f}; best cpu program "
@@ -293,7 +295,7 @@ def report(rows: list[dict], units: dict[str, float], unit_count: int, repeats: 
         per_node = f"{mix[typ] / big['n']:.2f} per node" if typ in mix else "the trivial floor's custom"
         print(f"  {typ:<40} {cost * 1e3:6.2f} ms  {cost / units[TRIVIAL_CUSTOM]:4.1f}x  ({per_node})")
     print()
-    classes_alone = big["typed"].best / big["trivial"].best
+    classes_alone = big["registration"].best / big["trivial"].best
 
     checks = [
         (
@@ -324,7 +326,7 @@ def report(rows: list[dict], units: dict[str, float], unit_count: int, repeats: 
                 f"time linear in nodes: program work (collector paused) {work_big * 1e3:.2f} ms/resource at "
                 f"{big['n']} vs {work_mid * 1e3:.2f} at {mid['n']} = {work_growth:.2f}x "
                 f"(target <= {MAX_WORK_GROWTH}x); with the collector running {growth('program')[2]:.2f}x, "
-                f"registration floor {growth('typed')[2]:.2f}x, trivial floor {growth('trivial')[2]:.2f}x",
+                f"registration floor {growth('registration')[2]:.2f}x, trivial floor {growth('trivial')[2]:.2f}x",
             )
         )
         checks.append(
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up: imports, pydantic schema building, gRPC/protobuf first use.
         warm = run_real(2)
         run_floor(2, 2)
-        run_typed_floor(typed_floor_spec(warm.registrations))
+        run_registration_floor(registration_floor_spec(warm.registrations))
         # Unit costs first: they should not inherit whatever state the large runs leave behind.
         classes = [TRIVIAL_CUSTOM, COMPONENT, *sorted({r.typ for r in warm.registrations if r.custom})]
         units = unit_costs(classes, args.unit_count, args.repeats)

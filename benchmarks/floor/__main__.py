@@ -5,7 +5,7 @@ Run by `benchmarks.program_scale` through the very same `tests.harness.run_progr
 ComponentResources and `floorCustoms` CustomResources with one small input each, the customs
 spread over the components as children, so the mix mirrors the real program's. Its time is what
 that many of the cheapest registrations Pulumi has cost. What registering the program's own
-resource classes costs is the registration floor (`benchmarks/typed_floor`), which the ratio target
+resource classes costs is the registration floor (`benchmarks/registration_floor`), which the ratio target
 is checked against; see `benchmarks/program_scale.py` for why.
 """
 

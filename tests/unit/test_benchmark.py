@@ -52,7 +52,7 @@ def test_class_mix_counts_components_as_one_class():
 def test_the_registration_floor_refuses_a_class_it_cannot_build_bare():
     spec = program_scale.unit_spec("aws:s3/bucket:Bucket", 1)
     with pytest.raises(Exception, match="no minimal constructor for aws:s3/bucket:Bucket"):
-        program_scale.run_typed_floor(spec)
+        program_scale.run_registration_floor(spec)
 
 
 def test_a_tiny_run_reports_every_target(capsys, tmp_path, monkeypatch):

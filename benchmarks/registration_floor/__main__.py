@@ -38,6 +38,6 @@ for index, (typ, name, custom, parent, provider) in enumerate(spec["registration
         resource = pulumi.CustomResource(typ, name, {"x": index}, opts=opts)
     else:
         # A class the program started using: add it to MINIMAL, or this floor would understate it.
-        raise ValueError(f"typed floor: no minimal constructor for {typ}")
+        raise ValueError(f"registration floor: no minimal constructor for {typ}")
     by_urn[spec["urns"][index]] = resource
 pulumi.export("count", len(by_urn))
