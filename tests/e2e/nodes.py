@@ -357,6 +357,26 @@ class SimCluster:
         _stop_process(node._sshd, node.sshd_pidfile, timeout)
         node._sshd = None
 
+    @contextlib.contextmanager
+    def node_local_view(self, ref: SimNode | str, path: Path, source: Path) -> Iterator[None]:
+        """Show ``source`` at ``path`` to this node's SSH sessions only, as a directory that differs
+        between real machines (a model missing or different on one node).
+
+        The bind mount lives in the mount namespace of the node's sshd (``ip netns exec`` gave it
+        its own, a slave of the host's), so the host and the other nodes keep seeing ``path``. What
+        runs over SSH on the host of the node (the preflight, the model fingerprint) sees it; the
+        node's dockerd, which shares the host's mount namespace, does not. Undone on exit.
+        """
+        node = self.node(ref)
+        if node._sshd is None or _exited(node._sshd):
+            raise SimNodeError(f"{node.name}: sshd is not running")
+        enter = ["nsenter", f"--target={node._sshd.pid}", "--mount"]
+        _run([*enter, "mount", "--bind", str(source), str(path)])
+        try:
+            yield
+        finally:
+            _run([*enter, "umount", str(path)], check=False)
+
     # teardown --------------------------------------------------------------------------------
     def close(self) -> None:
         """Tear everything down; idempotent. Raises SimNodeError listing what could not be removed."""

@@ -128,6 +128,22 @@ def test_docker_over_ssh_reaches_the_nodes_own_daemon(cluster: SimCluster) -> No
         assert cluster.docker(node, "info", "--format", "{{.DockerRootDir}}").stdout.strip() == str(node.data_root)
 
 
+def test_a_node_local_view_shows_only_to_that_nodes_ssh_sessions(cluster: SimCluster, tmp_path: Path) -> None:
+    shared, other = tmp_path / "models", tmp_path / "node-2-models"
+    for directory, text in ((shared, "everywhere"), (other, "only on node-2")):
+        directory.mkdir()
+        (directory / "config.json").write_text(text)
+    n1, n2 = cluster.nodes[:2]
+
+    def seen() -> list[str]:
+        return [cluster.ssh(node, f"cat {shared}/config.json").stdout for node in (n1, n2)]
+
+    with cluster.node_local_view(n2, shared, other):
+        assert seen() == ["everywhere", "only on node-2"]
+        assert (shared / "config.json").read_text() == "everywhere"  # the host's view is untouched
+    assert seen() == ["everywhere", "everywhere"]
+
+
 def test_fabric_connects_nodes(cluster: SimCluster) -> None:
     n1, n2 = cluster.nodes[:2]
     if shutil.which("ping"):

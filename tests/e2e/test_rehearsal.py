@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,21 +153,26 @@ def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, rehearsal, model_
     assert not deployment.state_path.exists() or json.loads(deployment.state_path.read_text()) == []
 
 
+def failed_deploy(cluster, deployment, config, secrets, error: type[Exception] = Exception) -> str:
+    """Deploy expecting `error`; nothing may have started on any node. Always destroys; the message."""
+    try:
+        with pytest.raises(error) as caught:
+            deployment.up(config, secrets)
+        for node in cluster.nodes:
+            assert cluster.docker(node, "ps", "-aq").stdout.strip() == "", f"{node.name} runs a container"
+    finally:
+        deployment.destroy()
+    return str(caught.value)
+
+
 def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_cluster, rehearsal, model_dir):
     deployment, image = rehearsal
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     wrong = sim_cluster.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".99"
     config["nodes"][1]["fabricAddress"] = wrong
-    try:
-        with pytest.raises(ResourceError) as caught:
-            deployment.up(config, secrets)
-        message = str(caught.value)
-        assert "preflight node-" in message
-        assert f"{wrong}" in message
-    finally:
-        deployment.destroy()
-    for node in sim_cluster.nodes:
-        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    message = failed_deploy(sim_cluster, deployment, config, secrets, ResourceError)
+    assert "preflight node-" in message
+    assert f"{wrong}" in message
 
 
 def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluster, rehearsal, model_dir):
@@ -180,16 +186,37 @@ def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluste
     drifted = sim_cluster.docker(node2, "image", "inspect", "-f", "{{.Id}}", image.ref).stdout.strip()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     try:
-        with pytest.raises(Exception, match=r"the image differs between nodes") as caught:
-            deployment.up(config, secrets)
-        assert f"node-2: {drifted}" in str(caught.value)
-        for node in sim_cluster.nodes:
-            assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+        message = failed_deploy(sim_cluster, deployment, config, secrets)
     finally:
-        deployment.destroy()
         sim_cluster.docker(node2, "rmi", "-f", image.ref, check=False)
         if original:  # back to the archive's image, as the other tests expect
             sim_cluster.docker(node2, "tag", original, image.ref, check=False)
+    assert "the image differs between nodes" in message
+    assert f"node-2: {drifted}" in message
+
+
+def test_a_model_missing_on_one_node_stops_every_container(sim_cluster, rehearsal, model_dir, tmp_path):
+    """node-2 has no model directory (the copy never reached it): its preflight names it, nothing starts."""
+    deployment, image = rehearsal
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    with sim_cluster.node_local_view("node-2", model_dir.parent, empty):
+        message = failed_deploy(sim_cluster, deployment, config, secrets, ResourceError)
+    assert "(node-2-preflight)" in message
+    assert f"model directory {model_dir} does not exist" in message
+
+
+def test_a_model_that_differs_on_one_node_stops_every_container(sim_cluster, rehearsal, model_dir, tmp_path):
+    """node-2 holds another revision of the model at the same path: the fingerprints disagree."""
+    deployment, image = rehearsal
+    other = tmp_path / "other-revision"
+    shutil.copytree(model_dir, other)
+    (other / "config.json").write_text(json.dumps({**json.loads((model_dir / "config.json").read_text()), "rev": 2}))
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    with sim_cluster.node_local_view("node-2", model_dir, other):
+        message = failed_deploy(sim_cluster, deployment, config, secrets)
+    assert "model differs: node-2 vs node-1: config.json" in message
 
 
 @pytest.mark.parametrize("daemon", ["dockerd", "sshd"])
