@@ -11,6 +11,7 @@ import difflib
 import ipaddress
 import re
 import typing
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal, Optional
 
@@ -25,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 NAMESPACE = "spark-vllm"
 
@@ -517,18 +519,18 @@ def _model_at(loc: tuple) -> Optional[type[BaseModel]]:
     return model
 
 
-def _key_paths(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Every key of the config tree, mapped to its full path (`nodes[].gpus`)."""
-    paths: dict[str, str] = {}
-    for name, field in model.model_fields.items():
-        key = field.alias or name
+def config_keys(model: Optional[type[BaseModel]] = None, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """Every key of the stack config with its full path (`nodes[].gpus`) and its field: a model's own
+    keys first, then each nested model's (the order of the README's config reference)."""
+    nested = []
+    for name, field in (model or ClusterConfig).model_fields.items():
+        path = prefix + (field.alias or name)
+        yield path, field
         sub, is_list = _submodel(field.annotation)
-        path = f"{prefix}{key}"
-        paths.setdefault(key, path)
         if sub is not None:
-            for inner, inner_path in _key_paths(sub, f"{path}[]." if is_list else f"{path}.").items():
-                paths.setdefault(inner, inner_path)
-    return paths
+            nested.append((sub, path + ("[]." if is_list else ".")))
+    for sub, sub_prefix in nested:
+        yield from config_keys(sub, sub_prefix)
 
 
 def _unknown_key_hint(loc: tuple) -> str:
@@ -538,7 +540,7 @@ def _unknown_key_hint(loc: tuple) -> str:
     close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
     if close:
         return f"no such key: did you mean {by_lower[close[0]]!r}?"
-    elsewhere = _key_paths(ClusterConfig).get(key)
+    elsewhere = next((path for path, _ in config_keys() if path.rsplit(".", 1)[-1] == key), None)
     if elsewhere:
         where = "the top level" if elsewhere == key else elsewhere
         return f"no such key here: {key!r} belongs at {where}"

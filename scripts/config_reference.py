@@ -14,7 +14,7 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.config import ClusterConfig  # noqa: E402
+from components.config import config_keys  # noqa: E402
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -55,25 +55,16 @@ def _default(field) -> str:
     )
 
 
-def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
-    out = []
-    nested = []
-    for name, field in model.model_fields.items():
-        key = prefix + (field.alias or name)
-        annotation = field.annotation
-        inner = [a for a in typing.get_args(annotation)] or [annotation]
-        sub = next((a for a in [annotation, *inner] if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        out.append(f"| `{key}` | {_type_name(annotation)} | {_default(field)} | {field.description} |")
-        if sub is not None:
-            nested.append((sub, key + ("[]." if typing.get_origin(annotation) is list else ".")))
-    for sub, sub_prefix in nested:
-        out += rows(sub, sub_prefix)
-    return out
+def rows() -> list[str]:
+    return [
+        f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {field.description} |"
+        for path, field in config_keys()
+    ]
 
 
 def reference() -> str:
     header = ["| key (`spark-vllm:` …) | type | default | meaning |", "|---|---|---|---|"]
-    return "\n".join([BEGIN, *header, *rows(ClusterConfig), END])
+    return "\n".join([BEGIN, *header, *rows(), END])
 
 
 def main() -> int:
