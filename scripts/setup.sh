@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Everything the tests and the rehearsal need on a fresh Debian/Ubuntu machine, idempotent.
-# Debian packages: Docker (one daemon per simulated node), sshd, iproute2 (namespaces), debootstrap
-# (the rehearsal image), netplan.io (renders the fabric netplan file in tests). Python: a venv with
-# requirements-dev.txt.
+# Debian packages: Docker (one daemon per simulated node), docker-registry (the image registry the
+# simulated nodes pull from), sshd, iproute2 (namespaces), debootstrap (the rehearsal image),
+# netplan.io (renders the fabric netplan file in tests). Python: a venv with requirements-dev.txt.
+# Go (1.26, on the machine already): the Pulumi CLI, built from its Go modules (scripts/toolchain.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(docker.io openssh-server openssh-client iproute2 iptables util-linux debootstrap netplan.io
-          python3-venv ca-certificates procps iputils-ping)
+packages=(docker.io docker-registry openssh-server openssh-client iproute2 iptables util-linux debootstrap
+          netplan.io python3-venv ca-certificates procps iputils-ping)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,3 +29,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   venv/bin/pip install -q -r requirements-dev.txt
   echo "$want" > "$stamp"
 fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "setup: the rehearsal builds the Pulumi CLI with Go 1.26 (https://go.dev/dl); 'go' is not on PATH" >&2
+  exit 1
+fi
+bash scripts/toolchain.sh
