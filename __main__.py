@@ -4,7 +4,7 @@ import pulumi
 
 from components.cluster import VllmCluster, VllmClusterArgs
 from components.release import release_source
-from components.ssh import prepare_ssh_files
+from components.ssh import ssh_access
 from components.stack import load_stack_config
 
 config = load_stack_config()  # every rule is checked here, before the first resource
@@ -13,7 +13,7 @@ cluster = VllmCluster(
     VllmClusterArgs(
         config=config,
         release=release_source(config),
-        ssh_files=prepare_ssh_files(config, pulumi.get_project(), pulumi.get_stack()),
+        ssh_access=ssh_access(config, pulumi.get_project(), pulumi.get_stack()),  # checked before any resource
     ),
 )
 

@@ -6,7 +6,7 @@ For each node count N, in one process, interleaved repeat by repeat, all through
 `tests.harness.run_program` (FakeCloud mocks, RecordingMonitor, runpy); only the program differs:
 
 * program: the real `__main__.py` with a valid N-node stack config (TP = N, one GPU a node,
-  pinned host keys, an `apiKey` secret);
+  pinned host keys, `apiKey` and `sshPrivateKey` secrets);
 * registration floor: `benchmarks/registration_floor/__main__.py`, the program's resource tree rebuilt
   from the same SDK classes, names, parents and providers, with the fewest inputs each class takes,
   no dependencies and no program logic. It is what registering these resources costs by itself;
@@ -75,7 +75,7 @@ HERE = Path(__file__).resolve().parent
 FLOOR_DIR = HERE / "floor"
 REGISTRATION_FLOOR_DIR = HERE / "registration_floor"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
-SECRETS = {"apiKey": "sk-benchmark-0000"}
+SECRETS = {"apiKey": "sk-benchmark-0000", "sshPrivateKey": "-----BEGIN KEY-----\nBENCHMARK\n-----END KEY-----\n"}
 MAX_RATIO = 1.5
 MAX_WORK_GROWTH = 1.25
 TRIVIAL_CUSTOM = "test:index:Trivial"  # not a class registration_floor knows: registered as a bare CustomResource
@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     home = tempfile.mkdtemp(prefix="spark-vllm-bench-")
-    os.environ["SPARK_VLLM_HOME"] = home  # the program writes known_hosts here
+    os.environ["SPARK_VLLM_HOME"] = home  # the program writes the SSH key file here
+    os.environ.pop("SSH_AUTH_SOCK", None)  # the key is the credential; a stale agent would stop the program
     try:
         # Warm-up: imports, pydantic schema building, gRPC/protobuf first use.
         warm = run_real(2)

@@ -15,9 +15,9 @@ from components.node import NodeHost, NodeHostArgs
 from components.preflight import compare_fingerprints, parse_fingerprint
 from components.ray_node import RayNode, RayNodeArgs
 from components.release import ReleaseSource, release_record
-from components.render import ray_address
+from components.render import ray_address, shell_line
 from components.serve import VllmServer, VllmServerArgs, log_follow_command
-from components.ssh import SshFiles
+from components.ssh import SshAccess
 
 
 class ImageMismatchError(Exception):
@@ -28,12 +28,19 @@ class PreflightError(Exception):
     pass
 
 
-def same_model(stdouts_by_node: dict[str, str]) -> bool:
-    """True when every node fingerprinted the same model; PreflightError naming the differences."""
-    problems = compare_fingerprints({node: parse_fingerprint(out) for node, out in stdouts_by_node.items()})
+def same_model(stdouts_by_node: dict[str, str]) -> str:
+    """The fingerprint every node found for the model; PreflightError naming the differences."""
+    found = {node: parse_fingerprint(out) for node, out in stdouts_by_node.items()}
+    problems = compare_fingerprints(found)
     if problems:
         raise PreflightError("\n".join(problems))
-    return True
+    return next(iter(found.values())).get("fingerprint", "")
+
+
+def gate_line(nodes: int, image_id: str, model_fingerprint: str) -> str:
+    """The gate's command: it only records, on the deploying machine, what every node agreed on."""
+    model = f"model {model_fingerprint[:16]}" if model_fingerprint else "model by repo id"
+    return shell_line(["echo", f"{nodes} node(s) checked: image {image_id}, {model}"])
 
 
 def same_image(ids_by_node: dict[str, str]) -> str:
@@ -52,7 +59,7 @@ def same_image(ids_by_node: dict[str, str]) -> str:
 class VllmClusterArgs:
     config: ClusterConfig
     release: ReleaseSource
-    ssh_files: SshFiles
+    ssh_access: SshAccess
 
 
 class VllmCluster(pulumi.ComponentResource):
@@ -66,8 +73,8 @@ class VllmCluster(pulumi.ComponentResource):
         same_image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
             lambda ids: same_image(dict(zip(names, ids, strict=True)))
         )
-        image_id = self._after_checks(cfg, args, images, same_image_id)
-        self.ray_nodes = self._create_ray_nodes(cfg, args, images, image_id, self._secret_env(cfg, secrets))
+        self.checks_passed = self._create_checks(cfg, args, images, same_image_id)
+        self.ray_nodes = self._create_ray_nodes(cfg, args, images, self._secret_env(cfg, secrets))
         head = cfg.head_node
         head_ray = self.ray_nodes[head.name]
         self.server = VllmServer(
@@ -94,7 +101,7 @@ class VllmCluster(pulumi.ComponentResource):
             **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in self.containers.items()},
         }
         self.smoke = self.server.smoke_result
-        self.release = self._release(args, images[head.name], image_id)
+        self.release = self._release(args, images[head.name], same_image_id)
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
@@ -114,7 +121,7 @@ class VllmCluster(pulumi.ComponentResource):
                 node.name,
                 NodeHostArgs(
                     node=node,
-                    ssh_files=args.ssh_files,
+                    ssh_access=args.ssh_access,
                     private_key=secrets.get("sshPrivateKey"),
                     network=cfg.network,
                 ),
@@ -138,7 +145,7 @@ class VllmCluster(pulumi.ComponentResource):
         }
 
     def _create_ray_nodes(
-        self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, gated_image_id: pulumi.Output, secret_env
+        self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, secret_env
     ) -> dict[str, RayNode]:
         ray_nodes: dict[str, RayNode] = {}
         head = cfg.head_node
@@ -149,15 +156,15 @@ class VllmCluster(pulumi.ComponentResource):
                 RayNodeArgs(
                     config=cfg,
                     node=node,
-                    # Only the head waits on the cross-node gate (checks, same image and model): workers
-                    # start after the head anyway, and one gate per container would make N² dependencies.
-                    image_id=gated_image_id if node is head else images[node.name].image_id,
+                    image_id=images[node.name].image_id,
                     model=args.release.model,
                     provider=host.provider,
                     connection=host.connection,
                     secret_env=secret_env,
-                    # Workers start after the head and are stopped before it on destroy.
-                    start_after=[] if node is head else [ray_nodes[head.name].container],
+                    # Only the head waits on the cross-node gate (checks, same image and model): workers
+                    # start after the head anyway (and are stopped before it on destroy), and one gate
+                    # per container would make N² dependencies.
+                    start_after=[self.checks_passed] if node is head else [ray_nodes[head.name].container],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -171,11 +178,15 @@ class VllmCluster(pulumi.ComponentResource):
             lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin)
         )
 
-    def _after_checks(self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, image_id: pulumi.Output):
-        """The image id, available only once every node passed its checks and all agree on the model.
+    def _create_checks(
+        self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, same_image_id: pulumi.Output
+    ) -> command.local.Command:
+        """Every node's checks, and the gate the head's Ray container waits for: it exists only once
+        every node passed its checks and all agree on the image and the model.
 
-        The head's Ray container takes its image from here and every worker starts after the head, so
-        a failing check on any node stops all of them before one starts.
+        The gate is a resource of its own, so the head container depends on it without taking data
+        from it: in a preview where a node is added (its checks not run yet) the head's inputs stay
+        known and the preview shows the head as it will be, untouched.
         """
         networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
         self.checks = {
@@ -195,14 +206,20 @@ class VllmCluster(pulumi.ComponentResource):
         }
         gates = [checks.passed for checks in self.checks.values()]
         fingerprints = {name: c.fingerprint for name, c in self.checks.items() if c.fingerprint is not None}
+        model_id = pulumi.Output.from_input("")
         if fingerprints:
             names = list(fingerprints)
-            gates.append(
-                pulumi.Output.all(*fingerprints.values()).apply(
-                    lambda outs: same_model(dict(zip(names, outs, strict=True)))
-                )
+            model_id = pulumi.Output.all(*fingerprints.values()).apply(
+                lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
-        return pulumi.Output.all(image_id, *gates).apply(lambda parts: parts[0])
+        verdict = pulumi.Output.all(same_image_id, model_id, *gates).apply(
+            lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
+        )
+        return command.local.Command(
+            "spark-vllm-checks-passed",
+            create=verdict,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _secret_env(self, cfg: ClusterConfig, secrets: dict) -> pulumi.Output:
         parts: list[pulumi.Input[str]] = []

@@ -87,13 +87,27 @@ StackName = Annotated[
 ]
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
-HostKeyLine = Annotated[
-    str,
-    _pattern(
-        r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521) [A-Za-z0-9+/]+={0,3}",
-        "a public host key line such as 'ssh-ed25519 AAAA…' (see `ssh-keyscan -t ed25519 HOST`)",
-    ),
-]
+_HOST_KEY = re.compile(
+    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521) [A-Za-z0-9+/]+={0,3}"
+)
+
+
+def _host_key(value: str) -> str:
+    if not _HOST_KEY.fullmatch(value):
+        raise ValueError(
+            "expected a public host key line such as 'ssh-ed25519 AAAA…' (see `ssh-keyscan -t ed25519 HOST`)"
+        )
+    if value.startswith("ssh-rsa "):
+        # pulumi-command offers only the pinned key's type, and for ssh-rsa that is SHA-1 RSA,
+        # which OpenSSH 8.8 and later refuse: every remote command would fail to connect.
+        raise ValueError(
+            "an ed25519 (or ecdsa) key: an ssh-rsa host key makes the remote commands offer SHA-1 RSA, which "
+            "OpenSSH 8.8 and later refuse (get the ed25519 one: `ssh-keyscan -t ed25519 HOST`)"
+        )
+    return value
+
+
+HostKeyLine = Annotated[str, AfterValidator(_host_key)]
 
 
 def _extra_arg(value: str) -> str:
@@ -160,7 +174,8 @@ class NodeConfig(_Model):
     gpus: PositiveInt = Field(1, description="GPUs this node gives to Ray (`ray start --num-gpus`).")
     host_key: Optional[HostKeyLine] = Field(
         None,
-        description="The node's public SSH host key ('ssh-ed25519 AAAA…'). Pins the host for both SSH transports.",
+        description="The node's public SSH host key ('ssh-ed25519 AAAA…'), pinned on both SSH transports. "
+        "Default: the key the node shows at the first `pulumi up`, then kept (trust on first use).",
     )
 
 
@@ -288,7 +303,9 @@ class ClusterConfig(_Model):
     api_key: Optional[SecretStr] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
     hf_token: Optional[SecretStr] = Field(None, description="Secret. Hugging Face token (HF_TOKEN in the containers).")
     ssh_private_key: Optional[SecretStr] = Field(
-        None, description="Secret. SSH private key for every node. Default: ssh-agent and ~/.ssh."
+        None,
+        description="Secret. SSH private key for every node, used by both transports. Default: the ssh-agent at "
+        "SSH_AUTH_SOCK (~/.ssh/id_* alone is not enough: remote commands never read it).",
     )
 
     @model_validator(mode="after")

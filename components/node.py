@@ -12,13 +12,13 @@ import pulumi_docker as docker
 from components.config import NetworkConfig, NodeConfig
 from components.netplan import netplan_apply_argv, node_netplan_yaml
 from components.render import docker_host_url, script, shell_line, with_script
-from components.ssh import SshFiles
+from components.ssh import SshAccess, keyscan_command
 
 
 @dataclass(frozen=True)
 class NodeHostArgs:
     node: NodeConfig
-    ssh_files: SshFiles
+    ssh_access: SshAccess
     private_key: Optional[pulumi.Input[str]]  # secret; None: ssh-agent (SSH_AUTH_SOCK)
     network: NetworkConfig
 
@@ -27,20 +27,23 @@ class NodeHost(pulumi.ComponentResource):
     """A Docker host reached as `ssh://user@host`, the same way `docker -H ssh://…` does.
 
     Both transports to the node (the Docker provider's local `ssh` and pulumi-command's own SSH
-    client) pin the same host key when `hostKey` is set.
+    client) trust exactly one host key: `hostKey`, or — without it — the key the node showed the
+    first time this stack reached it (read once by `ssh-keyscan`, kept in the stack's state).
     """
 
     provider: docker.Provider
     connection: command.remote.ConnectionArgs
+    host_key: pulumi.Output[str]
     fabric_network: Optional[command.remote.Command]
 
     def __init__(self, name: str, args: NodeHostArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeHost", name, None, opts)
         node = args.node
+        self.host_key = pulumi.Output.from_input(node.host_key) if node.host_key else self._scan_host_key(name, node)
         self.provider = docker.Provider(
             f"{name}-docker",
             host=docker_host_url(node),
-            ssh_opts=args.ssh_files.docker_ssh_opts(node),
+            ssh_opts=self.host_key.apply(lambda key: args.ssh_access.docker_ssh_opts(node, key)),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.connection = command.remote.ConnectionArgs(
@@ -48,13 +51,23 @@ class NodeHost(pulumi.ComponentResource):
             port=node.ssh_port,
             user=node.user,
             private_key=args.private_key,
-            host_key=node.host_key,
+            host_key=self.host_key,
             # A reboot or a busy sshd should not fail the whole deployment at once.
             dial_error_limit=20,
         )
         self.fabric_network = self._create_fabric_network(name, args) if args.network.manage else None
         self.docker_host = pulumi.Output.from_input(docker_host_url(node))
-        self.register_outputs({"docker_host": self.docker_host})
+        self.register_outputs({"docker_host": self.docker_host, "host_key": self.host_key})
+
+    def _scan_host_key(self, name: str, node: NodeConfig) -> pulumi.Output[str]:
+        """Trust on first use: the key is read once, when this resource is created, and then kept;
+        a node that later shows another key is refused by both transports."""
+        scan = command.local.Command(
+            f"{name}-host-key",
+            create=keyscan_command(node),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return scan.stdout
 
     def _create_fabric_network(self, name: str, args: NodeHostArgs) -> command.remote.Command:
         """The fabric address as a netplan drop-in: written (mode 600) and applied only when it

@@ -191,16 +191,6 @@ def fingerprint(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def known_hosts_lines(cfg: ClusterConfig) -> list[str]:
-    """known_hosts entries for nodes with a pinned host key (ssh's `[host]:port` form when port ≠ 22)."""
-    lines = []
-    for node in cfg.nodes:
-        if node.host_key:
-            host = node.host if node.ssh_port == 22 else f"[{node.host}]:{node.ssh_port}"
-            lines.append(f"{host} {node.host_key}")
-    return lines
-
-
 def docker_host_url(node: NodeConfig) -> str:
     port = "" if node.ssh_port == 22 else f":{node.ssh_port}"
     return f"ssh://{node.user}@{node.host}{port}"

@@ -150,8 +150,9 @@ class VllmServer(pulumi.ComponentResource):
             VLLM_STOP_GRACE_SECONDS + 120,
             pulumi.Output.all(self.argv, args.api_key).apply(program),
             delete=delete,
-            # A new head container or a bumped restartGeneration starts vLLM afresh.
-            triggers=[args.container_ids[0], cfg.vllm.restart_generation],
+            # A re-formed Ray cluster (any new container: vLLM's workers died with the old one) or a
+            # bumped restartGeneration starts vLLM afresh.
+            triggers=[self.cluster_ready.id, cfg.vllm.restart_generation],
             opts=pulumi.ResourceOptions(
                 depends_on=[self.cluster_ready],
                 # Stop the old server before starting the new one: they would share GPUs and the port.

@@ -26,8 +26,11 @@ def raw_stack_config(namespace: str = NAMESPACE) -> dict[str, Any]:
         if not full_key.startswith(prefix):
             continue
         key = full_key[len(prefix) :]
-        if isinstance(value, str) and value[:1] in "[{":
-            value = json.loads(value)
+        if isinstance(value, str) and value.startswith(("[", "{")):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass  # left as text: the model names the key and says what it expected
         raw[key] = value
     return raw
 
@@ -37,9 +40,10 @@ def load_stack_config() -> ClusterConfig:
     for node in cfg.nodes:
         if node.host_key is None:
             pulumi.log.warn(
-                f"node {node.name}: no hostKey, so its SSH host key is not verified "
-                f"(set nodes[].hostKey from `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`; "
-                "security.requireHostKeys: true makes this an error)"
+                f"node {node.name}: no hostKey, so the first `pulumi up` trusts the key the node shows then "
+                "(read with ssh-keyscan, kept in the stack's state, pinned on both SSH transports). To verify "
+                f"it from the start, set nodes[].hostKey from `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}` "
+                "(security.requireHostKeys: true makes it required)"
             )
     if cfg.vllm.trust_remote_code:
         pulumi.log.warn(f"vllm.trustRemoteCode is on: the code shipped with model {cfg.model or '(promoted)'} runs")

@@ -24,6 +24,11 @@ from pulumi.runtime.proto import resource_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "spark-vllm"
+CONTAINER = "docker:index/container:Container"
+IMAGE = "docker:index/remoteImage:RemoteImage"
+DOCKER_PROVIDER = "pulumi:providers:docker"
+REMOTE_COMMAND = "command:remote:Command"
+LOCAL_COMMAND = "command:local:Command"
 SECRET_SIG = rpc._special_secret_sig  # the wire marker of a secret value
 SIG_KEY = rpc._special_sig_key
 
@@ -177,6 +182,27 @@ class ProgramRun:
 
     def by_urn(self) -> dict[str, Registration]:
         return {r.urn: r for r in self.registrations}
+
+
+def changed_inputs(before: ProgramRun, after: ProgramRun) -> dict[str, Any]:
+    """Per custom resource whose inputs differ between two runs of the program: the set of input
+    keys that changed, or "create" / "delete". What the engine then does (update or replace) is the
+    provider's decision: the rehearsal observes it through the real engine (tests/e2e)."""
+    first = {r.urn: r for r in before.registrations if r.custom}
+    second = {r.urn: r for r in after.registrations if r.custom}
+    result: dict[str, Any] = {}
+    for urn in first.keys() | second.keys():
+        name = urn.rsplit("::", 1)[1]
+        if urn not in first:
+            result[name] = "create"
+        elif urn not in second:
+            result[name] = "delete"
+        else:
+            old, new = first[urn].inputs, second[urn].inputs
+            keys = {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+            if keys:
+                result[name] = keys
+    return result
 
 
 def stack_config(values: dict[str, Any]) -> dict[str, str]:

@@ -2,6 +2,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state_dir(tmp_path, monkeypatch):
-    """The program writes known_hosts and key files under SPARK_VLLM_HOME: keep tests out of ~."""
+def _isolated_machine(tmp_path, monkeypatch):
+    """The program writes the SSH key file under SPARK_VLLM_HOME (kept out of ~ here) and checks this
+    machine's ssh-agent: tests get a stand-in agent holding one key unless they say otherwise."""
     monkeypatch.setenv("SPARK_VLLM_HOME", str(tmp_path / "spark-vllm-home"))
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+    monkeypatch.setattr("components.ssh.agent_key_count", lambda path: 1)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from tests.harness import FakeCloud, run_program
-from tests.lifecycle import CONTAINER
+from tests.harness import CONTAINER, FakeCloud, run_program
 from tests.program.test_program import SECRETS, prod
 
 
@@ -29,8 +28,12 @@ def test_every_node_is_checked_before_any_container_starts():
     for container in run.of_type(CONTAINER):
         # every container waits for every node's checks, not only its own (workers through the head)
         assert checks <= waits_for(container.urn), container.name
-    head = run.named("spark-01-ray")
-    assert checks <= set(head.dependencies)
+    gate, head = run.named("spark-vllm-checks-passed"), run.named("spark-01-ray")
+    assert checks <= set(gate.dependencies)
+    assert gate.urn in head.dependencies
+    # the gate holds what every node agreed on; the head's own inputs take nothing from it
+    assert gate.inputs["create"] == "echo '2 node(s) checked: image sha256:" + "ab" * 32 + ", model ffffffffffffffff'"
+    assert head.inputs["image"] == run.named("spark-01-image").outputs["image_id"]
 
 
 def test_peers_are_named_in_each_preflight():

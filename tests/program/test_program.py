@@ -10,8 +10,18 @@ import pytest
 import yaml
 
 from components.config import ConfigError
-from tests.harness import ROOT, FakeCloud, run_program, strip_secrets
-from tests.lifecycle import CONTAINER, DOCKER_PROVIDER, IMAGE, REMOTE_COMMAND, plan, touched
+from tests.harness import (
+    CONTAINER,
+    DOCKER_PROVIDER,
+    IMAGE,
+    LOCAL_COMMAND,
+    REMOTE_COMMAND,
+    ROOT,
+    FakeCloud,
+    changed_inputs,
+    run_program,
+    strip_secrets,
+)
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
 SECRETS = {
@@ -39,21 +49,37 @@ def run():
     return run_program(prod(), SECRETS, stack="prod")
 
 
-def test_one_docker_provider_per_node_over_ssh_with_pinned_host_key(run, tmp_path):
+def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key(run):
     providers = {r.name: r for r in run.of_type(DOCKER_PROVIDER)}
     assert set(providers) == {"spark-01-docker", "spark-02-docker"}
     opts = json.loads(providers["spark-02-docker"].inputs["sshOpts"])  # provider config travels as JSON
     assert providers["spark-02-docker"].inputs["host"] == "ssh://aurora@spark-02.lan"
-    assert "StrictHostKeyChecking=yes" in opts
-    known_hosts = Path(opts[opts.index("StrictHostKeyChecking=yes") + 2].split("=", 1)[1])
-    assert known_hosts.read_text().splitlines() == [f"spark-01.lan {HOST_KEY}", f"spark-02.lan {HOST_KEY}"]
-    identity = Path(opts[opts.index("-i") + 1])
+    # No known_hosts file: the key travels in the options, so destroy and refresh work anywhere.
+    assert opts[opts.index("StrictHostKeyChecking=yes") - 1] == "-o"
+    for option in ("UserKnownHostsFile=/dev/null", "GlobalKnownHostsFile=/dev/null", "BatchMode=yes"):
+        assert option in opts
+    assert f"KnownHostsCommand=/bin/echo spark-02.lan {HOST_KEY}" in opts
+    # The key secret is written once, as ssh names it (~ is the account's home, not this machine's path).
+    assert "IdentityFile=~/.spark-vllm/spark-vllm/prod/id_spark_vllm" not in opts  # SPARK_VLLM_HOME is set here
+    identity = Path(next(o for o in opts if o.startswith("IdentityFile=")).split("=", 1)[1])
     assert identity.read_text() == SECRETS["sshPrivateKey"]
     assert stat.S_IMODE(os.stat(identity).st_mode) == 0o600
+    assert "IdentitiesOnly=yes" in opts
     # every resource on a node uses that node's provider
     for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
         node = reg.name.split("-image")[0].split("-ray")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
+    # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
+    assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {"ray-auth-token", "spark-vllm-checks-passed"}
+
+
+def test_without_spark_vllm_home_the_key_file_is_named_from_home_as_ssh_expands_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPARK_VLLM_HOME")
+    monkeypatch.setattr("components.ssh.login_home", lambda: tmp_path)
+    run_ = run_program(prod(), SECRETS, stack="prod")
+    opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
+    assert "IdentityFile=~/.spark-vllm/spark-vllm/prod/id_spark_vllm" in opts
+    assert (tmp_path / ".spark-vllm/spark-vllm/prod/id_spark_vllm").read_text() == SECRETS["sshPrivateKey"]
 
 
 def test_remote_commands_pin_the_same_host_key(run):
@@ -200,13 +226,13 @@ def test_image_ids_that_differ_between_nodes_stop_the_containers():
         run_program(prod(), SECRETS, stack="prod", mocks=Drifting())
 
 
-# --- lifecycle: what `pulumi preview` would show for a change ------------------------------------
+# --- what a change changes ---------------------------------------------------------------------
+# Under mocks: which resources' inputs a config change touches. Whether the engine then updates or
+# replaces them is the providers' call, seen through the real engine in the rehearsal (tests/e2e).
 
 
-def changes(before: dict, after: dict, secrets=SECRETS) -> dict[str, str]:
-    first = run_program(before, secrets, stack="prod")
-    second = run_program(after, secrets, stack="prod")
-    return touched(plan(first.registrations, second.registrations))
+def changes(before: dict, after: dict, secrets=SECRETS) -> dict:
+    return changed_inputs(run_program(before, secrets, stack="prod"), run_program(after, secrets, stack="prod"))
 
 
 def test_nothing_changed_means_nothing_to_do():
@@ -227,12 +253,12 @@ def test_nothing_changed_means_nothing_to_do():
 def test_a_vllm_only_change_touches_only_the_serve_steps(change):
     result = changes(prod(), prod(**change))
     assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
-    assert result["spark-vllm-serve"] == "update"  # restarted in place, no container touched
+    assert result["spark-vllm-serve"] == {"stdin"}  # new arguments, same triggers: restarted in place
 
 
 def test_an_image_change_leaves_providers_alone():
     result = changes(prod(), prod(image="hellohal2064/vllm-qwen3.5-gb10:v2"))
-    assert result["spark-01-image"] == result["spark-02-image"] == "replace"
+    assert result["spark-01-image"] == result["spark-02-image"] == {"name"}
     assert not any(name.endswith("-docker") for name in result)
 
 
@@ -252,35 +278,41 @@ def test_adding_a_node_touches_that_node_and_the_serve():
     # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?);
     # no provider, image or container of theirs is touched.
     assert others == {
-        "spark-01-preflight": "update",
-        "spark-02-preflight": "update",
-        "spark-vllm-cluster-ready": "replace",  # its triggers list every Ray container
-        "spark-vllm-serve": "update",
-        "spark-vllm-ready": "replace",
-        "spark-vllm-smoke": "replace",
+        "spark-01-preflight": {"create"},
+        "spark-02-preflight": {"create"},
+        "spark-vllm-checks-passed": {"create"},  # the gate records three nodes now
+        "spark-vllm-cluster-ready": {"stdin", "triggers"},  # its triggers list every Ray container
+        "spark-vllm-serve": {"stdin"},
+        "spark-vllm-ready": {"triggers"},
+        "spark-vllm-smoke": {"triggers"},
     }
 
 
 def test_bumping_restart_generation_restarts_vllm_only():
     vllm = {**prod()["vllm"], "restartGeneration": 1}
     result = changes(prod(), prod(vllm=vllm))
-    assert result["spark-vllm-serve"] == "replace"
+    assert "triggers" in result["spark-vllm-serve"]  # a new trigger: stopped and started again
     assert not any(name.endswith(("-ray", "-image", "-docker")) for name in result)
 
 
-def test_nodes_without_host_keys_and_remote_code_are_warned_about(caplog):
+def test_a_node_without_host_key_is_pinned_on_first_use_on_both_transports(caplog):
     cfg = prod(security={"requireHostKeys": False})
     del cfg["nodes"][1]["hostKey"]
     with caplog.at_level("WARNING"):
         run_ = run_program(cfg, SECRETS, stack="prod")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any(w.startswith("node spark-02: no hostKey") for w in warnings)
+    assert any(w.startswith("node spark-02: no hostKey, so the first `pulumi up` trusts the key") for w in warnings)
     assert not any(w.startswith("node spark-01: no hostKey") for w in warnings)
     assert any("trustRemoteCode is on" in w and "/models/Qwen3.5-122B-A10B-FP8" in w for w in warnings)
-    # the unpinned node is reached without strict checking; the pinned one keeps it
-    opts = {r.name: json.loads(r.inputs["sshOpts"]) for r in run_.of_type(DOCKER_PROVIDER)}
-    assert "StrictHostKeyChecking=yes" in opts["spark-01-docker"]
-    assert "StrictHostKeyChecking=yes" not in opts["spark-02-docker"]
+    scan = run_.named("spark-02-host-key")
+    assert scan.typ == LOCAL_COMMAND and "ssh-keyscan -T 15 -p 22 -t ed25519 spark-02.lan" in scan.inputs["create"]
+    assert not scan.inputs.get("triggers") and "update" not in scan.inputs  # read once, then kept
+    # Both transports trust what the scan read (FakeCloud answers every command with ""), nothing else.
+    opts = json.loads(run_.named("spark-02-docker").inputs["sshOpts"])
+    assert "StrictHostKeyChecking=yes" in opts and "KnownHostsCommand=/bin/echo spark-02.lan " in opts
+    assert scan.urn in run_.named("spark-02-docker").dependencies
+    assert run_.named("spark-02-preflight").inputs["connection"]["hostKey"] == ""
+    assert run_.named("spark-01-preflight").inputs["connection"]["hostKey"] == HOST_KEY
 
 
 def test_prod_requires_host_keys():
@@ -292,9 +324,40 @@ def test_prod_requires_host_keys():
         run_program(cfg, SECRETS, stack="prod")
 
 
-def test_without_an_ssh_key_secret_the_agent_is_used():
+def test_without_an_ssh_key_secret_both_transports_use_the_agent():
     secrets = {k: v for k, v in SECRETS.items() if k != "sshPrivateKey"}
     run_ = run_program(prod(), secrets, stack="prod")
     opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
-    assert "-i" not in opts
+    assert not any(o.startswith("IdentityFile=") for o in opts) and "IdentitiesOnly=yes" not in opts
     assert "privateKey" not in run_.named("spark-vllm-serve").inputs["connection"]
+
+
+@pytest.mark.parametrize(
+    ("agent", "keys", "with_key", "expected"),
+    [
+        (None, None, False, "sshPrivateKey: None and SSH_AUTH_SOCK unset"),
+        ("/tmp/stale.sock", None, True, "SSH_AUTH_SOCK='/tmp/stale.sock' — no ssh-agent answers there"),
+        ("/tmp/agent.sock", 0, False, "the ssh-agent at SSH_AUTH_SOCK='/tmp/agent.sock' holds no keys"),
+    ],
+    ids=["no-key-no-agent", "stale-agent-beside-a-key", "empty-agent"],
+)
+def test_ssh_credentials_that_would_fail_half_way_stop_the_program_first(monkeypatch, agent, keys, with_key, expected):
+    from components.ssh import SshAccessError
+
+    if agent is None:
+        monkeypatch.delenv("SSH_AUTH_SOCK")
+    else:
+        monkeypatch.setenv("SSH_AUTH_SOCK", agent)
+    monkeypatch.setattr("components.ssh.agent_key_count", lambda path: keys)
+    secrets = SECRETS if with_key else {k: v for k, v in SECRETS.items() if k != "sshPrivateKey"}
+    cloud = FakeCloud()
+    with pytest.raises(SshAccessError) as caught:
+        run_program(prod(), secrets, stack="prod", mocks=cloud)
+    assert cloud.created == []
+    assert expected in str(caught.value) and "Fix:" in str(caught.value)
+
+
+def test_a_key_and_a_live_agent_together_are_fine_and_the_key_wins():
+    run_ = run_program(prod(), SECRETS, stack="prod")  # the fixture's agent holds a key
+    opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
+    assert "IdentitiesOnly=yes" in opts  # ssh offers only the key; pulumi-command tries it before the agent

@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from tests.harness import FakeCloud, run_program
-from tests.lifecycle import CONTAINER, IMAGE, plan, touched
+from tests.harness import CONTAINER, IMAGE, FakeCloud, changed_inputs, run_program
 from tests.program.test_program import SECRETS, prod
 
 STAGING = "organization/spark-vllm/staging"
@@ -88,14 +87,15 @@ def test_setting_image_or_model_beside_promote_from_is_refused():
 def test_promoting_a_new_release_changes_exactly_what_it_changes():
     first = run_promoted(release())
     second = run_promoted(release(engine={**release()["engine"], "maxModelLen": 8192}))
-    assert touched(plan(first.registrations, second.registrations)) == {
-        "spark-vllm-serve": "update",
-        "spark-vllm-ready": "replace",
-        "spark-vllm-smoke": "replace",
+    # vLLM's arguments change (serve's stdin), readiness and smoke run again (their triggers)
+    assert changed_inputs(first, second) == {
+        "spark-vllm-serve": {"stdin"},
+        "spark-vllm-ready": {"triggers"},
+        "spark-vllm-smoke": {"triggers"},
     }
     rollback = run_promoted(release(image="hellohal2064/vllm-qwen3.5-gb10@sha256:" + "34" * 32))
-    changed = touched(plan(first.registrations, rollback.registrations))
-    assert changed["spark-01-image"] == changed["spark-02-image"] == "replace"
+    changed = changed_inputs(first, rollback)
+    assert changed["spark-01-image"] == changed["spark-02-image"] == {"name"}
     assert not any(name.endswith("-docker") for name in changed)
 
 

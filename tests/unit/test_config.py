@@ -104,6 +104,12 @@ BAD = [
         config(nodes__0__hostKey="ssh-ed25519 AAAA; rm -rf /"),
         "nodes[0].hostKey: 'ssh-ed25519 AAAA; rm -rf /' — expected a public host key line",
     ),
+    (
+        config(nodes__0__hostKey="ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ"),
+        "nodes[0].hostKey: 'ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ' — an ed25519 (or ecdsa) key: an ssh-rsa host key "
+        "makes the remote commands offer SHA-1 RSA, which OpenSSH 8.8 and later refuse (get the ed25519 one: "
+        "`ssh-keyscan -t ed25519 HOST`)",
+    ),
     (config(head="spark-09"), "head: 'spark-09' — one of the node names ['spark-01', 'spark-02']"),
     (
         config(tensorParallelSize=4),

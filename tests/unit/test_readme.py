@@ -16,6 +16,27 @@ def test_config_reference_matches_the_models():
     assert generated in README, "run: venv/bin/python scripts/config_reference.py --write"
 
 
+def test_pulumi_yaml_declares_the_models_config():
+    generated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "config_reference.py"), "--project"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert generated in (ROOT / "Pulumi.yaml").read_text(), "run: venv/bin/python scripts/config_reference.py --write"
+    import yaml
+
+    declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
+    assert declared["nodes"] == {
+        "type": "array",
+        "items": {"type": "object"},
+        "description": declared["nodes"]["description"],
+    }
+    assert declared["tensorParallelSize"]["default"] == 1 and declared["vllm"]["default"] == {}
+    assert "gpuMemoryUtilization" in declared["vllm"]["description"]
+    assert "image" not in declared  # optional without a default: Pulumi would require it
+
+
 def test_every_config_key_of_the_design_is_documented():
     for key in ("nodes[].fabricAddress", "nodes[].fabricInterface", "nodes[].rdmaDevices", "head", "image", "model",
                 "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "promoteFrom", "apiKey", "hfToken",

@@ -145,18 +145,6 @@ def test_delete_is_safe_when_the_container_is_gone(tmp_path):
     assert record.read_text().splitlines() == ["inspect --type container gone"]
 
 
-def test_known_hosts_lines_use_bracket_form_for_other_ports():
-    raw = config(
-        nodes__0__hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA1",
-        nodes__1__hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA2",
-        nodes__1__sshPort=2222,
-    )
-    assert render.known_hosts_lines(load_cluster_config(raw)) == [
-        "10.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA1",
-        "[10.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA2",
-    ]
-
-
 def test_docker_host_url():
     raw = config(nodes__1__user="aurora", nodes__1__sshPort=2222)
     nodes = load_cluster_config(raw).nodes
