@@ -1,16 +1,45 @@
-"""Fixtures of the rehearsal: simulated nodes, the image, and a deployment engine per cluster."""
+"""Fixtures of the rehearsal: simulated nodes with their registry, the image in it, and stacks driven
+by the real Pulumi CLI (tests/e2e/stack.py)."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from tests.e2e import nodes as simnodes
-from tests.e2e.engine import Deployment
-from tests.e2e.image.build import ensure_image
+from tests.e2e.image.build import publish
 from tests.e2e.rehearsal import CACHE_DIR, make_model
+from tests.e2e.stack import RehearsalStack, cli_missing
+from tests.ssh_agent import ssh_agent
 
-sim_cluster = simnodes.sim_cluster_fixture(2, scope="module", name="sim_cluster")
-sim_cluster3 = simnodes.sim_cluster_fixture(3, scope="module", name="sim_cluster3")
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    """One registry for every simulated site of the session (staging and prod pull from the same one)."""
+    reason = simnodes.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    simnodes.cleanup_stale()
+    with simnodes.create_registry(tmp_path_factory.mktemp("registry"), CACHE_DIR / "registry") as created:
+        yield created
+
+
+def _cluster(count, registry, tmp_path_factory):
+    with simnodes.simulated_nodes(count, tmp_path_factory.mktemp("simnodes"), registry=registry) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def sim_cluster(registry, tmp_path_factory):
+    yield from _cluster(2, registry, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def sim_cluster3(registry, tmp_path_factory):
+    yield from _cluster(3, registry, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -18,21 +47,44 @@ def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("rehearsal-models"))
 
 
-def _deployment(cluster, tmp_path_factory, stack="rehearsal") -> tuple[Deployment, object]:
-    image = ensure_image(CACHE_DIR, cluster.nodes[0].docker_host)
-    workdir = tmp_path_factory.mktemp(f"engine-{stack}")
-    return Deployment(workdir, {image.ref: image.archive}, stack=stack), image
+def _image(cluster):
+    return publish(CACHE_DIR, cluster.registry.address, cluster.nodes[0].docker_host)
 
 
 @pytest.fixture(scope="module")
-def rehearsal(sim_cluster, tmp_path_factory):
-    deployment, image = _deployment(sim_cluster, tmp_path_factory)
-    yield deployment, image
-    deployment.destroy()  # whatever a test left behind
+def image(sim_cluster):
+    return _image(sim_cluster)
 
 
 @pytest.fixture(scope="module")
-def rehearsal3(sim_cluster3, tmp_path_factory):
-    deployment, image = _deployment(sim_cluster3, tmp_path_factory)
-    yield deployment, image
-    deployment.destroy()
+def image3(sim_cluster3):
+    return _image(sim_cluster3)
+
+
+@pytest.fixture(scope="module")
+def ssh_agent3(sim_cluster3, tmp_path_factory):
+    with ssh_agent(tmp_path_factory.mktemp("agent"), keys=(sim_cluster3.client_key_path,)) as sock:
+        yield sock
+
+
+@pytest.fixture(scope="module")
+def new_stack(tmp_path_factory):
+    """A factory of stacks on their own deploying machines; each is destroyed at the end of the module."""
+    reason = cli_missing()
+    if reason:
+        pytest.fail(reason)  # setup builds it; a rehearsal without the real CLI would prove nothing
+    made: list[RehearsalStack] = []
+
+    def make(stack: str = "rehearsal", **kwargs) -> RehearsalStack:
+        created = RehearsalStack(tmp_path_factory.mktemp(f"deployer-{next(_counter)}"), stack, **kwargs)
+        created.init()
+        made.append(created)
+        return created
+
+    yield make
+    for created in reversed(made):
+        try:
+            if created.config_file.exists():
+                created.destroy()
+        except Exception as error:  # noqa: BLE001 - the nodes go away with the module anyway
+            print(f"cleanup destroy of {created.stack}: {error}")

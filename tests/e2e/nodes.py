@@ -10,7 +10,13 @@ Each simulated node is a Linux network namespace holding:
   ``DOCKER_HOST=unix://<node socket>`` so ``docker -H ssh://root@<mgmt_ip>`` (what the Pulumi
   docker provider does: ``ssh … docker system dial-stdio``) reaches that node's own daemon;
 * a ``dockerd`` started with ``nsenter --net=…`` (not ``ip netns exec``: that remounts /sys and
-  hides the cgroup mounts), so ``--network host`` containers see exactly the node's interfaces.
+  hides the cgroup mounts), so ``--network host`` containers see exactly the node's interfaces;
+
+and an image registry (Debian's ``docker-registry``, the distribution registry) on an address of
+the host's own (``10.76.<j>.1:5000`` on a link of its own, plain HTTP, which every node's dockerd lists as
+an insecure registry), so nodes pull images the way real nodes pull from a registry. Nodes reach it
+through the host, their gateway; several clusters can share one (a staging and a prod site pulling
+from the same registry), or a cluster brings its own.
 
 Everything a cluster creates carries its id (``<prefix><4 random chars>``, e.g. ``svrx7k2``) in
 its name or path, which is how :meth:`SimCluster.close` and :func:`cleanup_stale` find it again.
@@ -26,6 +32,7 @@ Needs root, iproute2, nsenter, dockerd/docker, sshd/ssh/ssh-keygen; iptables is 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -50,7 +57,9 @@ RUN_ROOT = Path("/run")
 SSHD_PRIVSEP_DIR = Path("/run/sshd")
 CONTAINERD_SHIM_SOCKETS = "/run/containerd/s/"
 SYSTEM_CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
-REQUIRED_TOOLS = ("ip", "nsenter", "umount", "dockerd", "docker", "sshd", "ssh", "ssh-keygen")
+REQUIRED_TOOLS = ("ip", "nsenter", "umount", "dockerd", "docker", "sshd", "ssh", "ssh-keygen", "docker-registry")
+REGISTRY_PREFIX = "10.76"
+REGISTRY_PORT = 5000
 
 
 class SimNodeError(RuntimeError):
@@ -225,6 +234,8 @@ class SimCluster:
     workdir: Path
     nodes: list[SimNode] = field(default_factory=list)
     iptables_rules: list[list[str]] = field(default_factory=list)
+    registry: SimRegistry | None = None
+    _owns_registry: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     # naming / paths --------------------------------------------------------------------------
@@ -394,6 +405,11 @@ class SimCluster:
         for node in self.nodes:
             node._sshd = node._dockerd = None
         errors = _purge(self.cluster_id, extra_dirs=[self.state_dir, *(n.state_dir for n in self.nodes)])
+        if self._owns_registry and self.registry is not None:
+            try:
+                self.registry.close()
+            except SimNodeError as error:
+                errors.append(str(error))
         if errors:
             raise SimNodeError("teardown left things behind:\n  " + "\n  ".join(errors))
 
@@ -402,6 +418,113 @@ class SimCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class SimRegistry:
+    """An image registry on an address of the host's own (a link of its own), for one or more clusters."""
+
+    registry_id: str
+    subnet: int  # the <j> in 10.76.<j>.1
+    workdir: Path
+    storage: Path
+    _process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def host(self) -> str:
+        return f"{REGISTRY_PREFIX}.{self.subnet}.1"
+
+    @property
+    def address(self) -> str:
+        """host:port, as image references name the registry."""
+        return f"{self.host}:{REGISTRY_PORT}"
+
+    @property
+    def link(self) -> str:
+        return f"{self.registry_id}-r"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / self.registry_id
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_ROOT / self.registry_id
+
+    @property
+    def config(self) -> Path:
+        return self.state_dir / "registry.yml"
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / "registry.log"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            _stop_process(self._process, None, 5)
+        errors = _purge(self.registry_id, extra_dirs=[self.state_dir])
+        if errors:
+            raise SimNodeError("registry teardown left things behind:\n  " + "\n  ".join(errors))
+
+    def __enter__(self) -> SimRegistry:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def create_registry(
+    workdir: Path, storage: Path | None = None, *, prefix: str = PREFIX, timeout: float = 30
+) -> SimRegistry:
+    """A registry at 10.76.<j>.1:5000 keeping its images in ``storage`` (a cache that may outlive it;
+    default: its own state directory, removed with it)."""
+    rid, j = _pick_identity(prefix)
+    workdir = Path(workdir).resolve()
+    registry = SimRegistry(registry_id=rid, subnet=j, workdir=workdir, storage=Path(storage or workdir / rid / "data"))
+    try:
+        registry.run_dir.mkdir(parents=True, exist_ok=False)
+        pid = os.getpid()
+        (registry.run_dir / "owner").write_text(f"{pid} {_proc_start_time(pid)}\n")
+        registry.state_dir.mkdir(parents=True, exist_ok=True)
+        registry.storage.mkdir(parents=True, exist_ok=True)
+        # A veth pair only to hold the address (the dummy driver is not on every kernel).
+        _run(["ip", "link", "add", registry.link, "type", "veth", "peer", "name", f"{registry.link}p"])
+        _run(["ip", "addr", "add", f"{registry.host}/32", "dev", registry.link])
+        for link in (registry.link, f"{registry.link}p"):
+            _run(["ip", "link", "set", link, "up"])
+        registry.config.write_text(
+            "\n".join(
+                [
+                    "version: 0.1",
+                    "log: {level: warn}",
+                    f"storage: {{filesystem: {{rootdirectory: {json.dumps(str(registry.storage))}}}}}",
+                    f"http: {{addr: {json.dumps(registry.address)}}}",
+                    "",
+                ]
+            )
+        )
+        log = open(registry.log, "ab")
+        # The config path carries the registry id, which is how the sweep finds a leftover one.
+        registry._process = subprocess.Popen(
+            [_tool("docker-registry"), "serve", str(registry.config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        up = _wait_for(lambda: _tcp_open(registry.host, REGISTRY_PORT) or _exited(registry._process), timeout)
+        if not up or _exited(registry._process):
+            raise SimNodeError(f"the registry at {registry.address} did not come up:\n{_tail(registry.log)}")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            registry.close()
+        raise
+    return registry
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,7 +552,9 @@ def _pick_identity(prefix: str) -> tuple[str, int]:
     for _ in range(100):
         cid = prefix + "".join(secrets.choice(alphabet) for _ in range(4))
         k = random.randint(1, 254)
-        if cid in used or f"{MGMT_PREFIX}.{k}." in used or f"{FABRIC_PREFIX}.{k}." in used:
+        if any(
+            part in used for part in (cid, f"{MGMT_PREFIX}.{k}.", f"{FABRIC_PREFIX}.{k}.", f"{REGISTRY_PREFIX}.{k}.")
+        ):
             continue
         return cid, k
     raise SimNodeError("could not find an unused cluster id / subnet")
@@ -503,6 +628,10 @@ def _create_netns(cluster: SimCluster, node: SimNode, default_route: bool) -> No
         _run(["ip", "link", "set", host_if, "master", bridge, "up"])
         _run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", ns_if])
         _run(["ip", "-n", ns, "link", "set", ns_if, "up"])
+    if cluster.registry is not None:
+        # The registry is an address of the host's: through the host, as a real node's registry is
+        # through its gateway.
+        _run(["ip", "-n", ns, "route", "add", f"{cluster.registry.host}/32", "via", cluster.host_mgmt_ip])
     if default_route:
         # Like a real node: the default route leaves through management. This is what makes
         # vLLM/Ray pick the wrong address when VLLM_HOST_IP / --node-ip-address are missing.
@@ -558,8 +687,9 @@ def _write_node_config(cluster: SimCluster, node: SimNode) -> None:
             ]
         )
     )
-    # An explicit (empty) daemon.json keeps /etc/docker/daemon.json from leaking into the nodes.
-    node.dockerd_config.write_text("{}\n")
+    # An explicit daemon.json keeps /etc/docker/daemon.json from leaking into the nodes.
+    insecure = [cluster.registry.address] if cluster.registry else []
+    node.dockerd_config.write_text(json.dumps({"insecure-registries": insecure}) + "\n")
 
 
 def _spawn_sshd(node: SimNode) -> None:
@@ -676,12 +806,21 @@ def _write_client_config(cluster: SimCluster) -> None:
 
 
 def create_cluster(
-    count: int, workdir: Path, *, prefix: str = PREFIX, default_route: bool = True, timeout: float = 90
+    count: int,
+    workdir: Path,
+    *,
+    prefix: str = PREFIX,
+    default_route: bool = True,
+    timeout: float = 90,
+    registry: SimRegistry | None = None,
+    registry_storage: Path | None = None,
 ) -> SimCluster:
     """Bring up ``count`` nodes; on any failure tear down what was built and re-raise.
 
     ``default_route``: give each node a default route via the host's management address, like
-    a real node (nothing is forwarded beyond the bridge).
+    a real node (nothing is forwarded beyond the bridge). ``registry``: the registry the nodes
+    pull from (shared with other clusters); without one the cluster brings its own, which keeps
+    its images in ``registry_storage`` (default: the cluster's state directory).
     """
     if count < 1 or count > 200:
         raise ValueError("count must be between 1 and 200")
@@ -689,7 +828,7 @@ def create_cluster(
     if missing:
         raise SimNodeError(f"simulated nodes need: {', '.join(missing)}")
     cid, k = _pick_identity(prefix)
-    cluster = SimCluster(cluster_id=cid, subnet=k, workdir=Path(workdir).resolve())
+    cluster = SimCluster(cluster_id=cid, subnet=k, workdir=Path(workdir).resolve(), registry=registry)
     cluster.nodes = [
         SimNode(
             name=f"node-{i}",
@@ -703,6 +842,9 @@ def create_cluster(
     ]
     try:
         _claim(cluster)
+        if cluster.registry is None:
+            cluster.registry = create_registry(cluster.workdir, registry_storage, prefix=prefix)
+            cluster._owns_registry = True
         _write_client_material(cluster)
         _create_bridges(cluster)
         _add_iptables_rules(cluster)

@@ -5,11 +5,13 @@
     sudo ./rehearse --keep           # leave the cluster up to explore …
     sudo ./rehearse teardown         # … and remove it afterwards
 
-Each node is a network namespace with its own sshd and dockerd (tests/e2e/nodes.py), the image
-is built locally with a real Ray and a stand-in for vLLM (tests/e2e/image, tests/e2e/standin), and
-the program runs under Pulumi's mocks with every resource carried out for real
-(tests/e2e/engine.py). No GPU, no weights, no registry, no Pulumi engine: it proves the generated
-commands, containers and waits work together; `pulumi up` on real hosts is what users run.
+It runs what the README tells a user to run — `pulumi login`, `pulumi stack init`, `pulumi config
+set --secret …`, `pulumi preview --diff`, `pulumi up`, one chat request, `pulumi destroy` — with the
+real Pulumi CLI and engine (built from Go modules by scripts/toolchain.sh, tests/e2e/stack.py) on
+simulated nodes: each a network namespace with its own sshd and dockerd (tests/e2e/nodes.py), pulling
+from a registry on the host. The image is built locally with a real Ray and a stand-in for vLLM
+(tests/e2e/image, tests/e2e/standin); the docker and command provider plugins are stand-ins too
+(tests/e2e/providers: neither can be built here). No GPU, no weights.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from tests.e2e import nodes as simnodes
-from tests.e2e.engine import Deployment, Operation
-from tests.e2e.image.build import ensure_image
+from tests.e2e.image.build import publish
+from tests.e2e.stack import RehearsalStack, Run, cli_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"
@@ -69,9 +71,15 @@ def rehearsal_config(
     model: Path,
     *,
     pipeline_parallel: bool = False,
+    pin_host_keys: bool = True,
+    key_secret: bool = True,
     **overrides: Any,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Stack config and secrets for the simulated nodes: management and fabric addresses differ, as on Sparks."""
+    """Stack config and secrets for the simulated nodes: management and fabric addresses differ, as on Sparks.
+
+    The staging/prod way by default (host keys pinned and required, the SSH key as a secret); the dev
+    way with `pin_host_keys=False` (trust on first use) and `key_secret=False` (an ssh-agent).
+    """
     count = len(cluster.nodes)
     config: dict[str, Any] = {
         "nodes": [
@@ -81,7 +89,7 @@ def rehearsal_config(
                 "user": "root",
                 "fabricAddress": node.fabric_ip,
                 "fabricInterface": node.fabric_interface,
-                "hostKey": node.host_key,
+                **({"hostKey": node.host_key} if pin_host_keys else {}),
             }
             for node in cluster.nodes
         ],
@@ -95,52 +103,37 @@ def rehearsal_config(
         "container": {"gpus": False, "shmSizeMb": 256, "ulimits": sandbox_ulimits()},
         "ray": {"dashboard": False, "joinTimeoutSeconds": 120},
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180},
-        "security": {"requireHostKeys": True},
+        "security": {"requireHostKeys": pin_host_keys},
     }
     config.update(overrides)
-    return config, {
-        "apiKey": "sk-rehearsal-" + secrets.token_hex(12),
-        "hfToken": "hf_rehearsal_" + secrets.token_hex(12),
-        "sshPrivateKey": cluster.client_key_private,
-    }
+    values = {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "hfToken": "hf_rehearsal_" + secrets.token_hex(12)}
+    if key_secret:
+        values["sshPrivateKey"] = cluster.client_key_private
+    return config, values
 
 
-@dataclass
-class StageClock:
-    """Wall-clock windows of the engine's operations, grouped into the stages users wait for."""
+STAGES = {
+    "image on every node": lambda e: e.type.endswith("RemoteImage"),
+    "node checks (preflight, model fingerprint)": lambda e: e.name.endswith(
+        ("-preflight", "-model-fingerprint", "-gpu-check")
+    ),
+    "Ray formation (containers → all nodes joined)": lambda e: e.name.endswith("-cluster-ready"),
+    "vLLM start → ready": lambda e: e.name.endswith("-ready") and "cluster" not in e.name,
+    "smoke test": lambda e: e.name.endswith("-smoke"),
+}
 
-    started: float
-    marks: list[tuple[Operation, float]]
 
-    @classmethod
-    def start(cls) -> StageClock:
-        return cls(time.monotonic(), [])
-
-    def record(self, operation: Operation) -> None:
-        self.marks.append((operation, time.monotonic()))
-
-    def finished(self, predicate) -> Optional[float]:
-        ends = [end for op, end in self.marks if predicate(op)]
-        return max(ends) if ends else None
-
-    def stages(self) -> dict[str, Optional[float]]:
-        """Seconds from the end of one stage to the end of the next: they add up to the deploy time."""
-        ends = {
-            "image on every node": self.finished(lambda op: op.typ.endswith("RemoteImage")),
-            "node checks (preflight, model fingerprint)": self.finished(
-                lambda op: op.name.endswith(("-preflight", "-model-fingerprint", "-gpu-check"))
-            ),
-            "Ray formation (containers → all nodes joined)": self.finished(
-                lambda op: op.name.endswith("-cluster-ready")
-            ),
-            "vLLM start → ready": self.finished(lambda op: op.name.endswith("-ready") and "cluster" not in op.name),
-            "smoke test": self.finished(lambda op: op.name.endswith("-smoke")),
-        }
-        result, previous = {}, self.started
-        for stage, end in ends.items():
-            result[stage] = None if end is None else end - previous
-            previous = end if end is not None else previous
-        return result
+def stage_times(run: Run) -> dict[str, Optional[float]]:
+    """Seconds from the end of one stage to the end of the next (they add up to the deploy time),
+    from the moments the engine reported each resource done."""
+    started = min((e.started for e in run.resources.values()), default=0.0)
+    result, previous = {}, started
+    for stage, belongs in STAGES.items():
+        ends = [e.finished for e in run.resources.values() if belongs(e) and e.finished is not None]
+        end = max(ends) if ends else None
+        result[stage] = None if end is None else end - previous
+        previous = end if end is not None else previous
+    return result
 
 
 def request(url: str, api_key: Optional[str] = None, body: Optional[dict] = None, timeout: float = 30) -> tuple:
@@ -167,11 +160,11 @@ def chat(endpoint: str, api_key: str, model: str) -> dict:
     return answer
 
 
-def _print_stages(title: str, clock: StageClock) -> None:
+def _print_stages(title: str, run: Run) -> None:
     print(f"\n{title}")
-    for stage, seconds in clock.stages().items():
+    for stage, seconds in stage_times(run).items():
         print(f"  {stage:<48} {'-' if seconds is None else f'{seconds:6.1f} s'}")
-    print(f"  {'total':<48} {time.monotonic() - clock.started:6.1f} s")
+    print(f"  {'pulumi up (engine and program start included)':<48} {run.seconds:6.1f} s")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -187,32 +180,41 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     if args.action == "teardown":
         return teardown(args.workdir)
-    problem = simnodes.skip_reason()
+    problem = simnodes.skip_reason() or cli_missing()
     if problem:
-        print(f"rehearse: cannot simulate nodes here: {problem}", file=sys.stderr)
+        print(f"rehearse: cannot rehearse here: {problem}", file=sys.stderr)
         return 2
-    clock = StageClock.start()
     build_started = time.monotonic()
-    cluster = simnodes.create_cluster(args.nodes, args.workdir / "nodes")
+    # New simulated nodes: a state left by an earlier, interrupted run describes nodes that are gone.
+    shutil.rmtree(args.workdir / "deployer", ignore_errors=True)
+    cluster = simnodes.create_cluster(args.nodes, args.workdir / "nodes", registry_storage=CACHE_DIR / "registry")
     try:
-        image = ensure_image(CACHE_DIR, cluster.nodes[0].docker_host)
+        image = publish(CACHE_DIR, cluster.registry.address, cluster.nodes[0].docker_host)
         print(
-            f"{args.nodes} simulated nodes and image {image.ref} ({'built' if image.built else 'cached'}) "
-            f"ready in {time.monotonic() - build_started:.1f} s"
+            f"{args.nodes} simulated nodes and image {image.ref} ({'built' if image.built else 'cached'}, "
+            f"in the cluster's registry) ready in {time.monotonic() - build_started:.1f} s"
         )
-        deployment = Deployment(args.workdir, {image.ref: image.archive}, on_operation=_progress(clock))
-        # New simulated nodes: a state left by an earlier, interrupted run describes nodes that are gone.
-        deployment.state_path.unlink(missing_ok=True)
+        stack = RehearsalStack(args.workdir / "deployer", "rehearsal", echo=print)
         config, secret_values = rehearsal_config(
             cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
         )
-        clock.started = time.monotonic()  # the deploy itself; bring-up and image build are printed above
-        run, _ = deployment.up(config, secret_values)
-        endpoint = run.exports["endpoint"]
-        answer = chat(endpoint, secret_values["apiKey"], run.exports["servedModelName"])
-        _print_stages("deployed:", clock)
-        print(f"\nendpoint {endpoint} answered: {answer['choices'][0]['message']['content']!r}")
-        print(f"smoke test output: {run.exports['smoke']}")
+        _say("pulumi login && pulumi stack init rehearsal")
+        stack.init()
+        _say("pulumi config set --secret apiKey / hfToken / sshPrivateKey (+ the stack file)")
+        stack.configure(config, secret_values)
+        _say("pulumi preview --diff")
+        stack.preview()
+        _say("pulumi up --yes")
+        run = stack.up()
+        endpoint = run.outputs["endpoint"]
+        _say(f"one chat request to {endpoint}")
+        answer = chat(endpoint, secret_values["apiKey"], run.outputs["servedModelName"])
+        print(f"answered: {answer['choices'][0]['message']['content']!r}")
+        _print_stages("deployed:", run)
+        print(f"smoke test output: {run.outputs['smoke']}")
+        versions = stack.versions()
+        print(f"Pulumi CLI {versions.pop('pulumi')} (built from Go modules); provider plugins: ", end="")
+        print(", ".join(f"{name} {version} (stand-in, tests/e2e/providers)" for name, version in versions.items()))
         if args.keep:
             (args.workdir / "api-key").write_text(secret_values["apiKey"])
             print(
@@ -221,32 +223,28 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"  ssh -F {cluster.ssh_config_path} root@{cluster.nodes[0].mgmt_ip} docker ps")
             print("remove it with: sudo ./rehearse teardown")
             return 0
-        destroy_clock = StageClock.start()
-        deployment.destroy()
-        print(f"destroyed in {time.monotonic() - destroy_clock.started:.1f} s")
+        _say("pulumi destroy --yes")
+        destroyed = stack.destroy()
+        print(f"destroyed in {destroyed.seconds:.1f} s")
         return 0
     finally:
         if not args.keep:
             cluster.close()
 
 
-def _progress(clock: StageClock):
-    def report(operation: Operation) -> None:
-        clock.record(operation)
-        if operation.action != "same":
-            print(f"  {operation.action:<8} {operation.name:<28} {operation.seconds:6.1f} s", flush=True)
-
-    return report
+def _say(step: str) -> None:
+    print(f"\n=== {step}", flush=True)
 
 
 def teardown(workdir: Path) -> int:
-    deployment = Deployment(workdir, {})
-    if deployment.state_path.exists():
+    deployer = workdir / "deployer"
+    if (deployer / "project").exists() and not cli_missing():
         try:
-            deployment.destroy()
+            RehearsalStack(deployer, "rehearsal", echo=print).destroy()
         except Exception as error:  # nodes may already be gone; removing them below still cleans up
             print(f"destroy: {error}", file=sys.stderr)
     removed = simnodes.cleanup_stale(force=True)
+    shutil.rmtree(deployer, ignore_errors=True)
     print(f"removed simulated clusters: {removed or 'none'}")
     return 0
 

@@ -1,8 +1,8 @@
-"""The rehearsal: deploy, change and destroy the real program on simulated nodes.
+"""The rehearsal: the README's `pulumi` commands, run by the real CLI and engine on simulated nodes.
 
-Runs as root in CI with no skips (tests/e2e/conftest.py skips with the reason elsewhere). The
-tests in this module share one deployment and run in order: deploy → no-op → vLLM-only change →
-destroy; then a bad config and a node fault on the same nodes.
+Runs as root in CI with no skips (tests/e2e/conftest.py fails without the CLI). The tests in this
+module share one deployment and run in order: deploy → no-op → vLLM-only change → drift → destroy
+from a fresh clone; then a bad config and node faults on the same nodes.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError
-from tests.e2e.engine import Deployment, ResourceError
 from tests.e2e.rehearsal import chat, rehearsal_config, request
+from tests.e2e.stack import StackError
 
 pytestmark = pytest.mark.e2e
 
@@ -24,6 +23,7 @@ RAY_NODES = (
     "import json, ray; ray.init(address='auto', logging_level='ERROR'); "
     "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
 )
+SERVE_STEPS = {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke"}
 
 
 def container_ids(cluster) -> dict[str, str]:
@@ -31,6 +31,10 @@ def container_ids(cluster) -> dict[str, str]:
         node.name: cluster.docker(node, "ps", "-q", "--no-trunc", "--filter", "label=spark-vllm.node").stdout.strip()
         for node in cluster.nodes
     }
+
+
+def no_containers(cluster) -> bool:
+    return all(cluster.docker(node, "ps", "-aq").stdout.strip() == "" for node in cluster.nodes)
 
 
 def netns_processes(cluster, words=("raylet", "gcs_server", "vllm", "ray start", "standin")) -> list[str]:
@@ -50,11 +54,20 @@ def netns_processes(cluster, words=("raylet", "gcs_server", "vllm", "ray start",
 
 
 @pytest.fixture(scope="module")
-def deployed(sim_cluster, rehearsal, model_dir):
-    deployment, image = rehearsal
+def deployed(sim_cluster, image, model_dir, new_stack):
+    stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
-    run, operations = deployment.up(config, secrets)
-    return {"config": config, "secrets": secrets, "run": run, "operations": operations}
+    stack.configure(config, secrets)
+    preview = stack.preview()
+    run = stack.up()
+    return {"stack": stack, "config": config, "secrets": secrets, "preview": preview, "run": run}
+
+
+def test_the_first_preview_creates_everything_and_touches_nothing(sim_cluster, deployed):
+    preview = deployed["preview"]
+    assert set(preview.changed.values()) == {"create"}
+    assert {"node-1-ray", "node-2-ray", "spark-vllm-serve"} <= set(preview.changed)
+    assert set(deployed["run"].changed) == set(preview.changed)  # up did what the preview said
 
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
@@ -63,17 +76,19 @@ def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_clu
     assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster.nodes)
     assert not {node.mgmt_ip for node in sim_cluster.nodes} & set(alive)
 
-    run, key = deployed["run"], deployed["secrets"]["apiKey"]
-    endpoint = run.exports["endpoint"]
+    outputs, key = deployed["run"].outputs, deployed["secrets"]["apiKey"]
+    endpoint = outputs["endpoint"]
     assert endpoint == f"http://{head.mgmt_ip}:8000/v1"
     status, models = request(f"{endpoint}/models", key)
-    assert status == 200 and [m["id"] for m in models["data"]] == [run.exports["servedModelName"]]
-    answer = chat(endpoint, key, run.exports["servedModelName"])
+    assert status == 200 and [m["id"] for m in models["data"]] == [outputs["servedModelName"]]
+    answer = chat(endpoint, key, outputs["servedModelName"])
     assert answer["choices"][0]["message"]["content"]
     assert request(f"{endpoint}/models")[0] == 401
     assert request(f"{endpoint}/models", "wrong-key")[0] == 401
-    assert run.exports["smoke"]["completionTokens"] > 0
-    assert run.exports["release"]["validated"] is True
+    assert outputs["smoke"]["completionTokens"] > 0
+    assert outputs["release"]["validated"] is True
+    # pulled from the registry: the release names the image by its repo digest
+    assert outputs["release"]["image"].startswith(f"{sim_cluster.registry.address}/spark-vllm-rehearsal@sha256:")
 
 
 def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_on_it(sim_cluster, deployed):
@@ -95,195 +110,264 @@ def test_ray_refuses_a_client_without_the_token(sim_cluster, deployed):
     assert "RAY_AUTH_MODE=token" in env
 
 
-def test_no_secret_is_on_any_command_line(deployed):
-    secrets = [deployed["secrets"]["apiKey"], deployed["secrets"]["hfToken"]]
+def test_no_secret_is_on_any_command_line_in_any_output_or_in_the_stored_state(deployed):
+    stack, values = deployed["stack"], deployed["secrets"]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        for secret in secrets:
-            assert secret not in cmdline, f"pid {pid}: {cmdline[:80]}"
-    assert all(secret not in json.dumps(deployed["run"].exports) for secret in secrets)
+        for secret in values.values():
+            assert secret.strip() not in cmdline, f"pid {pid}: {cmdline[:80]}"
+    exported = stack.export()
+    config_file = stack.config_file.read_text()
+    outputs = json.dumps(stack.outputs())
+    cli_output = deployed["run"].output + deployed["preview"].output
+    key_body = values["sshPrivateKey"].strip().splitlines()[1]
+    for secret in (values["apiKey"], values["hfToken"], key_body):
+        assert secret not in exported
+        assert secret not in config_file
+        assert secret not in outputs
+        assert secret not in cli_output
+    assert "ciphertext" in exported  # the secrets are there, encrypted
 
 
-def test_a_second_up_with_nothing_changed_does_nothing(sim_cluster, rehearsal, deployed):
-    deployment, _ = rehearsal
+def test_a_second_preview_and_up_with_nothing_changed_change_nothing(sim_cluster, deployed):
+    stack = deployed["stack"]
     before = container_ids(sim_cluster)
-    _, operations = deployment.up(deployed["config"], deployed["secrets"])
-    assert {op.action for op in operations} == {"same"}, [op for op in operations if op.action != "same"]
+    preview = stack.preview()
+    assert preview.changed == {}, preview.changed
+    assert set(preview.change_summary) == {"same"}
+    run = stack.up()
+    assert run.changed == {}, run.changed
     assert container_ids(sim_cluster) == before
 
 
-def test_a_vllm_only_change_keeps_every_ray_container(sim_cluster, rehearsal, deployed):
-    deployment, _ = rehearsal
+def test_a_max_model_len_edit_previews_exactly_the_serve_steps_and_keeps_every_ray_container(sim_cluster, deployed):
+    stack = deployed["stack"]
     before = container_ids(sim_cluster)
-    config = {**deployed["config"], "maxModelLen": 2048}
-    run, operations = deployment.up(config, deployed["secrets"])
-    changed = {op.name: op.action for op in operations if op.action != "same"}
-    # vLLM restarted in place; readiness and smoke test ran again; nothing else was touched
-    assert changed == {"spark-vllm-serve": "update", "spark-vllm-ready": "replace", "spark-vllm-smoke": "replace"}
+    stack.configure({**deployed["config"], "maxModelLen": 2048}, deployed["secrets"])
+    preview = stack.preview()
+    assert preview.changed == {
+        "spark-vllm-serve": "update",
+        "spark-vllm-ready": "replace",
+        "spark-vllm-smoke": "replace",
+    }
+    run = stack.up()
+    assert run.changed == preview.changed
     assert container_ids(sim_cluster) == before
-    status, models = request(f"{run.exports['endpoint']}/models", deployed["secrets"]["apiKey"])
+    status, models = request(f"{run.outputs['endpoint']}/models", deployed["secrets"]["apiKey"])
     assert status == 200 and models["data"][0]["max_model_len"] == 2048
+    deployed["config"]["maxModelLen"] = 2048
 
 
-def test_destroy_leaves_no_container_or_process(sim_cluster, rehearsal, deployed):
-    deployment, _ = rehearsal
-    operations = deployment.destroy()
-    names = [op.name for op in operations]
+def test_refresh_shows_a_container_removed_by_hand_and_the_next_up_repairs_it(sim_cluster, deployed):
+    stack = deployed["stack"]
+    worker = sim_cluster.nodes[1]
+    sim_cluster.docker(worker, "rm", "-f", "spark-vllm-ray-node-2")
+    refreshed = stack.refresh()
+    assert refreshed.changed.get("node-2-ray") == "delete", refreshed.changed  # gone from the state
+    assert "node-2-ray" not in stack.export()
+    preview = stack.preview()
+    assert preview.changed.get("node-2-ray") == "create"
+    assert "node-1-ray" not in preview.changed  # the head stays
+    run = stack.up()
+    assert run.changed.get("node-2-ray") == "create"
+    assert run.changed.get("spark-vllm-serve") == "replace"  # its Ray workers died with the container
+    assert container_ids(sim_cluster)["node-2"]
+    chat(run.outputs["endpoint"], deployed["secrets"]["apiKey"], run.outputs["servedModelName"])
+
+
+def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, deployed, tmp_path):
+    """Another machine: the repository and the stack's config file, the same backend and passphrase,
+    and none of the files the program wrote where it ran (gone here, as on any other machine). The
+    SSH key is the sshPrivateKey secret, so `--run-program` writes its file first (README)."""
+    stack = deployed["stack"]
+    shutil.rmtree(stack.spark_vllm_home)
+    clone = stack.fresh_clone(tmp_path / "other-machine")
+    destroyed = clone.destroy(run_program=True)
+    names = sorted(destroyed.changed, key=lambda name: destroyed.resources[name].finished or 0)
     # vLLM first, then the worker, then the head
     assert names.index("spark-vllm-serve") < names.index("node-2-ray") < names.index("node-1-ray")
-    for node in sim_cluster.nodes:
-        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    assert no_containers(sim_cluster)
     assert netns_processes(sim_cluster) == []
-    assert deployment.destroy() == []  # a second destroy is safe and does nothing
+    assert clone.destroy().changed == {}  # a second destroy is safe and does nothing
 
 
-def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, rehearsal, model_dir):
-    deployment, image = rehearsal
+def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, image, model_dir, new_stack):
+    stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir, tensorParallelSize=3)
     config["nodes"][1]["fabricInterface"] = "fab0;reboot"
-    with pytest.raises(ConfigError) as caught:
-        deployment.up(config, secrets)
+    stack.configure(config, secrets)
+    with pytest.raises(StackError) as caught:
+        stack.up()
     assert "tensorParallelSize × pipelineParallelSize" in str(caught.value)
     assert "nodes[1].fabricInterface" in str(caught.value)
-    for node in sim_cluster.nodes:
-        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
-    assert not deployment.state_path.exists() or json.loads(deployment.state_path.read_text()) == []
+    assert no_containers(sim_cluster)
+    assert stack.resource_count() == 0
 
 
-def failed_deploy(cluster, deployment, config, secrets, error: type[Exception] = Exception) -> str:
-    """Deploy expecting `error`; nothing may have started on any node. Always destroys; the message."""
+def failed_deploy(cluster, stack, config, secrets) -> str:
+    """Deploy expecting a failure; nothing may have started on any node. Always destroys; the message."""
+    stack.configure(config, secrets)
     try:
-        with pytest.raises(error) as caught:
-            deployment.up(config, secrets)
-        for node in cluster.nodes:
-            assert cluster.docker(node, "ps", "-aq").stdout.strip() == "", f"{node.name} runs a container"
+        with pytest.raises(StackError) as caught:
+            stack.up()
+        assert no_containers(cluster), "a container started"
     finally:
-        deployment.destroy()
+        stack.destroy()
     return str(caught.value)
 
 
-def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_cluster, rehearsal, model_dir):
-    deployment, image = rehearsal
+def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_cluster, image, model_dir, new_stack):
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     wrong = sim_cluster.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".99"
     config["nodes"][1]["fabricAddress"] = wrong
-    message = failed_deploy(sim_cluster, deployment, config, secrets, ResourceError)
+    message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     assert "preflight node-" in message
-    assert f"{wrong}" in message
+    assert wrong in message
 
 
-def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluster, rehearsal, model_dir):
+def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluster, image, model_dir, new_stack):
     """node-2 has the same tag on a different image (a tag moved, or a local build): caught before Ray."""
-    deployment, image = rehearsal
     node2 = sim_cluster.nodes[1]
-    original = sim_cluster.docker(node2, "image", "inspect", "-f", "{{.Id}}", image.ref, check=False).stdout.strip()
+    sim_cluster.docker(node2, "pull", image.ref)
     sim_cluster.docker(node2, "run", "--name", "drift", "--network", "none", image.ref, "touch", "/drift")
     sim_cluster.docker(node2, "commit", "drift", image.ref)
     sim_cluster.docker(node2, "rm", "drift")
     drifted = sim_cluster.docker(node2, "image", "inspect", "-f", "{{.Id}}", image.ref).stdout.strip()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     try:
-        message = failed_deploy(sim_cluster, deployment, config, secrets)
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     finally:
-        sim_cluster.docker(node2, "rmi", "-f", image.ref, check=False)
-        if original:  # back to the archive's image, as the other tests expect
-            sim_cluster.docker(node2, "tag", original, image.ref, check=False)
+        sim_cluster.docker(node2, "rmi", "-f", image.ref, check=False)  # the next pull restores it
     assert "the image differs between nodes" in message
     assert f"node-2: {drifted}" in message
 
 
-def test_a_model_missing_on_one_node_stops_every_container(sim_cluster, rehearsal, model_dir, tmp_path):
+def test_a_model_missing_on_one_node_stops_every_container(sim_cluster, image, model_dir, tmp_path, new_stack):
     """node-2 has no model directory (the copy never reached it): its preflight names it, nothing starts."""
-    deployment, image = rehearsal
     empty = tmp_path / "empty"
     empty.mkdir()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     with sim_cluster.node_local_view("node-2", model_dir.parent, empty):
-        message = failed_deploy(sim_cluster, deployment, config, secrets, ResourceError)
-    assert "(node-2-preflight)" in message
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "(node-2-preflight): error:" in message
     assert f"model directory {model_dir} does not exist" in message
 
 
-def test_a_model_that_differs_on_one_node_stops_every_container(sim_cluster, rehearsal, model_dir, tmp_path):
+def test_a_model_that_differs_on_one_node_stops_every_container(sim_cluster, image, model_dir, tmp_path, new_stack):
     """node-2 holds another revision of the model at the same path: the fingerprints disagree."""
-    deployment, image = rehearsal
     other = tmp_path / "other-revision"
     shutil.copytree(model_dir, other)
     (other / "config.json").write_text(json.dumps({**json.loads((model_dir / "config.json").read_text()), "rev": 2}))
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     with sim_cluster.node_local_view("node-2", model_dir, other):
-        message = failed_deploy(sim_cluster, deployment, config, secrets)
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     assert "model differs: node-2 vs node-1: config.json" in message
 
 
 @pytest.mark.parametrize("daemon", ["dockerd", "sshd"])
-def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(sim_cluster, rehearsal, model_dir, daemon):
-    deployment, image = rehearsal
+def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
+    sim_cluster, image, model_dir, daemon, new_stack
+):
+    stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    stack.configure(config, secrets)
     getattr(sim_cluster, f"stop_{daemon}")("node-2")
     try:
-        with pytest.raises(ResourceError, match=r"\(node-2-image\): error: docker .* on ssh://root@\S+ failed"):
-            deployment.up(config, secrets)
+        with pytest.raises(StackError) as caught:
+            stack.up()
     finally:
         getattr(sim_cluster, f"start_{daemon}")("node-2")
-        deployment.destroy()
-    for node in sim_cluster.nodes:
-        assert sim_cluster.docker(node, "ps", "-aq").stdout.strip() == ""
+    try:
+        assert no_containers(sim_cluster), "a container started"
+    finally:
+        stack.destroy()
+    message = str(caught.value)
+    assert "(node-2-image): error: failed to create Docker client: Error pinging Docker server" in message
+    assert f"ssh://root@{sim_cluster.nodes[1].mgmt_ip}" in message
 
 
-def test_three_nodes_with_pipeline_parallelism_and_hostile_extra_args(sim_cluster3, rehearsal3, model_dir):
-    deployment, image = rehearsal3
+def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_dir, new_stack):
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    config["nodes"][1]["hostKey"] = sim_cluster.nodes[0].host_key  # not node-2's key
+    message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "(node-2-image): error:" in message and "Host key verification failed" in message
+
+
+def test_three_nodes_the_dev_way_pipeline_parallel_with_hostile_extra_args(
+    sim_cluster3, image3, model_dir, new_stack, ssh_agent3
+):
+    """No host keys in the config and the SSH key in an ssh-agent, on a machine that never connected
+    to the nodes (empty ~/.ssh): the first `up` pins what each node shows, on both transports."""
+    stack = new_stack("staging", agent_socket=ssh_agent3)
     marker = f"/tmp/spark-vllm-pwned-{os.getpid()}"
     hostile = ["--revision", f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""]
     config, secrets = rehearsal_config(
-        sim_cluster3, image.ref, model_dir, pipeline_parallel=True, vllm={"port": 8000, "extraArgs": hostile}
+        sim_cluster3,
+        image3.ref,
+        model_dir,
+        pipeline_parallel=True,
+        pin_host_keys=False,
+        key_secret=False,
+        vllm={"port": 8000, "extraArgs": hostile},
     )
-    run, _ = deployment.up(config, secrets)
-    try:
-        head = sim_cluster3.nodes[0]
-        alive = json.loads(
-            sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout
-        )
-        assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster3.nodes)
-        log = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
-        assert "--pipeline-parallel-size=3" in log and "--tensor-parallel-size=1" in log
-        answer = chat(run.exports["endpoint"], secrets["apiKey"], run.exports["servedModelName"])
-        assert answer["usage"]["completion_tokens"] > 0
-        # the hostile value reached vLLM as one argument, and nothing ran
-        assert f"touch {marker}" in log
-        assert not Path(marker).exists()
-        in_container = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "test", "-e", marker, check=False)
-        assert in_container.returncode != 0
-    finally:
-        deployment.destroy()
-    assert netns_processes(sim_cluster3) == []
-    rehearsal3_release.update(run.exports["release"])
+    stack.configure(config, secrets)
+    run = stack.up()
+    assert {f"node-{i}-host-key" for i in (1, 2, 3)} <= set(run.changed)
+    assert any("no hostKey, so the first `pulumi up` trusts the key" in d for d in run.diagnostics)
+    state = stack.export()
+    for node in sim_cluster3.nodes:
+        assert node.host_key in state  # pinned in the stack's state
+    head = sim_cluster3.nodes[0]
+    alive = json.loads(sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout)
+    assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster3.nodes)
+    log = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    assert "--pipeline-parallel-size=3" in log and "--tensor-parallel-size=1" in log
+    answer = chat(run.outputs["endpoint"], secrets["apiKey"], run.outputs["servedModelName"])
+    assert answer["usage"]["completion_tokens"] > 0
+    # the hostile value reached vLLM as one argument, and nothing ran
+    assert f"touch {marker}" in log
+    assert not Path(marker).exists()
+    in_container = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "test", "-e", marker, check=False)
+    assert in_container.returncode != 0
+    staging_release.update(run.outputs["release"], stack=stack)
 
 
-rehearsal3_release: dict = {}
+staging_release: dict = {}
 
 
-def test_a_second_stack_deploys_the_first_stacks_validated_release(sim_cluster3, rehearsal3, model_dir, tmp_path):
-    """staging (the test above) validated a release; prod takes exactly that image and model."""
-    if not rehearsal3_release:
+def test_prod_on_other_nodes_deploys_what_staging_validated(
+    sim_cluster, sim_cluster3, image, model_dir, new_stack, ssh_agent3, tmp_path
+):
+    """staging (the test above, 3 nodes) validated a release; prod (2 other nodes, the same registry)
+    takes exactly that image and model, through `promoteFrom`, read from staging's stack outputs."""
+    if not staging_release:
         pytest.fail("the staging deployment above did not run")
-    deployment, image = rehearsal3
-    staging = "organization/spark-vllm/rehearsal"
-    prod = Deployment(tmp_path, deployment.image_archives, stack="prod")
-    config, secrets = rehearsal_config(sim_cluster3, image.ref, model_dir, pipeline_parallel=True)
+    staging = staging_release.pop("stack")
+    prod = new_stack("prod", backend=staging.backend)
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     del config["image"], config["model"]
-    config["promoteFrom"] = staging
-    run, operations = prod.up(config, secrets, stack_outputs={staging: {"release": rehearsal3_release}})
-    try:
-        assert run.exports["release"]["image"] == rehearsal3_release["image"]
-        assert run.exports["release"]["model"] == rehearsal3_release["model"]
-        assert run.exports["release"]["engine"] == rehearsal3_release["engine"]
-        assert run.exports["release"]["promotedFrom"] == staging and run.exports["release"]["validated"] is True
-        images = {op.name for op in operations if op.typ.endswith("RemoteImage")}
-        assert images == {"node-1-image", "node-2-image", "node-3-image"}
-        chat(run.exports["endpoint"], secrets["apiKey"], run.exports["servedModelName"])
-    finally:
-        prod.destroy()
+    config["promoteFrom"] = "organization/spark-vllm/staging"
+    prod.configure(config, secrets)
+    preview = prod.preview()
+    assert set(preview.changed.values()) == {"create"}
+    run = prod.up()
+    release = run.outputs["release"]
+    assert release["image"] == staging_release["image"]
+    assert release["model"] == staging_release["model"]
+    assert release["engine"] == staging_release["engine"]
+    assert release["promotedFrom"] == "organization/spark-vllm/staging" and release["validated"] is True
+    images = {
+        node.name: sim_cluster.docker(node, "image", "inspect", "-f", "{{.Id}}", release["image"]).stdout.strip()
+        for node in sim_cluster.nodes
+    }
+    assert set(images.values()) == {image.image_id}
+    chat(run.outputs["endpoint"], secrets["apiKey"], run.outputs["servedModelName"])
+    prod.destroy()
+    assert netns_processes(sim_cluster) == []
+    # staging logs in with the agent, which the other machine has too: a plain `pulumi destroy` there
+    clone = staging.fresh_clone(tmp_path / "other-machine", agent_socket=ssh_agent3)
+    clone.destroy()
+    assert no_containers(sim_cluster3) and netns_processes(sim_cluster3) == []

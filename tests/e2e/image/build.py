@@ -40,6 +40,8 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -438,6 +440,47 @@ def ensure_image(cache_dir: Path, docker_host: str) -> ImageInfo:
         timings["load/verify"] = round(time.monotonic() - t0, 1)
     timings["total"] = round(time.monotonic() - t_start, 1)
     return ImageInfo(ref=ref, archive=archive, image_id=image_id, built=built, timings=timings)
+
+
+def registry_has(registry: str, ref: str) -> bool:
+    """Whether the registry at host:port serves `repo:tag` (a manifest HEAD over plain HTTP)."""
+    repo, tag = ref.rsplit(":", 1)
+    request = urllib.request.Request(
+        f"http://{registry}/v2/{repo}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status == 200
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return False
+        raise
+
+
+def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
+    """The rehearsal image in the registry at `registry` (host:port), pushed once through the daemon at
+    `docker_host`, which is left without the image (nodes pull it as real ones do). Returns the
+    registry reference; its image id equals the archive's."""
+    cache_dir = Path(cache_dir).resolve()
+    local = image_ref()
+    remote = f"{registry}/{local}"
+    t_start = time.monotonic()
+    with _locked(cache_dir / "registry.lock"):
+        if registry_has(registry, local):
+            return ImageInfo(ref=remote, archive=archive_path(cache_dir), image_id=_archive_id(cache_dir), built=False)
+        info = ensure_image(cache_dir, docker_host)
+        docker(docker_host, "tag", info.ref, remote)
+        docker(docker_host, "push", remote)
+        docker(docker_host, "rmi", remote, info.ref)
+    timings = {**info.timings, "published": round(time.monotonic() - t_start, 1)}
+    return ImageInfo(ref=remote, archive=info.archive, image_id=info.image_id, built=info.built, timings=timings)
+
+
+def _archive_id(cache_dir: Path) -> str:
+    archive = archive_path(cache_dir)
+    return archive_image_id(archive) if archive.exists() else ""
 
 
 def main(argv: list[str] | None = None) -> int:

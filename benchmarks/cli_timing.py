@@ -1,0 +1,111 @@
+"""Wall time of the real `pulumi preview` (nothing changed) and `pulumi up` on simulated nodes.
+
+    sudo venv/bin/python -m benchmarks.cli_timing [--nodes 2 8] [--previews 3]
+
+For each node count N: simulated nodes (tests/e2e/nodes.py) pulling from one registry, a stack
+driven by the real Pulumi CLI and engine with the stand-in provider plugins (tests/e2e/stack.py),
+`pulumi up` once (a first deployment: pull, checks, Ray, vLLM, smoke test), then `pulumi preview
+--diff` with nothing changed `--previews` times, then `pulumi destroy`. Printed per N:
+
+* wall: the whole command as the Automation API runs it (CLI start, plugins, program, engine);
+* engine: the duration the engine itself reports (its summary event), the CLI's own breakdown of
+  what part of the wall time the update took;
+* stages of the `up`, from the moments the engine reported each resource done (as ./rehearse
+  prints them), and the slowest resource operations.
+
+Numbers are printed, nothing is asserted: this machine is shared and has 2 cores; quote medians.
+Needs root (namespaces, one dockerd per node) and the CLI built by scripts/toolchain.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.e2e import nodes as simnodes
+from tests.e2e.image.build import publish
+from tests.e2e.rehearsal import CACHE_DIR, make_model, rehearsal_config, stage_times
+from tests.e2e.stack import RehearsalStack, Run, cli_missing
+
+
+def engine_seconds(run: Run) -> float | None:
+    """The duration the engine reported for the update (from `Duration:` in its own summary)."""
+    for line in reversed(run.output.splitlines()):
+        if line.strip().startswith("Duration:"):
+            text = line.split(":", 1)[1].strip()
+            minutes, _, seconds = text.rpartition("m")
+            return (float(minutes) * 60 if minutes else 0.0) + float(seconds.rstrip("s") or 0)
+    return None
+
+
+def measure(count: int, previews: int, workdir: Path, registry) -> dict:
+    started = time.monotonic()
+    with simnodes.simulated_nodes(count, workdir / f"nodes-{count}", registry=registry) as cluster:
+        image = publish(CACHE_DIR, registry.address, cluster.nodes[0].docker_host)
+        bring_up = time.monotonic() - started
+        stack = RehearsalStack(workdir / f"deployer-{count}", f"bench-{count}")
+        stack.init()
+        config, secrets = rehearsal_config(cluster, image.ref, make_model(workdir), smokeTest=True)
+        stack.configure(config, secrets)
+        try:
+            up = stack.up()
+            runs = [stack.preview() for _ in range(previews)]
+            assert all(run.changed == {} for run in runs), "a preview with nothing changed showed changes"
+        finally:
+            destroyed = stack.destroy()
+    slowest = sorted(
+        ((e.finished - e.started, e.name) for e in up.resources.values() if e.finished is not None), reverse=True
+    )[:5]
+    return {
+        "nodes": count,
+        "resources": len(up.resources),
+        "bring_up": bring_up,
+        "up": up,
+        "previews": runs,
+        "destroy": destroyed,
+        "slowest": slowest,
+    }
+
+
+def report(result: dict) -> None:
+    up, previews = result["up"], result["previews"]
+    walls = [run.seconds for run in previews]
+    engines = [engine_seconds(run) for run in previews]
+    nodes, resources, ready = result["nodes"], result["resources"], result["bring_up"]
+    print(f"\n{nodes} nodes, {resources} resources (nodes and image ready in {ready:.1f} s)")
+    engine = engine_seconds(up) or float("nan")
+    print(f"  pulumi up (first deployment)   wall {up.seconds:6.1f} s   engine {engine:6.1f} s")
+    for stage, seconds in stage_times(up).items():
+        print(f"    {stage:<48} {'-' if seconds is None else f'{seconds:6.1f} s'}")
+    print("    slowest operations: " + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in result["slowest"]))
+    print(
+        f"  pulumi preview, no change      wall median {statistics.median(walls):5.1f} s "
+        f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)   "
+        f"engine median {statistics.median(e for e in engines if e is not None):5.1f} s"
+    )
+    print(f"  pulumi destroy                 wall {result['destroy'].seconds:6.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--previews", type=int, default=3)
+    args = parser.parse_args(argv)
+    problem = simnodes.skip_reason() or cli_missing()
+    if problem:
+        print(f"cli_timing: cannot run here: {problem}", file=sys.stderr)
+        return 2
+    simnodes.cleanup_stale()
+    workdir = Path(tempfile.mkdtemp(prefix="spark-vllm-cli-timing-"))
+    with simnodes.create_registry(workdir, CACHE_DIR / "registry") as registry:
+        for count in args.nodes:
+            report(measure(count, args.previews, workdir, registry))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
