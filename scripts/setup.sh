@@ -30,6 +30,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+command -v go >/dev/null 2>&1 || export PATH="$PATH:/usr/local/go/bin"  # Go's own tarball location
 if ! command -v go >/dev/null 2>&1; then
   echo "setup: the rehearsal builds the Pulumi CLI with Go 1.26 (https://go.dev/dl); 'go' is not on PATH" >&2
   exit 1
