@@ -1,4 +1,4 @@
-"""The container image on one node, pulled by reference and used by id."""
+"""The container image on one node: pulled by reference, with progress, and used by id."""
 
 from __future__ import annotations
 
@@ -6,31 +6,73 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
+import pulumi_command as command
 import pulumi_docker as docker
+
+from components.config import ImageTransferConfig, NodeConfig
+from components.render import script_program
 
 
 @dataclass(frozen=True)
 class NodeImageArgs:
+    node: NodeConfig
     reference: pulumi.Input[str]  # tag or name@sha256:… (a promoted release is always a digest)
     keep_locally: bool
+    transfer: ImageTransferConfig
     provider: docker.Provider
+    connection: command.remote.ConnectionArgs
+
+
+def pull_program(node: NodeConfig, reference: str, transfer: ImageTransferConfig) -> str:
+    """components/scripts/image_pull.py with its parameters, for `python3 -` on the node's host."""
+    params = {
+        "node": node.name,
+        "image": reference,
+        "timeout_seconds": transfer.timeout_seconds,
+        "progress_seconds": transfer.progress_seconds,
+    }
+    return script_program("image_pull.py", params)
 
 
 class NodeImage(pulumi.ComponentResource):
-    """Pulls the image on one node. Containers run `image_id`, so a tag moving between pulls on
-    different nodes cannot give two nodes different bytes unnoticed (the cluster compares ids)."""
+    """The image on one node. Containers run `image_id`, so a tag moving between pulls on different
+    nodes cannot give two nodes different bytes unnoticed (the cluster compares ids).
+
+    The pull itself is a remote command on the node: the Docker provider's pull shows nothing for
+    minutes and gives up after 20 (vLLM images are 10–20 GB); this one prints bytes, rate and layers
+    every few seconds and gives up after `imageTransfer.timeoutSeconds`. The RemoteImage then finds
+    the image on the node and only records its id and digest.
+    """
 
     image_id: pulumi.Output[str]
     repo_digest: pulumi.Output[str]
 
     def __init__(self, name: str, args: NodeImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeImage", name, None, opts)
+        timeout = args.transfer.timeout_seconds
+        pull = command.remote.Command(
+            f"{name}-pull",
+            connection=args.connection,
+            create=f"timeout --kill-after=10 {timeout + 30} python3 -",
+            stdin=pulumi.Output.from_input(args.reference).apply(
+                lambda reference: pull_program(args.node, reference, args.transfer)
+            ),
+            # Pulled again only for another reference; read-only otherwise, nothing to undo.
+            triggers=[args.reference],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         image = docker.RemoteImage(
             f"{name}-image",
             name=args.reference,
             # keep_locally=False would delete a many-GB image on every replace or destroy.
             keep_locally=args.keep_locally,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=args.provider,
+                depends_on=[pull],
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout}s", update=f"{timeout}s"),
+            ),
         )
         self.image_id = image.image_id
         self.repo_digest = image.repo_digest

@@ -87,8 +87,8 @@ class RayNode(pulumi.ComponentResource):
             command=ray_start_args(cfg, node),
             envs=envs,
             network_mode="host",  # Ray, NCCL and vLLM must see the fabric interface itself
+            # Host IPC: /dev/shm is the host's (Docker ignores a shm size with it), as NCCL needs.
             ipc_mode="host",
-            shm_size=cfg.container.shm_size_mb,
             gpus="all" if cfg.container.gpus else None,
             ulimits=ulimits(cfg),
             mounts=mounts,

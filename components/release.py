@@ -48,8 +48,17 @@ def check_promotable(release: Any, stack: str, fingerprint: str | None = None) -
             f"promoteFrom {stack!r}: its release is now {release.get('fingerprint')}, not the pinned "
             f"promoteFingerprint {fingerprint}; review the new release and update promoteFingerprint"
         )
-    if "@sha256:" not in release["image"] and not release["image"].startswith("sha256:"):
-        raise ReleaseError(f"promoteFrom {stack!r}: release image {release['image']!r} is not pinned by digest")
+    image = release["image"]
+    if image.startswith("sha256:"):
+        # An image id without a repository: it was built or loaded on that stack's nodes and no
+        # registry holds it, so no node here could pull it.
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: its release image {image} has no registry digest (it was built or loaded "
+            "locally on that stack's nodes, so no node of this stack could pull it): push it to a registry and "
+            f"deploy {stack} with image: <name>@sha256:<digest>"
+        )
+    if "@sha256:" not in image:
+        raise ReleaseError(f"promoteFrom {stack!r}: release image {image!r} is not pinned by digest")
     return release
 
 

@@ -65,7 +65,10 @@ def main():
     os.makedirs(os.path.dirname(P["pid_file"]), mode=0o700, exist_ok=True)
     pid = running_pid()
     if pid is not None:
-        if cmdline(pid)[-len(P["argv"]) :] == P["argv"] and read(P["fingerprint_file"]) == P["fingerprint"]:
+        # Compare without the program name: `vllm` runs as `python3 /usr/local/bin/vllm …` (a console
+        # script), so the process's argv[0] is never the word we started.
+        arguments = P["argv"][1:]
+        if cmdline(pid)[-len(arguments) :] == arguments and read(P["fingerprint_file"]) == P["fingerprint"]:
             print(f"vLLM already running with these settings (pid {pid})")
             return 0
         print(f"vLLM settings changed: stopping pid {pid}", flush=True)

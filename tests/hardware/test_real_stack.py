@@ -1,7 +1,9 @@
 """Opt-in: `pulumi preview`, `up`, a second `preview` and `destroy` on your own stack and hardware.
 
-Runs only when the Pulumi CLI is installed and SPARK_VLLM_HARDWARE_STACK names a stack of this
-project that is configured for real nodes (e.g. `dev`), through Pulumi's Automation API:
+Runs only when the Pulumi CLI is installed as Pulumi ships it (with its Python language host,
+`pulumi-language-python`: the CLI that scripts/toolchain.sh builds for the rehearsal has none) and
+SPARK_VLLM_HARDWARE_STACK names a stack of this project that is configured for real nodes (e.g.
+`dev`), through Pulumi's Automation API with the program in this directory, as `pulumi up` runs it:
 
     SPARK_VLLM_HARDWARE_STACK=dev venv/bin/python -m pytest tests/hardware -s
 
@@ -23,7 +25,10 @@ STACK = os.environ.get("SPARK_VLLM_HARDWARE_STACK")
 
 pytestmark = [
     pytest.mark.hardware,
-    pytest.mark.skipif(shutil.which("pulumi") is None, reason="the Pulumi CLI is not installed"),
+    pytest.mark.skipif(
+        shutil.which("pulumi") is None or shutil.which("pulumi-language-python") is None,
+        reason="the Pulumi CLI with its Python language host is not installed (https://www.pulumi.com/docs/install/)",
+    ),
     pytest.mark.skipif(not STACK, reason="set SPARK_VLLM_HARDWARE_STACK to a configured stack to run on real nodes"),
 ]
 

@@ -63,8 +63,9 @@ def test_a_validated_release_is_deployed_by_digest_with_its_engine_settings():
         (release(validated=False), "is not validated"),
         (release(image="hellohal2064/vllm-qwen3.5-gb10:latest"), "is not pinned by digest"),
         ({"model": "/models/x", "validated": True}, "its release lacks ['image']"),
+        (release(image="sha256:" + "34" * 32), "has no registry digest"),
     ],
-    ids=["missing", "unvalidated", "tag-not-digest", "incomplete"],
+    ids=["missing", "unvalidated", "tag-not-digest", "incomplete", "bare-image-id"],
 )
 def test_a_release_that_cannot_be_promoted_creates_nothing_that_depends_on_it(staging_release, message):
     cloud = staging_cloud(staging_release)

@@ -144,12 +144,17 @@ time.sleep(600)
 
 @pytest.fixture
 def serve_params(tmp_path):
-    program = tmp_path / "fake_vllm.py"
-    program.write_text(FAKE_VLLM)
+    # Started as a console script is (`vllm serve …` runs as `python3 /usr/local/bin/vllm serve …`),
+    # so the process's argv[0] is not the word started.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "vllm"
+    program.write_text(f"#!{PYTHON}\n{FAKE_VLLM}")
+    program.chmod(0o755)
     os.environ["CHILD_PID_FILE"] = str(tmp_path / "child.pid")
     params = {
-        "argv": [PYTHON, str(program), "serve", "m", "--max-model-len=4096"],
-        "env": {"VLLM_API_KEY": "secret-key"},
+        "argv": ["vllm", "serve", "m", "--max-model-len=4096"],
+        "env": {"VLLM_API_KEY": "secret-key", "PATH": f"{bin_dir}:{os.environ['PATH']}"},
         "fingerprint": "f1",
         "log_file": str(tmp_path / "run" / "vllm.log"),
         "pid_file": str(tmp_path / "run" / "vllm.pid"),

@@ -397,9 +397,11 @@ class Command(Resource):
         if self.remote:
             connection = inputs.get("connection")
             plain = reveal(connection)
-            if not isinstance(plain, dict) or not plain.get("host"):
+            if plain is UNKNOWN:
+                pass  # not known yet (a preview): checked when it is
+            elif not isinstance(plain, dict) or not plain.get("host"):
                 failures.append(("connection", "Missing required field 'connection.host'"))
-            elif connection is not UNKNOWN:
+            else:
                 inner = dict(connection.value if isinstance(connection, Secret) else connection)
                 for key, default in CONNECTION_DEFAULTS.items():
                     if inner.get(key) is None:
