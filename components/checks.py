@@ -15,7 +15,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig, NodeConfig
-from components.preflight import fingerprint_argv, model_path, preflight_argv
+from components.preflight import fingerprint_argv, model_path, node_memory, preflight_argv
 from components.render import script, shell_line, with_script
 
 
@@ -91,4 +91,5 @@ class NodeChecks(pulumi.ComponentResource):
         self.passed = pulumi.Output.all(self.preflight.stdout, *([self.gpu.stdout] if self.gpu else [])).apply(
             lambda _: True
         )
+        self.memory = self.preflight.stdout.apply(lambda out: node_memory(node, out))
         self.register_outputs({"passed": self.passed})

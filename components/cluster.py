@@ -11,8 +11,10 @@ import pulumi_command as command
 from components.checks import NodeChecks, NodeChecksArgs
 from components.config import ClusterConfig
 from components.image import NodeImage, NodeImageArgs
+from components.memory import MemoryPlanError
+from components.memory import message as memory_message
 from components.node import NodeHost, NodeHostArgs
-from components.preflight import compare_fingerprints, parse_fingerprint
+from components.preflight import compare_fingerprints, memory_plan, parse_fingerprint
 from components.ray_node import RayNode, RayNodeArgs
 from components.release import ReleaseSource, release_record
 from components.render import ray_address, shell_line
@@ -88,6 +90,7 @@ class VllmCluster(pulumi.ComponentResource):
                 connection=self.hosts[head.name].connection,
                 api_key=secrets.get("apiKey"),
                 depends_on=[r.joined for r in self.ray_nodes.values() if r.joined is not None],
+                node_connections={name: host.connection for name, host in self.hosts.items()},
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -102,6 +105,7 @@ class VllmCluster(pulumi.ComponentResource):
         }
         self.smoke = self.server.smoke_result
         self.release = self._release(args, images[head.name], same_image_id)
+        self.memory_plan_output = self.memory_plan
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
@@ -112,6 +116,7 @@ class VllmCluster(pulumi.ComponentResource):
                 "log_commands": self.log_commands,
                 "smoke": self.smoke,
                 "release": self.release,
+                "memory_plan": self.memory_plan,
             }
         )
 
@@ -135,9 +140,12 @@ class VllmCluster(pulumi.ComponentResource):
             node.name: NodeImage(
                 node.name,
                 NodeImageArgs(
+                    node=node,
                     reference=args.release.image,
                     keep_locally=cfg.container.keep_image,
+                    transfer=cfg.image_transfer,
                     provider=self.hosts[node.name].provider,
+                    connection=self.hosts[node.name].connection,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -212,7 +220,8 @@ class VllmCluster(pulumi.ComponentResource):
             model_id = pulumi.Output.all(*fingerprints.values()).apply(
                 lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
-        verdict = pulumi.Output.all(same_image_id, model_id, *gates).apply(
+        self.memory_plan = self._memory_plan(cfg, args, fingerprints)
+        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(
@@ -220,6 +229,30 @@ class VllmCluster(pulumi.ComponentResource):
             create=verdict,
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    def _memory_plan(self, cfg: ClusterConfig, args: VllmClusterArgs, fingerprints: dict) -> pulumi.Output:
+        """The memory plan from the head's model fingerprint and every node's memory; with
+        memoryCheck enforce, an error (before any container) when it does not fit."""
+        if cfg.memory_check == "off":
+            return pulumi.Output.from_input({"checked": False, "reason": "memoryCheck: off"})
+        if cfg.head_node.name not in fingerprints:
+            return pulumi.Output.from_input(
+                {"checked": False, "reason": "the model is a repo id: its size is known only once downloaded"}
+            )
+        memories = [checks.memory for checks in self.checks.values()]
+
+        def judge(parts: list) -> dict:
+            fingerprint, engine, *found = parts
+            plan = memory_plan(cfg, fingerprint, found, engine)
+            if not plan.fits:
+                if cfg.memory_check == "enforce":
+                    raise MemoryPlanError(memory_message(plan))
+                pulumi.log.warn(
+                    memory_message(plan).replace("(memoryCheck: enforce); nothing was started", "(memoryCheck: warn)")
+                )
+            return {"checked": True, **plan.output()}
+
+        return pulumi.Output.all(fingerprints[cfg.head_node.name], args.release.engine, *memories).apply(judge)
 
     def _secret_env(self, cfg: ClusterConfig, secrets: dict) -> pulumi.Output:
         parts: list[pulumi.Input[str]] = []

@@ -244,7 +244,6 @@ class UlimitsConfig(_Model):
 
 class ContainerConfig(_Model):
     gpus: bool = Field(True, description="Give the Ray containers every GPU (`--gpus all`). false for CPU-only hosts.")
-    shm_size_mb: PositiveInt = Field(10240, description="Shared memory of each Ray container, in MB.")
     hf_cache_dir: Optional[AbsolutePath] = Field(
         None,
         description="Host directory mounted as the Hugging Face cache. Default: the Docker volume spark-vllm-hf-cache.",
@@ -259,6 +258,30 @@ class ContainerConfig(_Model):
     ulimits: UlimitsConfig = Field(
         default_factory=UlimitsConfig,
         description="Ulimits of the Ray containers; lower them only where the host's hard limits cannot be raised.",
+    )
+
+
+class ImageTransferConfig(_Model):
+    timeout_seconds: PositiveInt = Field(
+        3600,
+        description="How long one node may take to pull the image (vLLM images for GB10 are 10–20 GB); "
+        "the pull fails naming the node after that.",
+    )
+    progress_seconds: PositiveInt = Field(
+        10, description="How often `pulumi up` shows each node's pull progress (bytes, rate, layers)."
+    )
+
+
+class MemoryConfig(_Model):
+    os_reserve_gib: float = Field(
+        8,
+        gt=0,
+        description="On unified memory (GB10): what gpuMemoryUtilization must leave the operating system, in GiB.",
+    )
+    drop_page_cache: bool = Field(
+        False,
+        description="Before vLLM starts, drop each node's page cache (`sync; echo 1 > /proc/sys/vm/drop_caches`) "
+        "so cached files do not hold the memory vLLM counts on (root or passwordless sudo).",
     )
 
 
@@ -290,6 +313,15 @@ class ClusterConfig(_Model):
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
     container: ContainerConfig = Field(default_factory=ContainerConfig, description="Ray container settings.")
+    memory_check: Literal["enforce", "warn", "off"] = Field(
+        "enforce",
+        description="The memory plan (weights, KV cache for maxModelLen, allowance) against each node's memory, "
+        "before anything starts: stop the deploy when it does not fit, warn, or skip it.",
+    )
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory plan settings.")
+    image_transfer: ImageTransferConfig = Field(
+        default_factory=ImageTransferConfig, description="How the image reaches each node."
+    )
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
@@ -550,7 +582,17 @@ def config_keys(model: Optional[type[BaseModel]] = None, prefix: str = "") -> It
         yield from config_keys(sub, sub_prefix)
 
 
+# Keys that existed once: their unknown-key message says why they went instead of guessing.
+REMOVED_KEYS = {
+    "container.shmSizeMb": "no longer a key: Docker ignores a shared-memory size when the container shares the host's "
+    "IPC namespace (ipc host, which NCCL and vLLM need), so /dev/shm is the host's; remove it",
+}
+
+
 def _unknown_key_hint(loc: tuple) -> str:
+    removed = REMOVED_KEYS.get(_key_path(tuple(p for p in loc if not isinstance(p, int))))
+    if removed:
+        return removed
     key, owner = str(loc[-1]), _model_at(loc[:-1])
     here = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
     by_lower = {k.lower(): k for k in here}

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
+from components.memory import GIB, MIB, NodeMemory, Plan, kv_cache_dtype, model_shape, plan_memory
 
 MAX_DIFFERENCES = 5
 
@@ -98,3 +99,40 @@ def compare_fingerprints(by_node: dict[str, dict[str, Any]]) -> list[str]:
             shown.append(f"… and {len(found) - MAX_DIFFERENCES} more")
         problems.append(f"model differs: {node} vs {reference}: " + "; ".join(shown))
     return problems
+
+
+def node_memory(node: NodeConfig, stdout: str) -> NodeMemory:
+    """The node's memory per GPU from the preflight's last line (see preflight_node.sh): the GPUs' own
+    memory where nvidia-smi reports it, else the system memory the GPU shares (GB10), split over its GPUs."""
+    facts = parse_fingerprint(stdout)
+    gpu_mib = [float(v) for v in facts.get("gpu_memory_mib") or [] if str(v).replace(".", "", 1).isdigit()]
+    if gpu_mib:
+        return NodeMemory(node.name, node.gpus, int(min(gpu_mib) * MIB), unified=False)
+    return NodeMemory(node.name, node.gpus, int(facts.get("mem_total_bytes", 0)) // node.gpus, unified=True)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
+
+
+def weight_bytes(fingerprint: dict[str, Any]) -> int:
+    """The size of the model's weight files, from its fingerprint."""
+    return sum(size for path, size in fingerprint.get("files", {}).items() if path.lower().endswith(WEIGHT_SUFFIXES))
+
+
+def memory_plan(
+    cfg: ClusterConfig, fingerprint_stdout: str, memories: list[NodeMemory], engine: dict[str, Any]
+) -> Plan:
+    """The memory plan for this stack from what the nodes reported: the model's weight sizes and
+    config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
+    fingerprint = parse_fingerprint(fingerprint_stdout)
+    shape = model_shape(fingerprint.get("config") or {}, kv_cache_dtype(list(engine.get("extraArgs") or [])))
+    return plan_memory(
+        memories,
+        weight_bytes(fingerprint),
+        shape,
+        cfg.tensor_parallel_size,
+        cfg.pipeline_parallel_size,
+        engine.get("maxModelLen"),
+        cfg.vllm.gpu_memory_utilization,
+        int(cfg.memory.os_reserve_gib * GIB),
+    )

@@ -8,8 +8,8 @@ parameters (the API key among them) travel on stdin, never on a command line.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
@@ -50,6 +50,9 @@ class VllmServerArgs:
     connection: command.remote.ConnectionArgs
     api_key: Optional[pulumi.Input[str]]  # secret
     depends_on: Sequence[pulumi.Resource]
+    node_connections: Mapping[str, command.remote.ConnectionArgs] = field(
+        default_factory=dict
+    )  # for memory.dropPageCache
 
 
 def last_json_line(stdout: str) -> dict[str, Any]:
@@ -79,6 +82,7 @@ class VllmServer(pulumi.ComponentResource):
         )
         argv_fingerprint = self.argv.apply(fingerprint)
         self.cluster_ready = self._create_cluster_wait(name)
+        self.page_cache_dropped = self._create_page_cache_drops(argv_fingerprint) if cfg.memory.drop_page_cache else []
         self.serve = self._create_serve(name)
         self.ready = self._create_ready_wait(name, argv_fingerprint)
         self.smoke = self._create_smoke_test(name, argv_fingerprint) if cfg.smoke_test else None
@@ -120,6 +124,29 @@ class VllmServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(depends_on=list(self._args.depends_on)),
         )
 
+    def _create_page_cache_drops(self, argv_fingerprint: pulumi.Output[str]) -> list[command.remote.Command]:
+        """memory.dropPageCache: on every node, just before vLLM (re)starts, the kernel drops clean
+        cached file pages. They would be given back on demand anyway, but vLLM sizes its KV cache from
+        the memory it sees free when it starts (vLLM #35313), and on unified memory a full page cache
+        makes that too little. Nothing is lost: dropped pages are read from disk again when needed."""
+        cfg = self._args.config
+        drops = []
+        for node in cfg.nodes:
+            sudo = [] if node.user == "root" else ["sudo", "-n"]
+            drop = shell_line([*sudo, "sh", "-c", "sync && echo 1 > /proc/sys/vm/drop_caches"])
+            drops.append(
+                command.remote.Command(
+                    f"{node.name}-drop-page-cache",
+                    connection=self._args.node_connections[node.name],
+                    create=drop,
+                    # Again whenever vLLM starts afresh: new arguments, a re-formed cluster, a restart.
+                    triggers=[argv_fingerprint, self.cluster_ready.id, cfg.vllm.restart_generation],
+                    add_previous_output_in_env=False,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cluster_ready]),
+                )
+            )
+        return drops
+
     def _create_serve(self, name: str) -> command.remote.Command:
         args = self._args
         cfg = args.config
@@ -154,7 +181,7 @@ class VllmServer(pulumi.ComponentResource):
             # bumped restartGeneration starts vLLM afresh.
             triggers=[self.cluster_ready.id, cfg.vllm.restart_generation],
             opts=pulumi.ResourceOptions(
-                depends_on=[self.cluster_ready],
+                depends_on=[self.cluster_ready, *self.page_cache_dropped],
                 # Stop the old server before starting the new one: they would share GPUs and the port.
                 delete_before_replace=True,
                 # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.

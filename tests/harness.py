@@ -135,6 +135,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 class FakeCloud(pulumi.runtime.Mocks):
     """Answers like the providers would, without doing anything: ids and computed outputs."""
 
+    memory_bytes = 125_000_000 * 1024  # a DGX Spark's unified memory, as /proc/meminfo says it
+
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}
         self.created: list[str] = []  # resource types, in registration order
@@ -150,7 +152,8 @@ class FakeCloud(pulumi.runtime.Mocks):
             if args.name.endswith("-model-fingerprint"):
                 stdout = json.dumps(self.fingerprint(args.name.removesuffix("-model-fingerprint")))
             elif args.name.endswith("-preflight"):
-                stdout = f"preflight {args.name.removesuffix('-preflight')}: ok"
+                memory = json.dumps({"mem_total_bytes": self.memory_bytes, "gpu_memory_mib": ["[N/A]"]})
+                stdout = f"preflight {args.name.removesuffix('-preflight')}: ok\n{memory}"
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             outputs.update(stdout=stdout, stderr="")
@@ -160,8 +163,28 @@ class FakeCloud(pulumi.runtime.Mocks):
         return f"{args.name}-id", outputs
 
     def fingerprint(self, node: str) -> dict[str, Any]:
-        """What model_fingerprint.py prints for the same model on every node."""
-        return {"fingerprint": "f" * 64, "files": {"config.json": 700}, "metadata": {"config.json": "c" * 64}}
+        """What model_fingerprint.py prints for the same model on every node: the seed model's shape
+        (Qwen3.5-122B-A10B-FP8, about 126 GB of weights)."""
+        return {
+            "fingerprint": "f" * 64,
+            "files": {
+                "config.json": 700,
+                "model-00001-of-00002.safetensors": 63_000_000_000,
+                "model-00002-of-00002.safetensors": 63_000_000_000,
+            },  # fmt: skip
+            "metadata": {"config.json": "c" * 64},
+            "config": {
+                "text_config": {
+                    "num_hidden_layers": 48,
+                    "num_attention_heads": 32,
+                    "num_key_value_heads": 2,
+                    "head_dim": 256,
+                    "full_attention_interval": 4,
+                    "max_position_embeddings": 262144,
+                    "torch_dtype": "bfloat16",
+                }  # fmt: skip
+            },
+        }
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         return {}

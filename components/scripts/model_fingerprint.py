@@ -1,7 +1,8 @@
 # Runs on a node's HOST (its own python3, standard library only) as `python3 - MODEL_DIR` with this
 # script on stdin (see components.preflight.fingerprint_argv). Prints one JSON line:
 #   {"fingerprint": sha256 hex, "files": {relative path: size}, "metadata": {relative path: sha256},
-#    "broken": [relative paths of dangling symlinks]}
+#    "broken": [relative paths of dangling symlinks], "config": {the KV-relevant keys of config.json}}
+# ("config" is not part of the fingerprint: the hash of config.json already is.)
 # The fingerprint covers every file's name and size plus the sha256 of the small metadata files
 # (configs, tokenizer, chat template, remote code). Weights are only stat()ed, never read, so a
 # 120 GB model takes milliseconds. Symlinks are followed (a Hugging Face snapshot is symlinks into
@@ -56,6 +57,43 @@ def scan(root):
     return files, metadata, sorted(broken)
 
 
+CONFIG_KEYS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "layer_types",
+    "full_attention_interval",
+    "max_position_embeddings",
+    "torch_dtype",
+    "dtype",
+    "linear_num_value_heads",
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "architectures",
+    "model_type",
+)
+
+
+def config_facts(root):
+    """The keys of config.json the memory plan needs (text_config kept for multimodal models)."""
+    try:
+        with open(os.path.join(root, "config.json")) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    facts = {key: config[key] for key in CONFIG_KEYS if key in config}
+    for nested in ("text_config", "llm_config"):
+        if isinstance(config.get(nested), dict):
+            facts[nested] = {key: config[nested][key] for key in CONFIG_KEYS if key in config[nested]}
+    return facts
+
+
 def main(argv):
     if len(argv) != 2:
         print("usage: python3 - MODEL_DIR", file=sys.stderr)
@@ -71,7 +109,8 @@ def main(argv):
         return 1
     body = {"files": files, "metadata": metadata, "broken": broken}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    print(json.dumps({"fingerprint": hashlib.sha256(canonical).hexdigest(), **body}, sort_keys=True))
+    digest = hashlib.sha256(canonical).hexdigest()
+    print(json.dumps({"fingerprint": digest, **body, "config": config_facts(root)}, sort_keys=True))
     return 0
 
 

@@ -6,8 +6,10 @@
 #   PEERS        space-separated fabric addresses of the other nodes; NAME=ADDR names them in messages
 #   MODEL        absolute model path, or empty when the model is a repo id
 # Runs every check; each problem is one line on stderr, `preflight NODE: what is wrong — what to do`.
-# Exit 0 and `preflight NODE: ok` on stdout when all pass, 1 otherwise. Needs bash, iproute2, coreutils;
-# ping (iputils) when present.
+# Exit 0 and `preflight NODE: ok` on stdout when all pass, 1 otherwise; then, on its own line, the
+# node's memory as JSON for the memory plan: {"mem_total_bytes": N, "gpu_memory_mib": [per GPU, or
+# "[N/A]" where the GPU shares system memory, as on a GB10]}. Needs bash, iproute2, coreutils; ping
+# (iputils) and nvidia-smi when present.
 set -u
 
 for var in NODE FABRIC_IF FABRIC_ADDR; do
@@ -143,5 +145,16 @@ fi
 
 if [[ $failed == 0 ]]; then
     echo "preflight $NODE: ok"
+    mem_kb=0
+    while read -r key value _; do
+        [[ $key == MemTotal: ]] && mem_kb=$value && break
+    done < /proc/meminfo
+    gpus=""
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        while read -r total; do
+            gpus+="${gpus:+,}\"${total//[^0-9A-Za-z.\[\]\/]/}\""
+        done < <(timeout 30 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null)
+    fi
+    printf '{"mem_total_bytes": %s, "gpu_memory_mib": [%s]}\n' "$(( mem_kb * 1024 ))" "$gpus"
 fi
 exit "$failed"

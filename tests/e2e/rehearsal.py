@@ -36,7 +36,17 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"
 # The image archive is kept between runs, keyed by the hash of what goes into it.
 CACHE_DIR = Path(os.environ.get("SPARK_VLLM_REHEARSAL_CACHE", "/var/tmp/spark-vllm-rehearsal"))
-MODEL_CONFIG = {"architectures": ["StandinForCausalLM"], "model_type": "standin", "max_position_embeddings": 8192}
+# A tiny model's config.json: what the memory plan reads (layers, heads, head size), no weights.
+MODEL_CONFIG = {
+    "architectures": ["StandinForCausalLM"],
+    "model_type": "standin",
+    "max_position_embeddings": 8192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "torch_dtype": "bfloat16",
+}
 
 
 def make_model(workdir: Path, name: str = "tiny-chat") -> Path:
@@ -100,9 +110,10 @@ def rehearsal_config(
         "maxModelLen": 4096,
         # CPU-only hosts (Ray still declares --num-gpus); limits within this sandbox's hard limits,
         # which root cannot raise here (no CAP_SYS_RESOURCE).
-        "container": {"gpus": False, "shmSizeMb": 256, "ulimits": sandbox_ulimits()},
+        "container": {"gpus": False, "ulimits": sandbox_ulimits()},
         "ray": {"dashboard": False, "joinTimeoutSeconds": 120},
-        "vllm": {"port": 8000, "readyTimeoutSeconds": 180},
+        # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGiB).
+        "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},
     }
     config.update(overrides)

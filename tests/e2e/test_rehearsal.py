@@ -70,6 +70,19 @@ def test_the_first_preview_creates_everything_and_touches_nothing(sim_cluster, d
     assert set(deployed["run"].changed) == set(preview.changed)  # up did what the preview said
 
 
+def test_the_pull_shows_its_progress_per_node(deployed):
+    output = deployed["run"].output
+    for node in ("node-1", "node-2"):
+        assert f"{node}-pull" in output and f"[{node}] pulled " in output  # streamed by the pull step
+
+
+def test_the_memory_plan_is_an_output(deployed):
+    plan = deployed["run"].outputs["memoryPlan"]
+    assert plan["checked"] is True and plan["fits"] is True and plan["maxModelLen"] == 4096
+    assert set(plan["nodes"]) == {"node-1", "node-2"}
+    assert plan["nodes"]["node-1"]["kv_per_token_mib"] > 0
+
+
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
     head = sim_cluster.nodes[0]
     alive = json.loads(sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout)
@@ -198,12 +211,26 @@ def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, image, model_dir,
     stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir, tensorParallelSize=3)
     config["nodes"][1]["fabricInterface"] = "fab0;reboot"
+    config["image"] = ""  # `pulumi config set image ''`
     stack.configure(config, secrets)
     with pytest.raises(StackError) as caught:
         stack.up()
     assert "tensorParallelSize × pipelineParallelSize" in str(caught.value)
     assert "nodes[1].fabricInterface" in str(caught.value)
+    assert "image: '' — expected an image reference" in str(caught.value)
     assert no_containers(sim_cluster)
+    assert stack.resource_count() == 0
+
+
+def test_a_stale_ssh_agent_socket_stops_the_program_before_any_resource(
+    sim_cluster, image, model_dir, new_stack, tmp_path
+):
+    stack = new_stack(agent_socket=tmp_path / "agent-of-a-closed-session.sock")
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    stack.configure(config, secrets)
+    with pytest.raises(StackError) as caught:
+        stack.up()
+    assert "no ssh-agent answers there" in str(caught.value) and "unset SSH_AUTH_SOCK" in str(caught.value)
     assert stack.resource_count() == 0
 
 
@@ -226,6 +253,22 @@ def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_clu
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     assert "preflight node-" in message
     assert wrong in message
+
+
+def test_a_model_too_big_for_the_nodes_memory_stops_the_deploy_with_the_numbers(
+    sim_cluster, image, model_dir, tmp_path, new_stack
+):
+    """Weights of 40 GB (a sparse file) against this machine's memory, which each simulated node
+    reports: half of it per node may go to vLLM, 20 GB of weights per node do not fit."""
+    big = tmp_path / "models" / "too-big"
+    shutil.copytree(model_dir, big)
+    with open(big / "model-00001-of-00001.safetensors", "wb") as weights:
+        weights.truncate(40 * 10**9)
+    config, secrets = rehearsal_config(sim_cluster, image.ref, big)
+    message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "the model does not fit (memoryCheck: enforce); nothing was started" in message
+    assert "node-1: needs 21.6" in message and "× gpuMemoryUtilization 0.5)" in message
+    assert "ways out:" in message
 
 
 def test_a_node_whose_tag_points_at_other_bytes_stops_every_container(sim_cluster, image, model_dir, new_stack):
@@ -284,39 +327,62 @@ def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
         assert no_containers(sim_cluster), "a container started"
     finally:
         stack.destroy()
-    message = str(caught.value)
-    assert "(node-2-image): error: failed to create Docker client: Error pinging Docker server" in message
-    assert f"ssh://root@{sim_cluster.nodes[1].mgmt_ip}" in message
+    message, worker = str(caught.value), sim_cluster.nodes[1]
+    # the first step on the node, its image pull, names it and the cause
+    assert "(node-2-pull): error:" in message
+    if daemon == "dockerd":
+        assert "[node-2] cannot reach the Docker daemon at unix://" not in message  # the socket path, not the URL
+        assert f"[node-2] cannot reach the Docker daemon at {worker.docker_socket}" in message
+    else:  # pulumi-command retries the dial 20 times (about a minute), then gives up
+        assert f"after 20 failed attempts: dial tcp {worker.mgmt_ip}:22: connect: connection refused" in message
 
 
 def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_dir, new_stack):
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     config["nodes"][1]["hostKey"] = sim_cluster.nodes[0].host_key  # not node-2's key
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
-    assert "(node-2-image): error:" in message and "Host key verification failed" in message
+    # the first step on the node: pulumi-command retries, then names the mismatch (about a minute)
+    assert "(node-2-pull): error: after 20 failed attempts: ssh: handshake failed: ssh: host key mismatch" in message
 
 
-def test_three_nodes_the_dev_way_pipeline_parallel_with_hostile_extra_args(
+def vllm_pid(cluster) -> str:
+    head = cluster.nodes[0]
+    return cluster.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.pid").stdout.strip()
+
+
+def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_extra_args(
     sim_cluster3, image3, model_dir, new_stack, ssh_agent3
 ):
     """No host keys in the config and the SSH key in an ssh-agent, on a machine that never connected
-    to the nodes (empty ~/.ssh): the first `up` pins what each node shows, on both transports."""
+    to the nodes (empty ~/.ssh): the first `up` pins what each node shows, on both transports. Two
+    nodes first; then a third is added, and its preview shows the first two untouched."""
     stack = new_stack("staging", agent_socket=ssh_agent3)
     marker = f"/tmp/spark-vllm-pwned-{os.getpid()}"
     hostile = ["--revision", f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""]
     config, secrets = rehearsal_config(
-        sim_cluster3,
-        image3.ref,
-        model_dir,
-        pipeline_parallel=True,
-        pin_host_keys=False,
-        key_secret=False,
-        vllm={"port": 8000, "extraArgs": hostile},
+        sim_cluster3, image3.ref, model_dir, pipeline_parallel=True, pin_host_keys=False, key_secret=False
     )
+    config["vllm"]["extraArgs"] = hostile
+    two = {**config, "nodes": config["nodes"][:2], "pipelineParallelSize": 2}
+    stack.configure(two, secrets)
+    first = stack.up()
+    assert {"node-1-host-key", "node-2-host-key"} <= set(first.changed)
+    assert any("no hostKey, so the first `pulumi up` trusts the key" in d for d in first.diagnostics)
+    before = container_ids(sim_cluster3)
+
     stack.configure(config, secrets)
+    preview = stack.preview()
+    assert {name for name in preview.changed if name.startswith("node-3-")} == {
+        f"node-3-{r}"
+        for r in ("host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "ray", "joined")
+    }
+    # the head and node-2 keep their containers and images: nothing of theirs shows as replaced
+    assert not {"node-1-ray", "node-2-ray", "node-1-image", "node-2-image", "node-1-docker"} & set(preview.changed)
     run = stack.up()
-    assert {f"node-{i}-host-key" for i in (1, 2, 3)} <= set(run.changed)
-    assert any("no hostKey, so the first `pulumi up` trusts the key" in d for d in run.diagnostics)
+    assert set(run.changed) == set(preview.changed)
+    after = container_ids(sim_cluster3)
+    assert after["node-1"] == before["node-1"] and after["node-2"] == before["node-2"] and after["node-3"]
+
     state = stack.export()
     for node in sim_cluster3.nodes:
         assert node.host_key in state  # pinned in the stack's state
@@ -332,7 +398,34 @@ def test_three_nodes_the_dev_way_pipeline_parallel_with_hostile_extra_args(
     assert not Path(marker).exists()
     in_container = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "test", "-e", marker, check=False)
     assert in_container.returncode != 0
-    staging_release.update(run.outputs["release"], stack=stack)
+    staging_release.update(run.outputs["release"], stack=stack, config=config, secrets=secrets)
+
+
+def test_a_rotated_ssh_credential_re_runs_the_commands_and_changes_nothing(sim_cluster3):
+    """The credential moves from the agent to the sshPrivateKey secret: every remote command's
+    connection changes, so pulumi-command runs each `create` again. Nothing may restart."""
+    if not staging_release:
+        pytest.fail("the staging deployment above did not run")
+    stack = staging_release["stack"]
+    before, pid = container_ids(sim_cluster3), vllm_pid(sim_cluster3)
+    secrets = {**staging_release["secrets"], "sshPrivateKey": sim_cluster3.client_key_private}
+    stack.configure(staging_release["config"], secrets)
+    run = stack.up()
+    commands = {name for name, event in run.resources.items() if event.type == "command:remote:Command"}
+    assert {name for name, op in run.changed.items() if op == "update"} >= commands - {
+        "spark-vllm-ready",
+        "spark-vllm-smoke",
+    }
+    assert not {op for name, op in run.changed.items() if name.endswith(("-ray", "-image"))}
+    assert container_ids(sim_cluster3) == before
+    assert vllm_pid(sim_cluster3) == pid  # the serve step found it running with the same settings
+    assert "vLLM already running with these settings" in run.output
+    assert "is already on this node" in run.output  # the pull step found the image
+    # and back to the agent (the prod test destroys staging from another machine with it)
+    stack.configure(staging_release["config"], staging_release["secrets"])  # no sshPrivateKey any more
+    back = stack.up()
+    assert "spark-vllm-serve" in back.changed and container_ids(sim_cluster3) == before
+    assert vllm_pid(sim_cluster3) == pid
 
 
 staging_release: dict = {}
@@ -341,7 +434,7 @@ staging_release: dict = {}
 def test_prod_on_other_nodes_deploys_what_staging_validated(
     sim_cluster, sim_cluster3, image, model_dir, new_stack, ssh_agent3, tmp_path
 ):
-    """staging (the test above, 3 nodes) validated a release; prod (2 other nodes, the same registry)
+    """staging (the tests above, 3 nodes) validated a release; prod (2 other nodes, the same registry)
     takes exactly that image and model, through `promoteFrom`, read from staging's stack outputs."""
     if not staging_release:
         pytest.fail("the staging deployment above did not run")

@@ -91,3 +91,59 @@ def test_managed_fabric_network_is_written_before_any_check_and_removed_on_delet
 def test_no_fabric_network_resource_unless_managed():
     run = run_program(prod(), SECRETS, stack="prod")
     assert not any(r.name.endswith("-fabric-network") for r in run.registrations)
+
+
+# --- the memory plan --------------------------------------------------------------------------------
+
+
+def test_the_seed_recipe_fits_and_its_plan_is_an_output():
+    run = run_program(prod(), SECRETS, stack="prod")
+    plan = run.exports["memoryPlan"]
+    assert plan["checked"] is True and plan["fits"] is True and plan["maxModelLen"] == 32768
+    node = plan["nodes"]["spark-02"]
+    assert node["memory_gib"] == 119.21 and node["budget_gib"] == 107.29 and node["weights_gib"] == 58.67
+    assert node["max_sequences"] > 20 and node["headroom_gib"] > 40
+
+
+def one_spark(**changes) -> dict:
+    cfg = prod(tensorParallelSize=1, **changes)
+    cfg["nodes"] = cfg["nodes"][:1]
+    return cfg
+
+
+def test_a_model_that_does_not_fit_stops_before_any_container_with_the_numbers_and_ways_out():
+    cloud = FakeCloud()
+    with pytest.raises(Exception) as caught:
+        run_program(one_spark(), SECRETS, stack="prod", mocks=cloud)
+    message = str(caught.value)
+    assert "the model does not fit (memoryCheck: enforce)" in message
+    assert "spark-01: needs 121." in message and "has 107.29 GiB (119.21 GiB × gpuMemoryUtilization 0.9)" in message
+    assert "ways out:" in message and "2 GPUs or more" in message
+    assert CONTAINER not in cloud.created
+
+
+def test_memory_check_warn_deploys_with_a_warning_and_off_skips_the_plan(caplog):
+    with caplog.at_level("WARNING"):
+        run = run_program(one_spark(memoryCheck="warn"), SECRETS, stack="prod")
+    assert run.exports["memoryPlan"]["fits"] is False
+    assert any("the model does not fit (memoryCheck: warn)" in r.getMessage() for r in caplog.records)
+    off = run_program(one_spark(memoryCheck="off"), SECRETS, stack="prod")
+    assert off.exports["memoryPlan"] == {"checked": False, "reason": "memoryCheck: off"}
+
+
+def test_a_repo_id_model_is_not_planned():
+    run = run_program(prod(model="Qwen/Qwen3-0.6B"), SECRETS, stack="prod")
+    assert run.exports["memoryPlan"]["checked"] is False
+
+
+def test_dropping_the_page_cache_runs_on_every_node_just_before_vllm_starts():
+    run = run_program(prod(memory={"dropPageCache": True}), SECRETS, stack="prod")
+    serve = run.named("spark-vllm-serve")
+    for node in ("spark-01", "spark-02"):
+        drop = run.named(f"{node}-drop-page-cache")
+        assert drop.inputs["create"] == "sudo -n sh -c 'sync && echo 1 > /proc/sys/vm/drop_caches'"  # user aurora
+        assert drop.urn in serve.dependencies
+        assert run.named("spark-vllm-cluster-ready").urn in drop.dependencies
+    assert not any(
+        r.name.endswith("-drop-page-cache") for r in run_program(prod(), SECRETS, stack="prod").registrations
+    )

@@ -90,10 +90,26 @@ def test_remote_commands_pin_the_same_host_key(run):
         assert "connection" in reg.secret_paths()
 
 
-def test_each_node_pulls_the_image_and_keeps_it(run):
+def test_each_node_pulls_the_image_with_progress_and_a_timeout_and_keeps_it(run):
     images = run.of_type(IMAGE)
     assert {r.name for r in images} == {"spark-01-image", "spark-02-image"}
     assert all(r.inputs == {"name": "hellohal2064/vllm-qwen3.5-gb10", "keepLocally": True} for r in images)
+    pull = run.named("spark-02-pull")
+    assert pull.inputs["create"] == "timeout --kill-after=10 3630 python3 -"
+    params = json.loads(json.loads(pull.inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+    assert params == {
+        "node": "spark-02",
+        "image": "hellohal2064/vllm-qwen3.5-gb10",
+        "timeout_seconds": 3600,
+        "progress_seconds": 10,
+    }
+    assert pull.inputs["triggers"] == ["hellohal2064/vllm-qwen3.5-gb10"]
+    assert pull.urn in run.named("spark-02-image").dependencies  # the provider then finds it on the node
+
+
+def test_the_pull_timeout_is_a_setting():
+    run_ = run_program(prod(imageTransfer={"timeoutSeconds": 7200, "progressSeconds": 5}), SECRETS, stack="prod")
+    assert run_.named("spark-01-pull").inputs["create"] == "timeout --kill-after=10 7230 python3 -"
 
 
 def test_ray_containers_are_wired_to_the_fabric(run):
@@ -110,7 +126,7 @@ def test_ray_containers_are_wired_to_the_fabric(run):
         assert len(env["RAY_AUTH_TOKEN"]) == 64
         assert "envs" in reg.secret_paths()
         assert inputs["networkMode"] == "host" and inputs["ipcMode"] == "host"
-        assert inputs["gpus"] == "all" and inputs["shmSize"] == 10240 and inputs["init"] is True
+        assert inputs["gpus"] == "all" and "shmSize" not in inputs and inputs["init"] is True
         assert inputs["restart"] == "unless-stopped" and inputs["mustRun"] is True
         assert {u["name"]: (u["soft"], u["hard"]) for u in inputs["ulimits"]} == {
             "memlock": (-1, -1),
@@ -272,7 +288,8 @@ def test_adding_a_node_touches_that_node_and_the_serve():
     spark03 = {k: v for k, v in result.items() if k.startswith("spark-03")}
     assert set(spark03.values()) == {"create"}
     assert set(spark03) == {
-        f"spark-03-{r}" for r in ("docker", "image", "ray", "joined", "preflight", "model-fingerprint", "gpu-check")
+        f"spark-03-{r}"
+        for r in ("docker", "pull", "image", "ray", "joined", "preflight", "model-fingerprint", "gpu-check")
     }
     others = {k: v for k, v in result.items() if not k.startswith("spark-03")}
     # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?);

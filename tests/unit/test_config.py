@@ -99,6 +99,10 @@ BAD = [
         "vllm.maxModelLen: 4096 — no such key here: 'maxModelLen' belongs at the top level",
     ),
     (config(gpus=2), "gpus: 2 — no such key here: 'gpus' belongs at nodes[].gpus"),
+    (
+        config(container__shmSizeMb=256),
+        "container.shmSizeMb: 256 — no longer a key: Docker ignores a shared-memory size when the container shares",
+    ),
     (config(nodes__0__wat=1), "nodes[0].wat: 1 — no such key (known here: name, host, user, sshPort, fabricAddress, "),
     (
         config(nodes__0__hostKey="ssh-ed25519 AAAA; rm -rf /"),

@@ -1,6 +1,7 @@
 """Preflight: the netplan drop-in (validated by netplan itself), netplan_apply.sh, preflight_node.sh
 inside network namespaces made here, and the model fingerprint with its comparison."""
 
+import json
 import os
 import shutil
 import stat
@@ -293,7 +294,11 @@ def model_dir(tmp_path):
 def test_preflight_ok_without_ping_checks_routes_and_warns(fabric, bindir, model_dir):
     result, problems = _preflight(fabric[0], bindir, MODEL=str(model_dir))
     assert (result.returncode, problems) == (0, [])
-    assert result.stdout == "preflight node-1: ok\n"
+    ok, memory = result.stdout.splitlines()
+    assert ok == "preflight node-1: ok"
+    # the node's memory for the memory plan: this machine's MemTotal, no nvidia-smi on the PATH
+    mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    assert json.loads(memory) == {"mem_total_bytes": mem_kb * 1024, "gpu_memory_mib": []}
     assert "warning: ping not found: checked only that the route to each peer leaves through fab0" in result.stderr
 
 
@@ -301,9 +306,11 @@ def test_preflight_ok_without_ping_checks_routes_and_warns(fabric, bindir, model
 def test_preflight_ok_with_ping_pings_through_the_fabric_interface(fabric, bindir, tmp_path):
     calls = tmp_path / "ping-calls"
     _fake_ping(bindir, calls)
+    _fake_tool(bindir, "nvidia-smi", 'echo "[N/A]"')  # a GB10: the GPU shares system memory
     result, problems = _preflight(fabric[0], bindir, PEERS="node-2=10.79.0.2")
     assert (result.returncode, problems, result.stderr) == (0, [], "")
-    assert result.stdout == "preflight node-1: ok\n"
+    assert result.stdout.splitlines()[0] == "preflight node-1: ok"
+    assert json.loads(result.stdout.splitlines()[1])["gpu_memory_mib"] == ["[N/A]"]
     assert calls.read_text() == "-c 1 -W 2 -I fab0 10.79.0.2\n"
 
 
@@ -510,7 +517,8 @@ def _fingerprint(path) -> dict:
 
 def test_fingerprint_lists_sizes_and_hashes_only_metadata(tmp_path):
     result = _fingerprint(_model(tmp_path / "m"))
-    assert set(result) == {"fingerprint", "files", "metadata", "broken"}
+    assert set(result) == {"fingerprint", "files", "metadata", "broken", "config"}
+    assert result["config"] == {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096}  # for the memory plan
     assert len(result["fingerprint"]) == 64
     assert result["files"]["model-00001-of-00002.safetensors"] == 1000
     assert ".cache/huggingface/download/config.json.metadata" not in result["files"]  # download state differs
@@ -522,6 +530,19 @@ def test_fingerprint_lists_sizes_and_hashes_only_metadata(tmp_path):
         "tokenizer_config.json",
     ]
     assert result["broken"] == []
+
+
+def test_node_memory_is_the_gpus_own_or_the_unified_pool():
+    from components.config import load_cluster_config
+    from tests.unit.test_config import config
+
+    node = load_cluster_config(config(nodes__1__gpus=2, tensorParallelSize=3)).nodes[1]
+    discrete = preflight.node_memory(
+        node, 'preflight spark-02: ok\n{"mem_total_bytes": 1, "gpu_memory_mib": ["81559", "81559"]}'
+    )
+    assert (discrete.memory_bytes, discrete.unified, discrete.gpus) == (81559 * 2**20, False, 2)
+    gb10 = preflight.node_memory(node, '{"mem_total_bytes": 128000000000, "gpu_memory_mib": ["[N/A]"]}')
+    assert (gb10.memory_bytes, gb10.unified) == (64000000000, True)
 
 
 def test_fingerprint_same_content_same_fingerprint(tmp_path):
