@@ -42,7 +42,7 @@ MODEL_CONFIG = {
     "model_type": "standin",
     "max_position_embeddings": 8192,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    "num_attention_heads": 8,
     "num_key_value_heads": 2,
     "head_dim": 64,
     "torch_dtype": "bfloat16",

@@ -79,6 +79,7 @@ class Run:
     seconds: float
     diagnostics: list[str]
     change_summary: dict[str, int] = field(default_factory=dict)
+    engine_seconds: Optional[float] = None  # the duration the engine itself reported (its summary)
 
     @property
     def ops(self) -> dict[str, str]:
@@ -100,6 +101,7 @@ class _Events:
         self.errors: list[str] = []
         self.diagnostics: list[str] = []
         self.summary: dict[str, int] = {}
+        self.engine_seconds: Optional[float] = None
         self._on_event = on_event
         self._lock = threading.Lock()
 
@@ -141,6 +143,7 @@ class _Events:
                     self.diagnostics.append(f"{diag.severity}: {message}")
             elif event.summary_event:
                 self.summary = {str(k): v for k, v in (event.summary_event.resource_changes or {}).items()}
+                self.engine_seconds = event.summary_event.duration_seconds
 
 
 def _program() -> None:
@@ -291,6 +294,7 @@ class RehearsalStack:
             seconds=time.monotonic() - started,
             diagnostics=events.diagnostics,
             change_summary={str(getattr(k, "value", k)): v for k, v in (summary or {}).items()},
+            engine_seconds=events.engine_seconds,
         )
 
     def preview(self, **kwargs: Any) -> Run:
