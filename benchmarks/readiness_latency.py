@@ -9,6 +9,7 @@ Exit code 1 when the worst delay exceeds the target.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -26,21 +27,17 @@ TARGET_SECONDS = 2.0
 def one_trial(ready_after: float, workdir: Path) -> float:
     log = workdir / "vllm.log"
     log.write_text("INFO loading\n")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    (workdir / "vllm.pid").write_text(str(sleeper.pid))
-    try:
-        with FakeVllm(ready_after=ready_after) as server:
-            params = {
-                "base_url": server.base_url, "model": "m", "api_key": None, "timeout_seconds": 60,
-                "poll_seconds": POLL_SECONDS, "progress_seconds": 30,
-                "log_file": str(log), "pid_file": str(workdir / "vllm.pid"),
-            }  # fmt: skip
-            subprocess.run([sys.executable, "-"], input=script_program("wait_ready.py", params), text=True,
-                           capture_output=True, check=True, timeout=90)  # fmt: skip
-            return time.monotonic() - server.ready_at
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    status = workdir / "status.json"  # what the container's supervisor says: vLLM starting
+    status.write_text(json.dumps({"state": "starting", "vllm_pid": 1234, "failed": None}))
+    with FakeVllm(ready_after=ready_after) as server:
+        params = {
+            "base_url": server.base_url, "model": "m", "api_key": None, "timeout_seconds": 60,
+            "poll_seconds": POLL_SECONDS, "progress_seconds": 30,
+            "log_file": str(log), "status_file": str(status),
+        }  # fmt: skip
+        subprocess.run([sys.executable, "-"], input=script_program("wait_ready.py", params), text=True,
+                       capture_output=True, check=True, timeout=90)  # fmt: skip
+        return time.monotonic() - server.ready_at
 
 
 def main() -> int:

@@ -14,11 +14,11 @@ from components.image import NodeImage, NodeImageArgs
 from components.memory import MemoryPlanError
 from components.memory import message as memory_message
 from components.node import NodeHost, NodeHostArgs
+from components.node_container import NodeContainer, NodeContainerArgs
 from components.preflight import compare_fingerprints, memory_plan, parse_fingerprint
-from components.ray_node import RayNode, RayNodeArgs
 from components.release import ReleaseSource, release_record
 from components.render import ray_address, shell_line
-from components.serve import VllmServer, VllmServerArgs, log_follow_command
+from components.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
 from components.ssh import SshAccess
 
 
@@ -76,33 +76,40 @@ class VllmCluster(pulumi.ComponentResource):
             lambda ids: same_image(dict(zip(names, ids, strict=True)))
         )
         self.checks_passed = self._create_checks(cfg, args, images, same_image_id)
-        self.ray_nodes = self._create_ray_nodes(cfg, args, images, self._secret_env(cfg, secrets))
+        self.nodes = self._create_node_containers(cfg, args, images, self._secret_env(cfg, secrets))
         head = cfg.head_node
-        head_ray = self.ray_nodes[head.name]
+        self.containers = {name: node.container_name for name, node in self.nodes.items()}
         self.server = VllmServer(
             name,
             VllmServerArgs(
                 config=cfg,
-                container=head_ray.container_name,
-                container_ids=[r.container.id for r in self.ray_nodes.values()],
+                containers=self.containers,
+                container_ids={name: node.container.id for name, node in self.nodes.items()},
                 model=args.release.model,
                 engine=args.release.engine,
-                connection=self.hosts[head.name].connection,
+                connections={name: host.connection for name, host in self.hosts.items()},
                 api_key=secrets.get("apiKey"),
-                depends_on=[r.joined for r in self.ray_nodes.values() if r.joined is not None],
-                node_connections={name: host.connection for name, host in self.hosts.items()},
+                # with Ray: every worker joined; with mp: every container runs
+                depends_on=[n.joined or n.container for n in self.nodes.values()],
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.endpoint = pulumi.Output.from_input(f"http://{head.host}:{cfg.vllm.port}/v1")
         self.served_model_name = self.server.served_model_name
         self.head_node = head.name
-        self.ray_address = ray_address(cfg)
-        self.containers = {name: ray.container_name for name, ray in self.ray_nodes.items()}
+        self.executor = cfg.executor
+        self.ray_address = ray_address(cfg) if cfg.executor == "ray" else None
         self.log_commands = {
-            "vllm": log_follow_command(cfg, head.name, head_ray.container_name, vllm=True),
+            "vllm": log_follow_command(cfg, head.name, self.containers[head.name], vllm=True),
             **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in self.containers.items()},
         }
+        if cfg.executor == "mp":  # every node runs a vLLM rank with a log of its own
+            self.log_commands |= {
+                f"vllm:{name}": log_follow_command(cfg, name, c, vllm=True)
+                for name, c in self.containers.items()
+                if name != head.name
+            }
+        self.status_command = status_command(cfg, self.containers)
         self.smoke = self.server.smoke_result
         self.release = self._release(args, images[head.name], same_image_id)
         self.memory_plan_output = self.memory_plan
@@ -117,6 +124,7 @@ class VllmCluster(pulumi.ComponentResource):
                 "smoke": self.smoke,
                 "release": self.release,
                 "memory_plan": self.memory_plan,
+                "status_command": self.status_command,
             }
         )
 
@@ -152,16 +160,16 @@ class VllmCluster(pulumi.ComponentResource):
             for node in cfg.nodes
         }
 
-    def _create_ray_nodes(
+    def _create_node_containers(
         self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, secret_env
-    ) -> dict[str, RayNode]:
-        ray_nodes: dict[str, RayNode] = {}
+    ) -> dict[str, NodeContainer]:
+        nodes: dict[str, NodeContainer] = {}
         head = cfg.head_node
         for node in [head, *cfg.workers]:
             host = self.hosts[node.name]
-            ray_nodes[node.name] = RayNode(
+            nodes[node.name] = NodeContainer(
                 node.name,
-                RayNodeArgs(
+                NodeContainerArgs(
                     config=cfg,
                     node=node,
                     image_id=images[node.name].image_id,
@@ -172,11 +180,11 @@ class VllmCluster(pulumi.ComponentResource):
                     # Only the head waits on the cross-node gate (checks, same image and model): workers
                     # start after the head anyway (and are stopped before it on destroy), and one gate
                     # per container would make N² dependencies.
-                    start_after=[self.checks_passed] if node is head else [ray_nodes[head.name].container],
+                    start_after=[self.checks_passed] if node is head else [nodes[head.name].container],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-        return ray_nodes
+        return nodes
 
     def _release(self, args: VllmClusterArgs, head_image: NodeImage, image_id: pulumi.Output) -> pulumi.Output:
         """What this stack runs, pinned by digest; validated once the smoke test passed."""
@@ -258,7 +266,7 @@ class VllmCluster(pulumi.ComponentResource):
         parts: list[pulumi.Input[str]] = []
         if "hfToken" in secrets:
             parts.append(secrets["hfToken"].apply(lambda token: f"HF_TOKEN={token}"))
-        if cfg.ray.auth == "token":
+        if cfg.executor == "ray" and cfg.ray.auth == "token":
             parts.append(self._ray_auth_token().apply(lambda token: f"RAY_AUTH_TOKEN={token.strip()}"))
         return pulumi.Output.secret(pulumi.Output.all(*parts)) if parts else pulumi.Output.from_input([])
 

@@ -139,6 +139,11 @@ MANAGED_VLLM_FLAGS = frozenset(
         "--enable-auto-tool-choice",
         "--no-enable-auto-tool-choice",
         "--api-key",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--headless",
     }
 )
 
@@ -205,7 +210,12 @@ class VllmConfig(_Model):
         False, description="Allow a non-loopback bind without apiKey. Anyone on the network can then use the model."
     )
     restart_generation: int = Field(
-        0, ge=0, description="Bump to force vLLM to restart on the next `pulumi up` (e.g. after it crashed)."
+        0,
+        ge=0,
+        description="Bump to restart vLLM on the next `pulumi up` (also after the supervisor gave up on it).",
+    )
+    master_port: Port = Field(
+        29501, description="executor mp: the port rank 0 listens on for the other nodes (`--master-port`)."
     )
 
 
@@ -243,22 +253,35 @@ class UlimitsConfig(_Model):
 
 
 class ContainerConfig(_Model):
-    gpus: bool = Field(True, description="Give the Ray containers every GPU (`--gpus all`). false for CPU-only hosts.")
+    gpus: bool = Field(True, description="Give the containers every GPU (`--gpus all`). false for CPU-only hosts.")
     hf_cache_dir: Optional[AbsolutePath] = Field(
         None,
         description="Host directory mounted as the Hugging Face cache. Default: the Docker volume spark-vllm-hf-cache.",
     )
     privileged: bool = Field(
-        False, description="Run Ray containers privileged. Off: only IPC_LOCK and /dev/infiniband when RDMA is used."
+        False, description="Run the containers privileged. Off: only IPC_LOCK and /dev/infiniband when RDMA is used."
     )
     restart: Literal["no", "on-failure", "always", "unless-stopped"] = Field(
-        "unless-stopped", description="Docker restart policy of the Ray containers (brings them back after a reboot)."
+        "unless-stopped", description="Docker restart policy of the containers (brings them back after a reboot)."
     )
     keep_image: bool = Field(True, description="Keep the image on the nodes when the stack is destroyed.")
     ulimits: UlimitsConfig = Field(
         default_factory=UlimitsConfig,
-        description="Ulimits of the Ray containers; lower them only where the host's hard limits cannot be raised.",
+        description="Ulimits of the containers; lower them only where the host's hard limits cannot be raised.",
     )
+
+
+class RecoveryConfig(_Model):
+    max_restarts: PositiveInt = Field(
+        5,
+        description="vLLM exits within windowSeconds before each node's supervisor stops restarting it "
+        "(the containers stay up; statusCommand says why).",
+    )
+    window_seconds: PositiveInt = Field(600, description="The window maxRestarts counts in.")
+    backoff_seconds: PositiveInt = Field(
+        5, description="Wait before restarting vLLM after it exited; doubles each time up to maxBackoffSeconds."
+    )
+    max_backoff_seconds: PositiveInt = Field(60, description="The longest wait between two restarts.")
 
 
 class ImageTransferConfig(_Model):
@@ -294,13 +317,18 @@ class ClusterConfig(_Model):
 
     nodes: list[NodeConfig] = Field(min_length=1, description="The machines, in order.")
     head: Optional[DnsLabel] = Field(
-        None, description="Node running the Ray head and `vllm serve`. Default: the first."
+        None, description="Node running the Ray head and vLLM's API server (rank 0). Default: the first."
     )
     image: Optional[ImageRef] = Field(
         None, description="Container image with vLLM and Ray; pinned to the pulled image id on every node."
     )
     model: Optional[ModelRef] = Field(
         None, description="Model path (mounted read-only at the same path on every node) or Hugging Face repo id."
+    )
+    executor: Literal["ray", "mp"] = Field(
+        "ray",
+        description="How vLLM spans the nodes: 'ray' (Ray head and workers, `vllm serve` on the head) or 'mp' "
+        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers).",
     )
     tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size`.")
     pipeline_parallel_size: PositiveInt = Field(
@@ -312,13 +340,16 @@ class ClusterConfig(_Model):
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster settings.")
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
-    container: ContainerConfig = Field(default_factory=ContainerConfig, description="Ray container settings.")
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description="The node containers' settings.")
     memory_check: Literal["enforce", "warn", "off"] = Field(
         "enforce",
         description="The memory plan (weights, KV cache for maxModelLen, allowance) against each node's memory, "
         "before anything starts: stop the deploy when it does not fit, warn, or skip it.",
     )
     memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory plan settings.")
+    recovery: RecoveryConfig = Field(
+        default_factory=RecoveryConfig, description="How each node's supervisor restarts vLLM after it exits."
+    )
     image_transfer: ImageTransferConfig = Field(
         default_factory=ImageTransferConfig, description="How the image reaches each node."
     )
@@ -471,6 +502,15 @@ def _parallelism_problems(cfg: Any) -> list[str]:
     facts = [cfg.nodes, cfg.tensor_parallel_size, cfg.pipeline_parallel_size]
     if INVALID in facts or not cfg.nodes or any(node is INVALID or node.gpus is INVALID for node in cfg.nodes):
         return []
+    if cfg.executor == "mp" and len({node.gpus for node in cfg.nodes}) > 1:
+        counts = ", ".join(f"{n.name if n.name is not INVALID else '?'}: {n.gpus}" for n in cfg.nodes)
+        return [
+            _problem(
+                "nodes[].gpus",
+                counts,
+                "the same number on every node with executor mp (vLLM runs TP × PP / nodes ranks on each)",
+            )
+        ]
     total_gpus = sum(node.gpus for node in cfg.nodes)
     world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
     if world == total_gpus:
@@ -532,12 +572,38 @@ def _serving_problems(cfg: Any) -> list[str]:
                 "or set vllm.allowUnauthenticated: true to serve without one",
             )
         )
+    problems += _runtime_problems(cfg)
     for index, arg in enumerate([] if cfg.vllm.extra_args is INVALID else cfg.vllm.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_VLLM_FLAGS:
             problems.append(
                 _problem(f"vllm.extraArgs[{index}]", arg, "a flag the program does not set itself: use its own key")
             )
+    return problems
+
+
+def _runtime_problems(cfg: Any) -> list[str]:
+    """The head listens on vllm.port and, with Ray, ray.port or, with mp, vllm.masterPort: one each;
+    the recovery backoff grows from backoffSeconds to maxBackoffSeconds."""
+    problems = []
+    recovery = cfg.recovery
+    if recovery is not INVALID and INVALID not in (recovery.backoff_seconds, recovery.max_backoff_seconds):
+        if recovery.max_backoff_seconds < recovery.backoff_seconds:
+            problems.append(
+                _problem(
+                    "recovery.maxBackoffSeconds",
+                    recovery.max_backoff_seconds,
+                    f"at least recovery.backoffSeconds ({recovery.backoff_seconds})",
+                )
+            )
+    if cfg.executor == "mp":
+        other, port = "vllm.masterPort", cfg.vllm.master_port
+    else:
+        other, port = "ray.port", INVALID if cfg.ray is INVALID else cfg.ray.port
+    if INVALID not in (cfg.executor, cfg.vllm.port, port) and port == cfg.vllm.port:
+        problems.append(
+            _problem(other, port, f"another port than vllm.port ({cfg.vllm.port}): both listen on the head")
+        )
     return problems
 
 

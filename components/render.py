@@ -15,18 +15,23 @@ from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
 
-RAY_CONTAINER_PREFIX = "spark-vllm-ray"
+CONTAINER_PREFIX = "spark-vllm"
 HF_CACHE_VOLUME = "spark-vllm-hf-cache"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
-RUN_DIR = "/run/spark-vllm"  # inside the head container: vLLM's pid file and log
+RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
 VLLM_LOG = f"{RUN_DIR}/vllm.log"
-VLLM_PID = f"{RUN_DIR}/vllm.pid"
+STATUS_FILE = f"{RUN_DIR}/status.json"
 # Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
 VLLM_STOP_GRACE_SECONDS = 30
 
 
 def container_name(node: NodeConfig) -> str:
-    return f"{RAY_CONTAINER_PREFIX}-{node.name}"
+    return f"{CONTAINER_PREFIX}-{node.name}"
+
+
+def node_rank(cfg: ClusterConfig, node: NodeConfig) -> int:
+    """The head is rank 0; the workers follow in the order the config lists them."""
+    return [cfg.head_node, *cfg.workers].index(node)
 
 
 def ray_address(cfg: ClusterConfig) -> str:
@@ -56,9 +61,41 @@ def node_env(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
         env["NCCL_IB_HCA"] = ",".join(node.rdma_devices)
     if cfg.nccl.debug:
         env["NCCL_DEBUG"] = cfg.nccl.debug
-    if cfg.ray.auth == "token":
+    if cfg.executor == "ray" and cfg.ray.auth == "token":
         env["RAY_AUTH_MODE"] = "token"
     return [f"{key}={value}" for key, value in env.items()]
+
+
+def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
+    """What a node's container is, for its supervisor (components/scripts/supervisor.py): the
+    container's command. Only what changes the container itself belongs here; what vLLM is (its
+    arguments, recovery, the cluster it waits for) comes from the serve step (`supervisor_spec`)."""
+    return {
+        "node": node.name,
+        "executor": cfg.executor,
+        "run_dir": RUN_DIR,
+        "ray_argv": ["ray", *ray_start_args(cfg, node)] if cfg.executor == "ray" else None,
+        "stop_grace_seconds": VLLM_STOP_GRACE_SECONDS,
+    }
+
+
+def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
+    """The part of vLLM's settings for a node's supervisor besides argv and env."""
+    is_head = node.name == cfg.head_node.name
+    recovery = cfg.recovery
+    spec: dict[str, Any] = {
+        "recovery": {
+            "max_restarts": recovery.max_restarts,
+            "window_seconds": recovery.window_seconds,
+            "backoff_seconds": recovery.backoff_seconds,
+            "max_backoff_seconds": recovery.max_backoff_seconds,
+        },
+        "health_url": f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
+        "ray_ready": None,
+    }
+    if cfg.executor == "ray" and is_head:
+        spec["ray_ready"] = {"address": ray_address(cfg), "nodes": len(cfg.nodes), "gpus": cfg.world_size}
+    return spec
 
 
 def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
@@ -80,8 +117,11 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
     return [*common, "--head", f"--port={cfg.ray.port}", *dashboard]
 
 
-def serve_argv(cfg: ClusterConfig, model: str, engine: dict[str, Any] | None = None) -> list[str]:
-    """`vllm serve …` for the head node. `engine` overrides the engine settings of a promoted release."""
+def serve_argv(
+    cfg: ClusterConfig, model: str, engine: dict[str, Any] | None = None, node: NodeConfig | None = None
+) -> list[str]:
+    """`vllm serve …` for `node` (default: the head). `engine` overrides the engine settings of a
+    promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless."""
     settings = engine_settings(cfg) if engine is None else engine
     argv = [
         "vllm",
@@ -90,9 +130,20 @@ def serve_argv(cfg: ClusterConfig, model: str, engine: dict[str, Any] | None = N
         f"--tensor-parallel-size={cfg.tensor_parallel_size}",
         f"--pipeline-parallel-size={cfg.pipeline_parallel_size}",
     ]
-    if len(cfg.nodes) > 1:
+    if len(cfg.nodes) > 1 and cfg.executor == "ray":
         # vLLM has no automatic fallback when the world spans nodes: Ray must be named.
         argv.append("--distributed-executor-backend=ray")
+    elif len(cfg.nodes) > 1:
+        rank = node_rank(cfg, node or cfg.head_node)
+        argv += [
+            "--distributed-executor-backend=mp",
+            f"--nnodes={len(cfg.nodes)}",
+            f"--node-rank={rank}",
+            f"--master-addr={cfg.head_node.fabric_address}",
+            f"--master-port={cfg.vllm.master_port}",
+        ]
+        if rank > 0:
+            argv.append("--headless")
     if settings.get("maxModelLen") is not None:
         argv.append(f"--max-model-len={settings['maxModelLen']}")
     argv += [

@@ -1,25 +1,29 @@
-"""vLLM on the head node: wait for the Ray cluster, start `vllm serve`, wait until it serves, smoke-test it.
+"""vLLM: wait for the Ray cluster, hand vLLM's settings to the supervisors, wait until it serves,
+smoke-test it.
 
 Each step is its own remote command so `pulumi preview` shows which one a change touches, and a
-failure names the step. All of them run inside the head's Ray container through `docker exec`;
-parameters (the API key among them) travel on stdin, never on a command line.
+failure names the step. They run inside the nodes' containers through `docker exec`; parameters
+(the API key among them) travel on stdin, never on a command line. With Ray the head runs vLLM;
+with executor mp every node runs its rank, so every node gets its settings (`<node>-serve`; the
+head's step is `spark-vllm-serve` in both executors). The supervisor in each container starts and
+restarts vLLM (components/scripts/supervisor.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import pulumi
 import pulumi_command as command
 
-from components.config import ClusterConfig
+from components.config import ClusterConfig, NodeConfig
 from components.render import (
     RUN_DIR,
+    STATUS_FILE,
     VLLM_LOG,
-    VLLM_PID,
     VLLM_STOP_GRACE_SECONDS,
     exec_python,
     fingerprint,
@@ -30,11 +34,13 @@ from components.render import (
     script_program,
     serve_argv,
     shell_line,
+    supervisor_spec,
     with_log_tail_on_failure,
     with_script,
 )
 
 POLL_SECONDS = 1  # readiness notices a ready server within this
+SERVE_HANDOVER_SECONDS = 120  # for a supervisor to take up new settings (stopping the old vLLM first)
 PROGRESS_SECONDS = 30
 SMOKE_PROMPT = "Reply with the single word: ready"
 SMOKE_MAX_TOKENS = 16
@@ -43,16 +49,13 @@ SMOKE_MAX_TOKENS = 16
 @dataclass(frozen=True)
 class VllmServerArgs:
     config: ClusterConfig
-    container: str  # the head's Ray container
-    container_ids: Sequence[pulumi.Input[str]]  # every Ray container: a new one re-forms the cluster
+    containers: Mapping[str, str]  # node name -> its container's name
+    container_ids: Mapping[str, pulumi.Input[str]]  # node name -> container id: a new one re-forms the group
     model: pulumi.Input[str]
     engine: pulumi.Input[dict]
-    connection: command.remote.ConnectionArgs
+    connections: Mapping[str, command.remote.ConnectionArgs]
     api_key: Optional[pulumi.Input[str]]  # secret
     depends_on: Sequence[pulumi.Resource]
-    node_connections: Mapping[str, command.remote.ConnectionArgs] = field(
-        default_factory=dict
-    )  # for memory.dropPageCache
 
 
 def last_json_line(stdout: str) -> dict[str, Any]:
@@ -60,6 +63,11 @@ def last_json_line(stdout: str) -> dict[str, Any]:
         if line.startswith("{"):
             return json.loads(line)
     return {}
+
+
+def started(serve: command.remote.Command) -> pulumi.Output:
+    """What a serve step left running: vLLM's pid and settings (its last line)."""
+    return serve.stdout.apply(last_json_line)
 
 
 def smoke_summary(stdout: str) -> dict[str, Any]:
@@ -81,9 +89,10 @@ class VllmServer(pulumi.ComponentResource):
             lambda model: cfg.vllm.served_model_name or model
         )
         argv_fingerprint = self.argv.apply(fingerprint)
-        self.cluster_ready = self._create_cluster_wait(name)
+        self.cluster_ready = self._create_cluster_wait(name) if cfg.executor == "ray" else None
         self.page_cache_dropped = self._create_page_cache_drops(argv_fingerprint) if cfg.memory.drop_page_cache else []
-        self.serve = self._create_serve(name)
+        self.worker_serves = self._create_worker_serves() if cfg.executor == "mp" else []
+        self.serve = self._create_serve(name, cfg.head_node, f"{name}-serve")
         self.ready = self._create_ready_wait(name, argv_fingerprint)
         self.smoke = self._create_smoke_test(name, argv_fingerprint) if cfg.smoke_test else None
         smoke_result = self.smoke.stdout.apply(smoke_summary) if self.smoke else pulumi.Output.from_input({})
@@ -91,13 +100,18 @@ class VllmServer(pulumi.ComponentResource):
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result})
 
     def _head_command(self, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs) -> command.remote.Command:
+        return self._node_command(self._args.config.head_node, name, timeout, stdin, **kwargs)
+
+    def _node_command(
+        self, node: NodeConfig, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs
+    ) -> command.remote.Command:
         args = self._args
-        node = args.config.head_node
+        container = args.containers[node.name]
         opts = kwargs.pop("opts", pulumi.ResourceOptions())
         return command.remote.Command(
             name,
-            connection=args.connection,
-            create=with_log_tail_on_failure(exec_python(args.container, timeout), node, args.container),
+            connection=args.connections[node.name],
+            create=with_log_tail_on_failure(exec_python(container, timeout), node, container),
             stdin=stdin,
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions.merge(pulumi.ResourceOptions(parent=self), opts),
@@ -120,9 +134,13 @@ class VllmServer(pulumi.ComponentResource):
             f"{name}-cluster-ready",
             cfg.ray.join_timeout_seconds + 60,
             script_program("ray_join.py", params),
-            triggers=list(self._args.container_ids),
+            triggers=list(self._args.container_ids.values()),
             opts=pulumi.ResourceOptions(depends_on=list(self._args.depends_on)),
         )
+
+    def _before_serve(self) -> list[pulumi.Resource]:
+        waits = [self.cluster_ready] if self.cluster_ready is not None else list(self._args.depends_on)
+        return [*waits, *self.page_cache_dropped]
 
     def _create_page_cache_drops(self, argv_fingerprint: pulumi.Output[str]) -> list[command.remote.Command]:
         """memory.dropPageCache: on every node, just before vLLM (re)starts, the kernel drops clean
@@ -137,51 +155,73 @@ class VllmServer(pulumi.ComponentResource):
             drops.append(
                 command.remote.Command(
                     f"{node.name}-drop-page-cache",
-                    connection=self._args.node_connections[node.name],
+                    connection=self._args.connections[node.name],
                     create=drop,
-                    # Again whenever vLLM starts afresh: new arguments, a re-formed cluster, a restart.
-                    triggers=[argv_fingerprint, self.cluster_ready.id, cfg.vllm.restart_generation],
+                    # Again whenever vLLM starts afresh: new arguments, a re-formed group, a restart.
+                    triggers=[argv_fingerprint, *self._group_triggers()],
                     add_previous_output_in_env=False,
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cluster_ready]),
+                    opts=pulumi.ResourceOptions(
+                        parent=self,
+                        depends_on=[self.cluster_ready] if self.cluster_ready else list(self._args.depends_on),
+                    ),
                 )
             )
         return drops
 
-    def _create_serve(self, name: str) -> command.remote.Command:
+    def _group_triggers(self) -> list:
+        """What starts vLLM afresh: a re-formed Ray cluster (any new container: vLLM's workers died with
+        the old one) or, with mp, a new container of any rank; and a bumped restartGeneration."""
+        cfg = self._args.config
+        if self.cluster_ready is not None:
+            return [self.cluster_ready.id, cfg.vllm.restart_generation]
+        return [*self._args.container_ids.values(), cfg.vllm.restart_generation]
+
+    def _create_worker_serves(self) -> list[command.remote.Command]:
+        """executor mp: every worker's rank gets its settings too (`--headless`, its --node-rank)."""
+        cfg = self._args.config
+        return [self._create_serve(f"{node.name}-serve", node, f"{node.name}-serve") for node in cfg.workers]
+
+    def _create_serve(self, name: str, node: NodeConfig, resource_name: str) -> command.remote.Command:
         args = self._args
         cfg = args.config
+        container = args.containers[node.name]
+        argv = (
+            self.argv
+            if node.name == cfg.head_node.name
+            else pulumi.Output.all(args.model, args.engine).apply(lambda p: serve_argv(cfg, p[0], p[1], node))
+        )
 
         def program(parts: list) -> str:
-            argv, api_key = parts
+            node_argv, api_key = parts
             env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_seconds)}
             if api_key:
                 env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is absent
+            spec = supervisor_spec(cfg, node)
             return script_program(
-                "serve_start.py",
+                "serve_spec.py",
                 {
-                    "argv": argv,
+                    "node": node.name,
+                    "argv": node_argv,
                     "env": env,
-                    "fingerprint": fingerprint([argv, env]),
-                    "log_file": VLLM_LOG,
-                    "pid_file": VLLM_PID,
-                    "fingerprint_file": f"{RUN_DIR}/vllm.fingerprint",
-                    "stop_grace_seconds": VLLM_STOP_GRACE_SECONDS,
-                    "settle_seconds": 3,
+                    "spec": spec,
+                    # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
+                    "fingerprint": fingerprint([node_argv, env, spec, cfg.vllm.restart_generation]),
+                    "run_dir": RUN_DIR,
+                    "timeout_seconds": SERVE_HANDOVER_SECONDS,
                 },
             )
 
-        stop = ["docker", "exec", "-i", args.container, "python3", "-", VLLM_PID, str(VLLM_STOP_GRACE_SECONDS)]
-        delete = with_script(if_container_exists(args.container, stop), script("serve_stop.py"))
-        return self._head_command(
-            f"{name}-serve",
-            VLLM_STOP_GRACE_SECONDS + 120,
-            pulumi.Output.all(self.argv, args.api_key).apply(program),
+        stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
+        delete = with_script(if_container_exists(container, stop), script("serve_stop.py"))
+        return self._node_command(
+            node,
+            resource_name,
+            SERVE_HANDOVER_SECONDS + 60,
+            pulumi.Output.all(argv, args.api_key).apply(program),
             delete=delete,
-            # A re-formed Ray cluster (any new container: vLLM's workers died with the old one) or a
-            # bumped restartGeneration starts vLLM afresh.
-            triggers=[self.cluster_ready.id, cfg.vllm.restart_generation],
+            triggers=self._group_triggers() if node.name == cfg.head_node.name else [args.container_ids[node.name]],
             opts=pulumi.ResourceOptions(
-                depends_on=[self.cluster_ready, *self.page_cache_dropped],
+                depends_on=self._before_serve(),
                 # Stop the old server before starting the new one: they would share GPUs and the port.
                 delete_before_replace=True,
                 # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
@@ -207,7 +247,7 @@ class VllmServer(pulumi.ComponentResource):
                 "poll_seconds": POLL_SECONDS,
                 "progress_seconds": PROGRESS_SECONDS,
                 "log_file": VLLM_LOG,
-                "pid_file": VLLM_PID,
+                "status_file": STATUS_FILE,
             }
             return script_program("wait_ready.py", params)
 
@@ -215,10 +255,11 @@ class VllmServer(pulumi.ComponentResource):
             f"{name}-ready",
             timeout + 60,
             pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
-            # Runs again whenever vLLM was (re)started with other arguments; read-only, no delete.
-            triggers=[self.serve.id, argv_fingerprint],
+            # Runs again whenever a serve step started vLLM anew (another pid or other settings), also
+            # after an `up` that failed while waiting; read-only, no delete.
+            triggers=[self.serve.id, argv_fingerprint, *[started(step) for step in [self.serve, *self.worker_serves]]],
             opts=pulumi.ResourceOptions(
-                depends_on=[self.serve], additional_secret_outputs=["stdin", "stdout", "stderr"]
+                depends_on=[self.serve, *self.worker_serves], additional_secret_outputs=["stdin", "stdout", "stderr"]
             ),
         )
 
@@ -252,3 +293,36 @@ def log_follow_command(cfg: ClusterConfig, node_name: str, container: str, vllm:
         else ["docker", "logs", "--tail", "200", "-f", container]
     )
     return shell_line(["ssh", "-t", "-p", str(node.ssh_port), f"{node.user}@{node.host}", shell_line(remote)])
+
+
+STATUS_SUMMARY = (
+    "import json; s = json.load(open({path!r})); e = s.get('last_exit') or {{}}; "
+    "print('vLLM: %s, serving: %s, restarts: %s (%s in the window), last exit: %s %s%s' % (s['state'], "
+    "'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), e.get('code', '-'), "
+    "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else ''))"
+)
+
+
+def status_command(cfg: ClusterConfig, containers: Mapping[str, str]) -> str:
+    """One command printing, per node: its container's state and Docker restart count, and what its
+    supervisor says of vLLM (state, serving, restarts, last error)."""
+    lines = []
+    for node in cfg.nodes:
+        container = containers[node.name]
+        remote = "; ".join(
+            [
+                shell_line(
+                    [
+                        "docker",
+                        "inspect",
+                        "-f",
+                        "container {{.State.Status}}, restarted by Docker {{.RestartCount}} time(s)",
+                        container,
+                    ]
+                ),  # fmt: skip
+                shell_line(["docker", "exec", container, "python3", "-c", STATUS_SUMMARY.format(path=STATUS_FILE)]),
+            ]
+        )
+        ssh = shell_line(["ssh", "-p", str(node.ssh_port), f"{node.user}@{node.host}", remote])
+        lines.append(f"echo {shell_line([f'== {node.name}'])}; {ssh}")
+    return "; ".join(lines)

@@ -1,43 +1,35 @@
-# Runs inside the head's Ray container through a quoted heredoc: stops vLLM gracefully
-# (SIGTERM to its process group, wait, then SIGKILL). Safe to run when nothing runs.
+# Runs inside a node's container through a quoted heredoc (`python3 - RUN_DIR GRACE`): takes vLLM's
+# settings away from the supervisor, which stops vLLM (SIGTERM to its process group, GRACE
+# seconds, then SIGKILL), and waits until it has. Safe to run when nothing runs.
+import json
 import os
-import signal
 import sys
 import time
 
-PID_FILE, GRACE = sys.argv[1], float(sys.argv[2])
+RUN, GRACE = sys.argv[1], float(sys.argv[2])
+SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
 
 
-def alive(pid):
+def status():
     try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as stat:
-            return not stat.read().split(") ", 1)[1].startswith("Z")
-    except OSError:
-        return False
+        with open(STATUS) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
 
 
 try:
-    pid = int(open(PID_FILE).read().strip())
-except (OSError, ValueError):
-    print("vLLM is not running")
+    os.remove(SPEC)
+except FileNotFoundError:
+    print("vLLM has no settings here: nothing to stop")
     sys.exit(0)
-
-
-def signal_group(signum):
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-if alive(pid):
-    signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if alive(pid):
-        print(f"vLLM (pid {pid}) ignored SIGTERM for {GRACE:g} s: killing it")
-        signal_group(signal.SIGKILL)
-os.remove(PID_FILE)
-print(f"vLLM (pid {pid}) stopped")
+pid = status().get("vllm_pid")
+deadline = time.monotonic() + GRACE + 15
+while time.monotonic() < deadline:
+    now = status()
+    if now.get("spec_fingerprint") is None and not now.get("vllm_pid"):
+        print(f"vLLM (pid {pid}) stopped" if pid else "vLLM stopped")
+        sys.exit(0)
+    time.sleep(0.5)
+print(f"the supervisor did not stop vLLM (pid {pid}) within {GRACE + 15:g} s")
+sys.exit(1)

@@ -1,7 +1,8 @@
-# Runs inside the head's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
+# Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
 # components.render.script_program. Waits until /health answers 200 and /v1/models lists the
-# served model; prints a progress line regularly; on death or timeout prints the log tail and
-# a hint for the known causes, and exits 1.
+# served model; prints a progress line regularly; when the container's supervisor gives up on
+# vLLM (it kept exiting) or the time runs out, prints the log tail and a hint for the known
+# causes, and exits 1. While vLLM restarts after an exit, it keeps waiting.
 import json
 import sys
 import time
@@ -39,13 +40,13 @@ def log_lines(count):
         return []
 
 
-def process_alive():
+def supervisor():
+    """What the container's supervisor says of vLLM (RUN_DIR/status.json)."""
     try:
-        pid = int(open(P["pid_file"]).read().strip())
-        with open(f"/proc/{pid}/stat") as stat:
-            return not stat.read().split(") ", 1)[1].startswith("Z")
+        with open(P["status_file"]) as handle:
+            return json.load(handle)
     except (OSError, ValueError):
-        return False
+        return {}
 
 
 def get(path, key=None):
@@ -95,14 +96,20 @@ def main():
                 return fail(f"/v1/models lists {served}, not {P['model']!r}")
             if status in (401, 403):
                 return fail(f"/v1/models refused the API key (HTTP {status})")
-        if not process_alive():
-            return fail(f"the vllm serve process exited (after {elapsed:.0f} s)")
+        status = supervisor()
+        if status.get("failed"):
+            return fail(status["failed"])
         if elapsed >= P["timeout_seconds"]:
             return fail(f"not ready after {P['timeout_seconds']} s (last /health: {health})")
         if time.monotonic() - last_progress >= P["progress_seconds"]:
             last_progress = time.monotonic()
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
-            print(f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}; log: {last[:200]}", flush=True)
+            state = status.get("state", "unknown")
+            print(
+                f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
+                f"log: {last[:200]}",
+                flush=True,
+            )
         time.sleep(P["poll_seconds"])
 
 

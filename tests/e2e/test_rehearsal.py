@@ -66,7 +66,7 @@ def deployed(sim_cluster, image, model_dir, new_stack):
 def test_the_first_preview_creates_everything_and_touches_nothing(sim_cluster, deployed):
     preview = deployed["preview"]
     assert set(preview.changed.values()) == {"create"}
-    assert {"node-1-ray", "node-2-ray", "spark-vllm-serve"} <= set(preview.changed)
+    assert {"node-1-container", "node-2-container", "spark-vllm-serve"} <= set(preview.changed)
     assert set(deployed["run"].changed) == set(preview.changed)  # up did what the preview said
 
 
@@ -85,7 +85,7 @@ def test_the_memory_plan_is_an_output(deployed):
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
     head = sim_cluster.nodes[0]
-    alive = json.loads(sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout)
+    alive = json.loads(sim_cluster.docker(head, "exec", "spark-vllm-node-1", "python3", "-c", RAY_NODES).stdout)
     assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster.nodes)
     assert not {node.mgmt_ip for node in sim_cluster.nodes} & set(alive)
 
@@ -106,7 +106,7 @@ def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_clu
 
 def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_on_it(sim_cluster, deployed):
     head = sim_cluster.nodes[0]
-    log = sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    log = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
     for node in sim_cluster.nodes:
         assert node.fabric_ip in log  # one actor per GPU bundle, reported with its node's address
 
@@ -115,11 +115,11 @@ def test_ray_refuses_a_client_without_the_token(sim_cluster, deployed):
     head = sim_cluster.nodes[0]
     probe = f"import ray; ray.init(address='{head.fabric_ip}:6379', logging_level='ERROR'); print('joined')"
     without = sim_cluster.docker(
-        head, "exec", "spark-vllm-ray-node-1", "env", "-u", "RAY_AUTH_TOKEN", "timeout", "60", "python3", "-c", probe,
+        head, "exec", "spark-vllm-node-1", "env", "-u", "RAY_AUTH_TOKEN", "timeout", "60", "python3", "-c", probe,
         check=False,
     )  # fmt: skip
     assert without.returncode != 0 and "joined" not in without.stdout
-    env = sim_cluster.docker(head, "exec", "spark-vllm-ray-node-1", "env").stdout
+    env = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "env").stdout
     assert "RAY_AUTH_MODE=token" in env
 
 
@@ -177,15 +177,15 @@ def test_a_max_model_len_edit_previews_exactly_the_serve_steps_and_keeps_every_r
 def test_refresh_shows_a_container_removed_by_hand_and_the_next_up_repairs_it(sim_cluster, deployed):
     stack = deployed["stack"]
     worker = sim_cluster.nodes[1]
-    sim_cluster.docker(worker, "rm", "-f", "spark-vllm-ray-node-2")
+    sim_cluster.docker(worker, "rm", "-f", "spark-vllm-node-2")
     refreshed = stack.refresh()
-    assert refreshed.changed.get("node-2-ray") == "delete", refreshed.changed  # gone from the state
-    assert "node-2-ray" not in stack.export()
+    assert refreshed.changed.get("node-2-container") == "delete", refreshed.changed  # gone from the state
+    assert "node-2-container" not in stack.export()
     preview = stack.preview()
-    assert preview.changed.get("node-2-ray") == "create"
-    assert "node-1-ray" not in preview.changed  # the head stays
+    assert preview.changed.get("node-2-container") == "create"
+    assert "node-1-container" not in preview.changed  # the head stays
     run = stack.up()
-    assert run.changed.get("node-2-ray") == "create"
+    assert run.changed.get("node-2-container") == "create"
     assert run.changed.get("spark-vllm-serve") == "replace"  # its Ray workers died with the container
     assert container_ids(sim_cluster)["node-2"]
     chat(run.outputs["endpoint"], deployed["secrets"]["apiKey"], run.outputs["servedModelName"])
@@ -201,7 +201,7 @@ def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, 
     destroyed = clone.destroy(run_program=True)
     names = sorted(destroyed.changed, key=lambda name: destroyed.resources[name].finished or 0)
     # vLLM first, then the worker, then the head
-    assert names.index("spark-vllm-serve") < names.index("node-2-ray") < names.index("node-1-ray")
+    assert names.index("spark-vllm-serve") < names.index("node-2-container") < names.index("node-1-container")
     assert no_containers(sim_cluster)
     assert netns_processes(sim_cluster) == []
     assert clone.destroy().changed == {}  # a second destroy is safe and does nothing
@@ -347,7 +347,7 @@ def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_di
 
 def vllm_pid(cluster) -> str:
     head = cluster.nodes[0]
-    return cluster.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.pid").stdout.strip()
+    return cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.pid").stdout.strip()
 
 
 def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_extra_args(
@@ -374,10 +374,12 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
     preview = stack.preview()
     assert {name for name in preview.changed if name.startswith("node-3-")} == {
         f"node-3-{r}"
-        for r in ("host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "ray", "joined")
+        for r in ("host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "container", "joined")
     }
     # the head and node-2 keep their containers and images: nothing of theirs shows as replaced
-    assert not {"node-1-ray", "node-2-ray", "node-1-image", "node-2-image", "node-1-docker"} & set(preview.changed)
+    assert not {"node-1-container", "node-2-container", "node-1-image", "node-2-image", "node-1-docker"} & set(
+        preview.changed
+    )
     run = stack.up()
     assert set(run.changed) == set(preview.changed)
     after = container_ids(sim_cluster3)
@@ -387,16 +389,16 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
     for node in sim_cluster3.nodes:
         assert node.host_key in state  # pinned in the stack's state
     head = sim_cluster3.nodes[0]
-    alive = json.loads(sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "python3", "-c", RAY_NODES).stdout)
+    alive = json.loads(sim_cluster3.docker(head, "exec", "spark-vllm-node-1", "python3", "-c", RAY_NODES).stdout)
     assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster3.nodes)
-    log = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    log = sim_cluster3.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
     assert "--pipeline-parallel-size=3" in log and "--tensor-parallel-size=1" in log
     answer = chat(run.outputs["endpoint"], secrets["apiKey"], run.outputs["servedModelName"])
     assert answer["usage"]["completion_tokens"] > 0
     # the hostile value reached vLLM as one argument, and nothing ran
     assert f"touch {marker}" in log
     assert not Path(marker).exists()
-    in_container = sim_cluster3.docker(head, "exec", "spark-vllm-ray-node-1", "test", "-e", marker, check=False)
+    in_container = sim_cluster3.docker(head, "exec", "spark-vllm-node-1", "test", "-e", marker, check=False)
     assert in_container.returncode != 0
     staging_release.update(run.outputs["release"], stack=stack, config=config, secrets=secrets)
 
@@ -416,7 +418,7 @@ def test_a_rotated_ssh_credential_re_runs_the_commands_and_changes_nothing(sim_c
         "spark-vllm-ready",
         "spark-vllm-smoke",
     }
-    assert not {op for name, op in run.changed.items() if name.endswith(("-ray", "-image"))}
+    assert not {op for name, op in run.changed.items() if name.endswith(("-container", "-image"))}
     assert container_ids(sim_cluster3) == before
     assert vllm_pid(sim_cluster3) == pid  # the serve step found it running with the same settings
     assert "vLLM already running with these settings" in run.output

@@ -28,7 +28,7 @@ def test_every_node_is_checked_before_any_container_starts():
     for container in run.of_type(CONTAINER):
         # every container waits for every node's checks, not only its own (workers through the head)
         assert checks <= waits_for(container.urn), container.name
-    gate, head = run.named("spark-vllm-checks-passed"), run.named("spark-01-ray")
+    gate, head = run.named("spark-vllm-checks-passed"), run.named("spark-01-container")
     assert checks <= set(gate.dependencies)
     assert gate.urn in head.dependencies
     # the gate holds what every node agreed on; the head's own inputs take nothing from it

@@ -67,7 +67,7 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
     assert "IdentitiesOnly=yes" in opts
     # every resource on a node uses that node's provider
     for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
-        node = reg.name.split("-image")[0].split("-ray")[0]
+        node = reg.name.split("-image")[0].split("-container")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
     # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
     assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {"ray-auth-token", "spark-vllm-checks-passed"}
@@ -112,8 +112,12 @@ def test_the_pull_timeout_is_a_setting():
     assert run_.named("spark-01-pull").inputs["create"] == "timeout --kill-after=10 7230 python3 -"
 
 
-def test_ray_containers_are_wired_to_the_fabric(run):
-    head, worker = run.named("spark-01-ray"), run.named("spark-02-ray")
+def supervisor_of(reg) -> dict:
+    return json.loads(reg.inputs["command"][0])
+
+
+def test_node_containers_are_wired_to_the_fabric(run):
+    head, worker = run.named("spark-01-container"), run.named("spark-02-container")
     for reg, fabric in ((head, "192.168.200.12"), (worker, "192.168.200.13")):
         inputs = reg.inputs
         env = dict(e.split("=", 1) for e in inputs["envs"])
@@ -147,14 +151,20 @@ def test_ray_containers_are_wired_to_the_fabric(run):
         assert inputs["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
         assert inputs["image"] == "sha256:" + "ab" * 32  # the pulled id, not the tag
         assert reg.delete_before_replace
-    assert head.inputs["entrypoints"] == ["ray"]
-    assert "--head" in head.inputs["command"] and "--dashboard-host=127.0.0.1" in head.inputs["command"]
-    assert "--address=192.168.200.12:6379" in worker.inputs["command"]
-    assert head.inputs["name"] == "spark-vllm-ray-spark-01"
+    # the main process is the supervisor, which keeps Ray (and on the head vLLM) running
+    assert head.inputs["entrypoints"][:3] == ["python3", "-u", "-c"]
+    assert "class Supervisor" in head.inputs["entrypoints"][3]
+    on_head, on_worker = supervisor_of(head), supervisor_of(worker)
+    assert on_head["ray_argv"][:2] == ["ray", "start"] and "--head" in on_head["ray_argv"]
+    assert "--dashboard-host=127.0.0.1" in on_head["ray_argv"]
+    assert "--address=192.168.200.12:6379" in on_worker["ray_argv"]
+    # nothing of vLLM's (nor the node count) in the container's definition: those change no container
+    assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds"}
+    assert head.inputs["name"] == "spark-vllm-spark-01"
 
 
 def test_workers_start_after_the_head_and_serve_after_every_node(run):
-    head, worker = run.named("spark-01-ray"), run.named("spark-02-ray")
+    head, worker = run.named("spark-01-container"), run.named("spark-02-container")
     assert head.urn in worker.dependencies
     joined = run.named("spark-02-joined")
     assert worker.urn in joined.dependencies
@@ -174,20 +184,66 @@ def test_cluster_wait_expects_every_node_and_the_gpus(run):
     assert params["gpus_needed"] == 2 and params["timeout_seconds"] == 300
 
 
-def test_serve_runs_detached_in_the_head_container_with_the_key_off_the_command_line(run):
+def params_of(reg) -> dict:
+    return json.loads(json.loads(reg.inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+
+
+def test_serve_hands_vllm_its_settings_in_the_head_container_with_the_key_off_the_command_line(run):
     serve = run.named("spark-vllm-serve")
-    assert serve.inputs["create"].startswith(
-        "timeout --kill-after=10 150 docker exec -i spark-vllm-ray-spark-01 python3 -"
-    )
-    params = json.loads(json.loads(serve.inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+    assert serve.inputs["create"].startswith("timeout --kill-after=10 180 docker exec -i spark-vllm-spark-01 python3 -")
+    params = params_of(serve)
+    assert "supervisor" in serve.inputs["stdin"] and params["run_dir"] == "/run/spark-vllm"
+    assert params["spec"]["ray_ready"] == {"address": "192.168.200.12:6379", "nodes": 2, "gpus": 2}
+    assert params["spec"]["health_url"] == "http://127.0.0.1:30000/health"
+    assert params["spec"]["recovery"] == {
+        "max_restarts": 5, "window_seconds": 600, "backoff_seconds": 5, "max_backoff_seconds": 60
+    }  # fmt: skip
     assert params["argv"][:3] == ["vllm", "serve", "/models/Qwen3.5-122B-A10B-FP8"]
     assert "--distributed-executor-backend=ray" in params["argv"] and "--tensor-parallel-size=2" in params["argv"]
     assert params["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
     assert "stdin" in serve.secret_paths()
     assert {"stdin", "stdout", "stderr"} <= set(serve.additional_secret_outputs)
     assert {"stdin", "stdout", "stderr"} <= set(run.named("spark-vllm-ready").additional_secret_outputs)
-    assert "docker exec -i spark-vllm-ray-spark-01 python3 - /run/spark-vllm/vllm.pid 30" in serve.inputs["delete"]
+    assert "docker exec -i spark-vllm-spark-01 python3 - /run/spark-vllm 30" in serve.inputs["delete"]
     assert serve.delete_before_replace
+    assert not any(r.name.endswith("-serve") and r.name != "spark-vllm-serve" for r in run.registrations)
+
+
+def test_executor_mp_runs_a_rank_on_every_node_without_ray(tmp_path):
+    run_ = run_program(prod(executor="mp"), SECRETS, stack="prod")
+    head, worker = run_.named("spark-01-container"), run_.named("spark-02-container")
+    assert supervisor_of(head)["ray_argv"] is None and supervisor_of(head)["executor"] == "mp"
+    env = dict(e.split("=", 1) for e in worker.inputs["envs"])
+    assert env["VLLM_HOST_IP"] == "192.168.200.13" and "RAY_AUTH_TOKEN" not in env and "RAY_AUTH_MODE" not in env
+    assert not any(
+        r.name.endswith(("-joined", "-cluster-ready")) or r.name == "ray-auth-token" for r in run_.registrations
+    )
+    rank0, rank1 = params_of(run_.named("spark-vllm-serve"))["argv"], params_of(run_.named("spark-02-serve"))["argv"]
+    common = ["--distributed-executor-backend=mp", "--nnodes=2", "--master-addr=192.168.200.12", "--master-port=29501"]
+    assert all(flag in rank0 for flag in common) and "--node-rank=0" in rank0 and "--headless" not in rank0
+    assert all(flag in rank1 for flag in common) and "--node-rank=1" in rank1 and "--headless" in rank1
+    assert params_of(run_.named("spark-02-serve"))["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
+    assert "stdin" in run_.named("spark-02-serve").secret_paths()
+    ready = run_.named("spark-vllm-ready")
+    assert {run_.named("spark-vllm-serve").urn, run_.named("spark-02-serve").urn} <= set(ready.dependencies)
+    assert run_.exports["rayAddress"] is None and run_.exports["executor"] == "mp"
+    assert run_.exports["logCommands"]["vllm:spark-02"] == (
+        "ssh -t -p 22 aurora@spark-02.lan 'docker exec spark-vllm-spark-02 tail -n 200 -f /run/spark-vllm/vllm.log'"
+    )
+
+
+def test_switching_the_executor_replaces_the_containers_and_keeps_the_rest():
+    result = changes(prod(), prod(executor="mp"))
+    assert "command" in result["spark-01-container"] and "envs" in result["spark-02-container"]
+    assert result["spark-02-serve"] == "create" and result["spark-vllm-cluster-ready"] == "delete"
+    assert not any(name.endswith(("-docker", "-image", "-pull", "-preflight")) for name in result)
+
+
+def test_the_status_command_asks_every_node_its_supervisor(run):
+    command = run.exports["statusCommand"]
+    assert command.startswith("echo '== spark-01'; ssh -p 22 aurora@spark-01.lan ")
+    assert "echo '== spark-02'; ssh -p 22 aurora@spark-02.lan " in command
+    assert "restarted by Docker {{.RestartCount}} time(s)" in command and "/run/spark-vllm/status.json" in command
 
 
 def test_no_secret_appears_in_plain_inputs_or_outputs(run):
@@ -202,10 +258,11 @@ def test_outputs(run):
     assert run.exports["servedModelName"] == "/models/Qwen3.5-122B-A10B-FP8"
     assert run.exports["headNode"] == "spark-01"
     assert run.exports["rayAddress"] == "192.168.200.12:6379"
-    assert run.exports["containers"] == {"spark-01": "spark-vllm-ray-spark-01", "spark-02": "spark-vllm-ray-spark-02"}
+    assert run.exports["containers"] == {"spark-01": "spark-vllm-spark-01", "spark-02": "spark-vllm-spark-02"}
     assert run.exports["logCommands"]["vllm"] == (
-        "ssh -t -p 22 aurora@spark-01.lan 'docker exec spark-vllm-ray-spark-01 tail -n 200 -f /run/spark-vllm/vllm.log'"
+        "ssh -t -p 22 aurora@spark-01.lan 'docker exec spark-vllm-spark-01 tail -n 200 -f /run/spark-vllm/vllm.log'"
     )
+    assert set(run.exports["logCommands"]) == {"vllm", "spark-01", "spark-02"}  # with Ray only the head runs vLLM
     assert run.exports["smoke"] == {"latencySeconds": 0.5, "completionTokens": 3, "promptTokens": 7}
     release = run.exports["release"]
     assert release["image"] == "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "ab" * 32
@@ -263,13 +320,20 @@ def test_nothing_changed_means_nothing_to_do():
         {"vllm": {**prod()["vllm"], "reasoningParser": "deepseek_r1"}},
         {"vllm": {**prod()["vllm"], "extraArgs": ["--max-num-seqs", "4"]}},
         {"tensorParallelSize": 1, "pipelineParallelSize": 2},
+        {"recovery": {"maxRestarts": 9, "backoffSeconds": 2}},
     ],
-    ids=["maxModelLen", "gpuMemoryUtilization", "parser", "extraArgs", "tp-pp"],
+    ids=["maxModelLen", "gpuMemoryUtilization", "parser", "extraArgs", "tp-pp", "recovery"],
 )
 def test_a_vllm_only_change_touches_only_the_serve_steps(change):
     result = changes(prod(), prod(**change))
     assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
     assert result["spark-vllm-serve"] == {"stdin"}  # new arguments, same triggers: restarted in place
+
+
+def test_with_mp_a_vllm_only_change_touches_only_every_node_s_serve_step():
+    result = changes(prod(executor="mp"), prod(executor="mp", maxModelLen=16384))
+    assert set(result) <= {"spark-vllm-serve", "spark-02-serve", "spark-vllm-ready", "spark-vllm-smoke"}
+    assert result["spark-vllm-serve"] == result["spark-02-serve"] == {"stdin"}
 
 
 def test_an_image_change_leaves_providers_alone():
@@ -289,7 +353,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
     assert set(spark03.values()) == {"create"}
     assert set(spark03) == {
         f"spark-03-{r}"
-        for r in ("docker", "pull", "image", "ray", "joined", "preflight", "model-fingerprint", "gpu-check")
+        for r in ("docker", "pull", "image", "container", "joined", "preflight", "model-fingerprint", "gpu-check")
     }
     others = {k: v for k, v in result.items() if not k.startswith("spark-03")}
     # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?);
@@ -309,7 +373,7 @@ def test_bumping_restart_generation_restarts_vllm_only():
     vllm = {**prod()["vllm"], "restartGeneration": 1}
     result = changes(prod(), prod(vllm=vllm))
     assert "triggers" in result["spark-vllm-serve"]  # a new trigger: stopped and started again
-    assert not any(name.endswith(("-ray", "-image", "-docker")) for name in result)
+    assert not any(name.endswith(("-container", "-image", "-docker")) for name in result)
 
 
 def test_a_node_without_host_key_is_pinned_on_first_use_on_both_transports(caplog):

@@ -114,6 +114,26 @@ BAD = [
         "makes the remote commands offer SHA-1 RSA, which OpenSSH 8.8 and later refuse (get the ed25519 one: "
         "`ssh-keyscan -t ed25519 HOST`)",
     ),
+    (config(executor="slurm"), "executor: 'slurm' — Input should be 'ray' or 'mp'"),
+    (
+        config(executor="mp", nodes__0__gpus=2, tensorParallelSize=3),
+        "nodes[].gpus: 'spark-01: 2, spark-02: 1' — the same number on every node with executor mp",
+    ),
+    (
+        config(executor="mp", vllm__masterPort=8000),
+        "vllm.masterPort: 8000 — another port than vllm.port (8000): both listen on the head",
+    ),
+    (config(ray__port=8000), "ray.port: 8000 — another port than vllm.port (8000): both listen on the head"),
+    (
+        config(recovery__backoffSeconds=30, recovery__maxBackoffSeconds=10),
+        "recovery.maxBackoffSeconds: 10 — at least recovery.backoffSeconds (30)",
+    ),
+    (config(recovery__maxRestarts=0), "recovery.maxRestarts: 0 — Input should be greater than or equal to 1"),
+    (config(recovery__backoffSeconds=-1), "recovery.backoffSeconds: -1 — Input should be greater than or equal to 1"),
+    (
+        config(executor="mp", vllm__extraArgs=["--headless"]),
+        "vllm.extraArgs[0]: '--headless' — a flag the program does not set itself",
+    ),
     (config(head="spark-09"), "head: 'spark-09' — one of the node names ['spark-01', 'spark-02']"),
     (
         config(tensorParallelSize=4),

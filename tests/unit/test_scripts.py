@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,18 +23,15 @@ def run_script(name: str, params: dict, timeout: float = 60) -> subprocess.Compl
 
 @pytest.fixture
 def vllm_process(tmp_path):
-    """A long-running process standing in for `vllm serve`, with its pid file and log."""
+    """vLLM's log and what its supervisor says of it (RUN_DIR/status.json): starting."""
     log = tmp_path / "vllm.log"
     log.write_text("INFO starting\n")
-    process = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    pid_file = tmp_path / "vllm.pid"
-    pid_file.write_text(str(process.pid))
-    yield process, pid_file, log
-    process.kill()
-    process.wait()
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"state": "starting", "vllm_pid": 1234, "failed": None}))
+    yield None, status, log
 
 
-def ready_params(server, pid_file, log, **overrides):
+def ready_params(server, status_file, log, **overrides):
     params = {
         "base_url": server.base_url,
         "model": "m",
@@ -46,7 +40,7 @@ def ready_params(server, pid_file, log, **overrides):
         "poll_seconds": 0.2,
         "progress_seconds": 30,
         "log_file": str(log),
-        "pid_file": str(pid_file),
+        "status_file": str(status_file),
     }
     params.update(overrides)
     return params
@@ -88,17 +82,26 @@ def test_wait_ready_times_out_on_503_with_the_log_tail_and_a_hint(vllm_process):
     assert "hint: NCCL fell back to TCP sockets" in result.stdout
 
 
-def test_wait_ready_notices_a_dead_server_at_once(vllm_process):
-    process, pid_file, log = vllm_process
+def test_wait_ready_fails_at_once_when_the_supervisor_gave_up(vllm_process):
+    _, status, log = vllm_process
     log.write_text("ERROR No available node types can fulfill resource request {'GPU': 1.0}\n")
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    reason = "vLLM exited 6 times within 600 s (recovery.maxRestarts 5): not starting it again."
+    status.write_text(json.dumps({"state": "failed", "vllm_pid": None, "failed": reason}))
     with FakeVllm(ready_after=600) as server:
         started = time.monotonic()
-        result = run_script("wait_ready.py", ready_params(server, pid_file, log, timeout_seconds=60))
+        result = run_script("wait_ready.py", ready_params(server, status, log, timeout_seconds=60))
     assert result.returncode == 1 and time.monotonic() - started < 30
-    assert "the vllm serve process exited" in result.stdout
+    assert f"vLLM is not serving: {reason}" in result.stdout
     assert "hint: Ray and vLLM disagree on addresses: VLLM_HOST_IP" in result.stdout
+
+
+def test_wait_ready_keeps_waiting_while_the_supervisor_restarts_vllm(vllm_process):
+    _, status, log = vllm_process
+    status.write_text(json.dumps({"state": "backoff", "vllm_pid": None, "failed": None}))
+    with FakeVllm(ready_after=1.5) as server:
+        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=0.5))
+    assert result.returncode == 0, result.stdout
+    assert "supervisor: backoff" in result.stdout
 
 
 def test_wait_ready_sends_the_api_key_and_reports_a_refusal(vllm_process):
@@ -128,126 +131,3 @@ def test_smoke_reports_latency_and_tokens():
     summary = json.loads(result.stdout.strip())
     assert summary["completion_tokens"] == 1 and summary["prompt_tokens"] == 7 and summary["latency_seconds"] >= 0
     assert wrong.returncode == 1 and "HTTP 404" in wrong.stdout
-
-
-# --- starting and stopping vLLM ----------------------------------------------------------------
-
-FAKE_VLLM = """
-import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
-print("fake vllm", sys.argv[1:], "key set" if os.environ.get("VLLM_API_KEY") else "no key", flush=True)
-signal.signal(signal.SIGTERM, lambda *a: (print("Shutting down", flush=True), sys.exit(0)))
-time.sleep(600)
-"""
-
-
-@pytest.fixture
-def serve_params(tmp_path):
-    # Started as a console script is (`vllm serve …` runs as `python3 /usr/local/bin/vllm serve …`),
-    # so the process's argv[0] is not the word started.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    program = bin_dir / "vllm"
-    program.write_text(f"#!{PYTHON}\n{FAKE_VLLM}")
-    program.chmod(0o755)
-    os.environ["CHILD_PID_FILE"] = str(tmp_path / "child.pid")
-    params = {
-        "argv": ["vllm", "serve", "m", "--max-model-len=4096"],
-        "env": {"VLLM_API_KEY": "secret-key", "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-        "fingerprint": "f1",
-        "log_file": str(tmp_path / "run" / "vllm.log"),
-        "pid_file": str(tmp_path / "run" / "vllm.pid"),
-        "fingerprint_file": str(tmp_path / "run" / "vllm.fingerprint"),
-        "stop_grace_seconds": 5,
-        "settle_seconds": 0.5,
-    }
-    yield params
-    stop(params)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
-    except OSError:
-        return False
-
-
-def stop(params) -> subprocess.CompletedProcess:
-    from components.render import script
-
-    return subprocess.run(
-        [PYTHON, "-", params["pid_file"], str(params["stop_grace_seconds"])],
-        input=script("serve_stop.py"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_serve_start_is_idempotent_and_restarts_on_change(serve_params):
-    first = run_script("serve_start.py", serve_params)
-    assert first.returncode == 0, first.stdout + first.stderr
-    pid = int(Path(serve_params["pid_file"]).read_text())
-    assert alive(pid)
-    log = Path(serve_params["log_file"]).read_text()
-    assert "key set" in log and "secret-key" not in log and "secret-key" not in first.stdout
-
-    again = run_script("serve_start.py", serve_params)
-    assert "already running with these settings" in again.stdout
-    assert int(Path(serve_params["pid_file"]).read_text()) == pid
-
-    changed = {**serve_params, "argv": [*serve_params["argv"][:-1], "--max-model-len=2048"], "fingerprint": "f2"}
-    restarted = run_script("serve_start.py", changed)
-    assert "settings changed: stopping pid" in restarted.stdout
-    new_pid = int(Path(serve_params["pid_file"]).read_text())
-    assert new_pid != pid and alive(new_pid)
-    time.sleep(0.5)
-    assert not alive(pid)
-
-
-def test_serve_start_starts_again_after_a_crash(serve_params):
-    run_script("serve_start.py", serve_params)
-    pid = int(Path(serve_params["pid_file"]).read_text())
-    os.killpg(pid, signal.SIGKILL)
-    time.sleep(0.3)
-    result = run_script("serve_start.py", serve_params)
-    assert result.returncode == 0 and "vLLM started" in result.stdout
-    assert int(Path(serve_params["pid_file"]).read_text()) != pid
-
-
-def test_serve_start_reports_an_immediate_exit_with_the_log(serve_params):
-    broken = {
-        **serve_params,
-        "argv": [PYTHON, "-c", "print('error: unrecognized arguments: --bogus'); raise SystemExit(2)"],
-    }
-    result = run_script("serve_start.py", broken)
-    assert result.returncode == 1
-    assert "exited at once with code 2" in result.stdout and "unrecognized arguments: --bogus" in result.stdout
-
-
-def test_serve_stop_is_graceful_takes_the_whole_group_and_is_safe_twice(serve_params):
-    run_script("serve_start.py", serve_params)
-    pid = int(Path(serve_params["pid_file"]).read_text())
-    time.sleep(0.5)
-    child = int(Path(os.environ["CHILD_PID_FILE"]).read_text())
-    result = stop(serve_params)
-    assert result.returncode == 0 and f"vLLM (pid {pid}) stopped" in result.stdout
-    assert "Shutting down" in Path(serve_params["log_file"]).read_text()  # SIGTERM first
-    time.sleep(0.3)
-    assert not alive(pid) and not alive(child)
-    second = stop(serve_params)
-    assert second.returncode == 0 and "not running" in second.stdout
-
-
-def test_serve_stop_kills_a_server_that_ignores_sigterm(serve_params, tmp_path):
-    stubborn = tmp_path / "stubborn.py"
-    stubborn.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n")
-    params = {**serve_params, "argv": [PYTHON, str(stubborn)], "stop_grace_seconds": 1}
-    run_script("serve_start.py", params)
-    pid = int(Path(params["pid_file"]).read_text())
-    result = stop(params)
-    assert "ignored SIGTERM for 1 s: killing it" in result.stdout
-    time.sleep(0.3)
-    assert not alive(pid)

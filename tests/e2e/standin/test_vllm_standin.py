@@ -292,3 +292,127 @@ def test_http_server_end_to_end():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- the multi-node mp executor (two processes on this machine's loopback addresses) ---------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mp_rank(tmp_path, rank, nnodes, master_port, http_port, ip, master="127.0.0.1", extra=(), timeout="20"):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"architectures": ["StandinForCausalLM"]}')
+    argv = [sys.executable, "-m", "vllm_standin", "serve", str(model), "--tensor-parallel-size", str(nnodes),
+            "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master, "--master-port",
+            str(master_port), "--host", "127.0.0.1", "--port", str(http_port), *extra]  # fmt: skip
+    if rank:
+        argv.append("--headless")
+    env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": ip, "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_JOIN_TIMEOUT_S": timeout,
+           "STANDIN_DEAD_LINGER_S": "0.2", "STANDIN_PING_TIMEOUT_S": "1"}  # fmt: skip
+    log = open(tmp_path / f"rank{rank}.log", "w")
+    return subprocess.Popen(argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def wait_for(check, timeout=20.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_path):
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1")
+    try:
+        assert not wait_for(lambda: health(http) == 200, timeout=1.5)  # waits for rank 1
+        worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2")
+        assert wait_for(lambda: health(http) == 200)
+        log = (tmp_path / "rank0.log").read_text()
+        assert "node rank 1 joined from 127.0.0.1 (VLLM_HOST_IP 127.0.0.2)" in log
+        worker.kill()
+        worker.wait()
+        assert head.wait(timeout=20) == 1  # a rank went away: the engine is dead
+        assert "a worker node died or stopped responding" in (tmp_path / "rank0.log").read_text()
+    finally:
+        for process in (head,):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_mp_a_worker_exits_when_rank_0_goes_away(tmp_path):
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1")
+    worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2")
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        head.terminate()
+        assert head.wait(timeout=20) == 0
+        assert worker.wait(timeout=20) == 1
+        assert "lost rank 0" in (tmp_path / "rank1.log").read_text()
+    finally:
+        for process in (head, worker):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_mp_a_worker_with_a_wrong_master_address_never_joins(tmp_path):
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1", timeout="2")
+    worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2", master="127.0.0.3", timeout="2")
+    try:
+        assert head.wait(timeout=20) == 1
+        assert "waiting for node ranks [1]" in (tmp_path / "rank0.log").read_text()
+        assert worker.wait(timeout=20) == 1
+        assert "could not reach rank 0 at 127.0.0.3" in (tmp_path / "rank1.log").read_text()
+    finally:
+        for process in (head, worker):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_mp_a_duplicate_rank_is_refused(tmp_path):
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 3, master, http, "127.0.0.1", timeout="4")
+    one = mp_rank(tmp_path, 1, 3, master, http, "127.0.0.2", timeout="4")
+    try:
+        assert wait_for(lambda: "node rank 1 joined" in (tmp_path / "rank0.log").read_text())
+        again = subprocess.run(
+            [sys.executable, "-m", "vllm_standin", "serve", str(tmp_path / "model"), "-tp", "3", "--nnodes", "3",
+             "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(master), "--headless"],
+            cwd=HERE, env={"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.4"}, capture_output=True, text=True,
+            timeout=30,
+        )  # fmt: skip
+        assert again.returncode == 1 and "rank 0 refused node rank 1" in again.stdout + again.stderr
+        assert head.wait(timeout=20) == 1  # rank 2 never came
+    finally:
+        for process in (head, one):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_mp_rank_0_must_bind_its_own_address(tmp_path):
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1", master="192.0.2.1")
+    assert head.wait(timeout=20) == 1
+    assert "The server socket has failed to bind to 192.0.2.1" in (tmp_path / "rank0.log").read_text()

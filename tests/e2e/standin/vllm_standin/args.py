@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None)
+    # multi-node mp executor (vLLM >= 0.11.1): one `vllm serve` per node
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true", default=False)
     # model / cache
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None)
@@ -179,6 +185,11 @@ class ServeConfig:
     host: str
     port: int
     api_key: str | None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
 
     @property
     def world_size(self) -> int:
@@ -243,6 +254,19 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         raise StandinError(f"max_num_seqs must be >= 1, got {ns.max_num_seqs}")
     if ns.max_model_len is not None and ns.max_model_len == 0:
         raise StandinError("max_model_len must be positive")
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        raise StandinError(f"--node-rank must be in [0, --nnodes); got rank {ns.node_rank} of {ns.nnodes}")
+    if ns.nnodes > 1:
+        if ns.distributed_executor_backend not in (None, "mp"):
+            raise StandinError(
+                f"--nnodes > 1 is the multiprocessing executor's; got --distributed-executor-backend "
+                f"{ns.distributed_executor_backend}"
+            )
+        world = ns.tensor_parallel_size * ns.pipeline_parallel_size
+        if world % ns.nnodes:
+            raise StandinError(f"world size {world} (TP x PP) is not divisible by --nnodes {ns.nnodes}")
+    if ns.headless and ns.node_rank == 0:
+        raise StandinError("stand-in: rank 0 serves the API; --headless belongs on node ranks above 0")
     hf_config = check_model(model)
     heads = hf_config.get("num_attention_heads")
     if isinstance(heads, int) and heads % ns.tensor_parallel_size:
@@ -261,6 +285,11 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         host=ns.host or "0.0.0.0",
         port=ns.port,
         api_key=api_key_from(ns, environ),
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        headless=ns.headless,
     )
 
 

@@ -96,6 +96,27 @@ def _main(argv: list[str] | None, environ) -> int:
             # ray.init may install handlers of its own; ours decide the exit code.
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
+        elif cfg.nnodes > 1:
+            per_node = world // cfg.nnodes
+            if per_node > local_gpus:
+                raise StandinError(
+                    f"World size ({world}) over {cfg.nnodes} nodes needs {per_node} GPUs on each node; "
+                    f"this node has {local_gpus}."
+                )
+            log.info(
+                WHERE_API,
+                "Using the multiprocessing executor across %d nodes: node rank %d of world size %d (TP %d x PP %d)%s",
+                cfg.nnodes,
+                cfg.node_rank,
+                world,
+                cfg.tensor_parallel_size,
+                cfg.pipeline_parallel_size,
+                ", headless" if cfg.headless else "",
+            )
+            from .mp import MpEngine
+
+            engine = MpEngine(cfg, environ)
+            engine.start(stop, _env_float(environ, "STANDIN_JOIN_TIMEOUT_S", 120.0))
         else:
             if world > local_gpus:
                 raise StandinError(
@@ -118,6 +139,9 @@ def _main(argv: list[str] | None, environ) -> int:
 
     if stop.is_set():
         return _shutdown(None, engine, 0)
+
+    if cfg.headless:
+        return _headless(engine, stop, reason, ping_timeout_s)
 
     log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
     t0 = time.monotonic()
@@ -164,6 +188,19 @@ def _main(argv: list[str] | None, environ) -> int:
     return _shutdown(server, engine, 0)
 
 
+def _headless(engine, stop: threading.Event, reason: dict, timeout_s: float) -> int:
+    """A node rank above 0: no API server; lives while rank 0 does (exit 1 when it goes away)."""
+    log.info(WHERE_API, "headless worker running (no API server on this node)")
+    while not stop.wait(1.0):
+        try:
+            engine.ping(timeout_s)
+        except Exception as e:  # noqa: BLE001 - rank 0 gone
+            log.error(WHERE_CORE, "Engine core proc died unexpectedly on this node: %s", e)
+            reason["why"] = "engine-dead"
+            return _shutdown(None, engine, 1)
+    return _shutdown(None, engine, 0)
+
+
 def _monitor(engine, state: ServerState, stop: threading.Event, reason: dict, timeout_s: float) -> None:
     failures = 0
     while not stop.wait(1.0):
@@ -184,9 +221,8 @@ def _monitor(engine, state: ServerState, stop: threading.Event, reason: dict, ti
             if not fatal or stop.is_set():
                 continue
         state.engine_alive = False
-        log.error(
-            "core.py:708", "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding."
-        )
+        what = "a RayWorkerWrapper actor" if engine.__class__.__name__ == "RayEngine" else "a worker node"
+        log.error("core.py:708", "EngineCore encountered a fatal error: %s died or stopped responding.", what)
         log.error(WHERE_CORE, "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
         if reason["why"] is None:
             reason["why"] = "engine-dead"

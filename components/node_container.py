@@ -1,7 +1,15 @@
-"""One Ray node: the long-lived container (head or worker) and, on workers, the wait until it joined."""
+"""One node's long-lived container and, with Ray on workers, the wait until it joined.
+
+Its main process is the supervisor (components/scripts/supervisor.py), in both executors: with Ray
+it keeps `ray start --block` (head or worker) running and, on the head, vLLM; with mp it keeps this
+node's vLLM rank running. vLLM's settings reach it from the serve step (components/serve.py), so a
+vLLM-only change touches no container, and a vLLM that dies or a node that restarts comes back by
+itself: Docker's restart policy brings the container back, the supervisor what runs in it.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -18,8 +26,9 @@ from components.render import (
     exec_python,
     node_env,
     ray_address,
-    ray_start_args,
+    script,
     script_program,
+    supervisor_params,
     with_log_tail_on_failure,
 )
 
@@ -28,7 +37,7 @@ PROGRESS_SECONDS = 30
 
 
 @dataclass(frozen=True)
-class RayNodeArgs:
+class NodeContainerArgs:
     config: ClusterConfig
     node: NodeConfig
     image_id: pulumi.Input[str]
@@ -60,31 +69,37 @@ def hf_cache_mount(cfg: ClusterConfig) -> docker.ContainerMountArgs:
     return docker.ContainerMountArgs(type="volume", source=HF_CACHE_VOLUME, target=HF_CACHE_IN_CONTAINER)
 
 
-class RayNode(pulumi.ComponentResource):
+class NodeContainer(pulumi.ComponentResource):
     container: docker.Container
     container_name: str
     joined: Optional[command.remote.Command]
 
-    def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("spark-vllm:index:RayNode", name, None, opts)
+    def __init__(self, name: str, args: NodeContainerArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        # Stacks deployed before the supervisor knew this component as RayNode: the same resources.
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:RayNode")])
+        )
+        super().__init__("spark-vllm:index:NodeContainer", name, None, opts)
         cfg, node = args.config, args.node
         self.is_head = node.name == cfg.head_node.name
         self.container_name = container_name(node)
         self.container = self._create_container(name, args)
-        self.joined = None if self.is_head else self._create_join_wait(name, args)
+        self.joined = None if self.is_head or cfg.executor != "ray" else self._create_join_wait(name, args)
         self.register_outputs({"container_name": self.container_name, "container_id": self.container.id})
 
-    def _create_container(self, name: str, args: RayNodeArgs) -> docker.Container:
+    def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
         cfg, node = args.config, args.node
         rdma = bool(node.rdma_devices) and not cfg.nccl.ib_disable
         mounts = pulumi.Output.from_input(args.model).apply(lambda model: [*model_mounts(model), hf_cache_mount(cfg)])
         envs = pulumi.Output.all(node_env(cfg, node), args.secret_env).apply(lambda parts: [*parts[0], *parts[1]])
         return docker.Container(
-            f"{name}-ray",
+            f"{name}-container",
             name=self.container_name,
             image=args.image_id,
-            entrypoints=["ray"],
-            command=ray_start_args(cfg, node),
+            # The supervisor as the main process: Python is in every vLLM image; its source travels in
+            # the container's definition, so nothing has to be put on the node first.
+            entrypoints=["python3", "-u", "-c", script("supervisor.py")],
+            command=[json.dumps(supervisor_params(cfg, node), sort_keys=True)],
             envs=envs,
             network_mode="host",  # Ray, NCCL and vLLM must see the fabric interface itself
             # Host IPC: /dev/shm is the host's (Docker ignores a shm size with it), as NCCL needs.
@@ -93,7 +108,7 @@ class RayNode(pulumi.ComponentResource):
             ulimits=ulimits(cfg),
             mounts=mounts,
             restart=cfg.container.restart,
-            init=True,  # reaps vLLM's exited children and forwards SIGTERM to Ray
+            init=True,  # reaps orphaned children and forwards SIGTERM to the supervisor
             privileged=cfg.container.privileged,
             capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if rdma else None,
             devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband")]
@@ -102,6 +117,7 @@ class RayNode(pulumi.ComponentResource):
             labels=[
                 docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
                 docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if self.is_head else "worker"),
+                docker.ContainerLabelArgs(label="spark-vllm.executor", value=cfg.executor),
             ],
             must_run=True,
             destroy_grace_seconds=30,
@@ -110,12 +126,13 @@ class RayNode(pulumi.ComponentResource):
                 parent=self,
                 provider=args.provider,
                 delete_before_replace=True,
+                aliases=[pulumi.Alias(name=f"{name}-ray")],
                 additional_secret_outputs=["envs"],
                 depends_on=list(args.start_after),
             ),
         )
 
-    def _create_join_wait(self, name: str, args: RayNodeArgs) -> command.remote.Command:
+    def _create_join_wait(self, name: str, args: NodeContainerArgs) -> command.remote.Command:
         cfg, node = args.config, args.node
         params = {
             "node": node.name,

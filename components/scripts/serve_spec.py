@@ -1,0 +1,76 @@
+# Runs inside a node's container (`docker exec -i … python3 -`), PARAMS prepended by
+# components.render.script_program. Hands vLLM's settings to the container's supervisor
+# (components/scripts/supervisor.py) and waits until it has taken them up:
+#
+# * the same settings already running: nothing changes ("already running with these settings");
+# * other settings (or none yet): RUN_DIR/spec.json is replaced (mode 600: it carries the API key),
+#   the supervisor stops the old vLLM and starts the new one;
+# * the supervisor reports failure (vLLM keeps exiting): its reason and the log tail, exit 1.
+#
+# Re-running it is safe: a changed SSH credential re-runs every remote command, and this one then
+# leaves a running vLLM alone.
+import json
+import os
+import sys
+import time
+
+P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+RUN = P["run_dir"]
+SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def tail(lines):
+    try:
+        with open(LOG, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)\n"
+
+
+def main():
+    os.makedirs(RUN, mode=0o700, exist_ok=True)
+    current = read(SPEC)
+    unchanged = bool(current) and current.get("fingerprint") == P["fingerprint"]
+    if not unchanged:
+        tmp = f"{SPEC}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({**P["spec"], "argv": P["argv"], "env": P["env"], "fingerprint": P["fingerprint"]}, handle)
+        os.replace(tmp, SPEC)
+    deadline = time.monotonic() + P["timeout_seconds"]
+    while time.monotonic() < deadline:
+        status = read(STATUS) or {}
+        if status.get("spec_fingerprint") == P["fingerprint"]:
+            if status.get("failed"):
+                print(f"vLLM on {P['node']} does not start: {status['failed']}")
+                print(f"--- last 60 lines of {LOG} ---")
+                print(tail(60), end="")
+                return 1
+            if status.get("vllm_pid"):
+                if unchanged:
+                    print(f"vLLM already running with these settings (pid {status['vllm_pid']})")
+                else:
+                    print(f"vLLM started (pid {status['vllm_pid']}); log: {LOG}")
+                print(json.dumps({"vllm_pid": status["vllm_pid"], "fingerprint": P["fingerprint"]}))
+                return 0
+            if status.get("state") == "waiting for Ray":
+                print(f"settings handed over; vLLM starts once Ray shows every node ({P['node']})")
+                print(json.dumps({"vllm_pid": None, "fingerprint": P["fingerprint"]}))
+                return 0
+        time.sleep(0.5)
+    print(
+        f"the supervisor in this container did not take up the settings within {P['timeout_seconds']} s "
+        f"(status: {read(STATUS)}); its output: `docker logs` of the container"
+    )
+    return 1
+
+
+sys.exit(main())

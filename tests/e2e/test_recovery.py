@@ -1,0 +1,201 @@
+"""vLLM's own multi-node executor, and a group that comes back by itself, through the real CLI.
+
+Two nodes with `executor: mp` (TP 2): vLLM killed on a worker, a worker's dockerd restarted (what a
+reboot does to the containers) — both serve again with no `pulumi up`, and a `pulumi up` afterwards
+changes nothing. Then the same stack switched to Ray in one `up` (its preview says what is
+replaced) and the same faults. Then a vLLM that always crashes: its supervisor gives up after
+recovery.maxRestarts, the containers stay up, and the status command says why. Last, three nodes
+with mp and pipeline parallelism. Recovery times are printed (`-s`) for the README.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.e2e.rehearsal import chat, rehearsal_config
+from tests.e2e.stack import StackError
+
+pytestmark = pytest.mark.e2e
+
+FAST_RECOVERY = {"maxRestarts": 3, "windowSeconds": 120, "backoffSeconds": 1, "maxBackoffSeconds": 4}
+
+
+def serves(outputs, key) -> bool:
+    try:
+        chat(outputs["endpoint"], key, outputs["servedModelName"])
+        return True
+    except Exception:  # noqa: BLE001 - not yet
+        return False
+
+
+def supervisor_status(cluster, node) -> dict:
+    out = cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/status.json").stdout
+    return json.loads(out)
+
+
+def vllm_pids(cluster, nodes) -> dict[str, int]:
+    return {node.name: supervisor_status(cluster, node)["vllm_pid"] for node in nodes}
+
+
+def recovered(cluster, stack, nodes, before: dict[str, int], started: float, timeout=240.0) -> float:
+    """Seconds from `started` until vLLM runs anew on every one of `nodes` (another pid than
+    `before`) and a chat completion succeeds; fails the test after `timeout`."""
+    outputs, key = stack["run"].outputs, stack["secrets"]["apiKey"]
+    while time.monotonic() - started < timeout:
+        try:
+            now = vllm_pids(cluster, nodes)
+        except Exception:  # noqa: BLE001 - the container or its daemon is coming back
+            now = {}
+        if now and all(now[n] not in (None, before[n]) for n in before) and serves(outputs, key):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    pytest.fail(f"not serving again within {timeout} s")
+
+
+def kill_vllm(cluster, node) -> float:
+    pid = supervisor_status(cluster, node)["vllm_pid"]
+    cluster.docker(node, "exec", f"spark-vllm-{node.name}", "kill", "-9", str(pid))
+    return time.monotonic()
+
+
+def restart_dockerd(cluster, node) -> None:
+    """What a reboot does to the node's containers: the daemon goes, and comes back."""
+    cluster.stop_dockerd(node)
+    cluster.start_dockerd(node)
+
+
+def container_ids(cluster) -> dict[str, str]:
+    return {
+        node.name: cluster.docker(node, "ps", "-q", "--no-trunc", "--filter", "label=spark-vllm.node").stdout.strip()
+        for node in cluster.nodes
+    }
+
+
+def run_status_command(cluster, command: str) -> str:
+    """The statusCommand output as a user runs it: their ssh (here the cluster's key and host keys)."""
+    result = subprocess.run(["sh", "-c", command], env=cluster.ssh_env(), capture_output=True, text=True, timeout=60)
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def stack(sim_cluster, image, model_dir, new_stack):
+    created = new_stack("recovery")
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir, executor="mp", recovery=FAST_RECOVERY)
+    created.configure(config, secrets)
+    run = created.up()
+    return {"stack": created, "config": config, "secrets": secrets, "run": run}
+
+
+def test_mp_serves_with_a_rank_on_every_node(sim_cluster, stack):
+    outputs, key = stack["run"].outputs, stack["secrets"]["apiKey"]
+    assert outputs["executor"] == "mp" and outputs.get("rayAddress") is None
+    assert serves(outputs, key)
+    head, worker = sim_cluster.nodes
+    log = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    assert f"node rank 1 joined from {worker.fabric_ip} (VLLM_HOST_IP {worker.fabric_ip})" in log  # over the fabric
+    assert "--distributed-executor-backend=mp --nnodes=2 --node-rank=0" in log
+    worker_log = sim_cluster.docker(worker, "exec", "spark-vllm-node-2", "cat", "/run/spark-vllm/vllm.log").stdout
+    assert "--node-rank=1" in worker_log and "--headless" in worker_log
+    for node in sim_cluster.nodes:  # no Ray anywhere
+        processes = sim_cluster.docker(node, "exec", f"spark-vllm-{node.name}", "ps", "-eo", "args").stdout
+        assert "raylet" not in processes and "gcs_server" not in processes
+
+
+def test_mp_a_killed_worker_rank_recovers_by_itself(sim_cluster, stack):
+    """Rank 0 loses its peer and exits too: both supervisors restart their rank, they meet again."""
+    before = vllm_pids(sim_cluster, sim_cluster.nodes)
+    started = kill_vllm(sim_cluster, sim_cluster.nodes[1])
+    seconds = recovered(sim_cluster, stack, sim_cluster.nodes, before, started)
+    print(f"\nRECOVERY mp, vLLM killed on a worker: serving again after {seconds:.1f} s")
+    assert supervisor_status(sim_cluster, sim_cluster.nodes[1])["restarts_total"] >= 1
+
+
+def test_mp_a_worker_whose_dockerd_restarts_rejoins_by_itself(sim_cluster, stack):
+    before = vllm_pids(sim_cluster, sim_cluster.nodes)
+    started = time.monotonic()
+    restart_dockerd(sim_cluster, sim_cluster.nodes[1])
+    seconds = recovered(sim_cluster, stack, sim_cluster.nodes, before, started)
+    print(f"\nRECOVERY mp, a worker's dockerd restarted: serving again after {seconds:.1f} s")
+
+
+def test_an_up_after_a_recovery_changes_nothing(stack):
+    assert stack["stack"].preview().changed == {}
+    assert stack["stack"].up().changed == {}
+
+
+def test_the_status_command_shows_every_node(sim_cluster, stack):
+    output = run_status_command(sim_cluster, stack["stack"].outputs()["statusCommand"])
+    for node in ("node-1", "node-2"):
+        assert f"== {node}" in output
+    assert "container running, restarted by Docker" in output
+    assert "vLLM: running, serving: yes" in output  # the head
+    assert "restarts: " in output
+
+
+def test_switching_to_ray_is_one_up_and_its_preview_says_what_is_replaced(sim_cluster, stack):
+    config = {**stack["config"], "executor": "ray"}
+    stack["stack"].configure(config, stack["secrets"])
+    preview = stack["stack"].preview()
+    assert preview.changed["node-1-container"] == "replace" and preview.changed["node-2-container"] == "replace"
+    assert preview.changed["spark-vllm-cluster-ready"] == "create" and preview.changed["node-2-serve"] == "delete"
+    assert not any(name.endswith(("-image", "-docker", "-pull")) for name in preview.changed)
+    run = stack["stack"].up()
+    assert run.outputs["executor"] == "ray" and serves(run.outputs, stack["secrets"]["apiKey"])
+    stack.update(config=config, run=run)
+
+
+def test_ray_a_killed_vllm_recovers_by_itself(sim_cluster, stack):
+    head = sim_cluster.nodes[0]
+    before = vllm_pids(sim_cluster, [head])
+    started = kill_vllm(sim_cluster, head)
+    seconds = recovered(sim_cluster, stack, [head], before, started)
+    print(f"\nRECOVERY ray, vLLM killed on the head: serving again after {seconds:.1f} s")
+
+
+def test_ray_a_worker_whose_dockerd_restarts_rejoins_by_itself(sim_cluster, stack):
+    containers, head = container_ids(sim_cluster), sim_cluster.nodes[0]
+    before = vllm_pids(sim_cluster, [head])
+    started = time.monotonic()
+    restart_dockerd(sim_cluster, sim_cluster.nodes[1])
+    seconds = recovered(sim_cluster, stack, [head], before, started)  # vLLM's Ray worker there died
+    print(f"\nRECOVERY ray, a worker's dockerd restarted: serving again after {seconds:.1f} s")
+    assert container_ids(sim_cluster) == containers  # the same containers, restarted by Docker
+    assert stack["stack"].preview().changed == {}
+
+
+def test_a_vllm_that_always_crashes_stops_after_max_restarts_and_the_status_says_why(sim_cluster, stack):
+    broken = {**stack["config"], "vllm": {**stack["config"]["vllm"], "extraArgs": ["--no-such-flag"]}}
+    stack["stack"].configure(broken, stack["secrets"])
+    started = time.monotonic()
+    with pytest.raises(StackError) as caught:
+        stack["stack"].up()
+    assert "recovery.maxRestarts 3" in str(caught.value) and "unrecognized arguments: --no-such-flag" in str(
+        caught.value
+    )
+    print(f"\nRECOVERY a crash loop given up after {time.monotonic() - started:.1f} s (up failed with the reason)")
+    status = supervisor_status(sim_cluster, sim_cluster.nodes[0])
+    assert status["state"] == "failed" and status["vllm_pid"] is None
+    running = sim_cluster.docker(sim_cluster.nodes[0], "inspect", "-f", "{{.State.Running}}", "spark-vllm-node-1")
+    assert running.stdout.strip() == "true"  # the container stays up
+    output = run_status_command(sim_cluster, stack["stack"].outputs()["statusCommand"])
+    assert "GAVE UP: vLLM exited 4 times within 120 s (recovery.maxRestarts 3)" in output
+    # mended in the config, it serves again
+    stack["stack"].configure(stack["config"], stack["secrets"])
+    run = stack["stack"].up()
+    assert serves(run.outputs, stack["secrets"]["apiKey"])
+    stack["stack"].destroy()
+
+
+def test_three_nodes_mp_pipeline_parallel(sim_cluster3, image3, model_dir, new_stack):
+    created = new_stack("recovery3")
+    config, secrets = rehearsal_config(sim_cluster3, image3.ref, model_dir, pipeline_parallel=True, executor="mp")
+    created.configure(config, secrets)
+    run = created.up()
+    assert serves(run.outputs, secrets["apiKey"])
+    log = sim_cluster3.docker(sim_cluster3.nodes[0], "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log")
+    assert "--pipeline-parallel-size=3" in log.stdout and "all 3 node(s) joined" in log.stdout
+    created.destroy()

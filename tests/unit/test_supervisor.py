@@ -1,0 +1,267 @@
+"""The node containers' supervisor (components/scripts/supervisor.py), run for real as a process,
+with the serve step's scripts (serve_spec.py, serve_stop.py) talking to it, fake `vllm` and `ray`
+programs on PATH, and a fake `ray` Python module for the head's wait for the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from components.render import script, script_program
+
+PYTHON = sys.executable
+
+FAKE_VLLM = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.environ["CHILD_PID_FILE"], "a").write(f"{child.pid}\\n")
+print("fake vllm", sys.argv[1:], "key set" if os.environ.get("VLLM_API_KEY") else "no key", flush=True)
+if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
+    time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
+    print("ERROR EngineCore failed: out of memory", flush=True)
+    sys.exit(1)
+if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *a: (print("Shutting down", flush=True), sys.exit(0)))
+time.sleep(600)
+"""
+FAKE_RAY = """
+import os, sys, time
+open(os.environ["RAY_STARTS"], "a").write(" ".join(sys.argv[1:]) + "\\n")
+time.sleep(float(os.environ.get("FAKE_RAY_LIVES", "600")))
+sys.exit(3)
+"""
+FAKE_RAY_MODULE = """
+import json, os
+def init(address=None, **kwargs):
+    pass
+def nodes():
+    count = json.load(open(os.environ["FAKE_RAY_NODES"]))["alive"]
+    return [{"Alive": True, "Resources": {"GPU": 1}} for _ in range(count)]
+"""
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node's container, as far as the supervisor sees it: a run directory, PATH with fake vllm and
+    ray, a health endpoint; `start()` runs the supervisor, the fixture stops it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, source in (("vllm", FAKE_VLLM), ("ray", FAKE_RAY)):
+        (bin_dir / name).write_text(f"#!{PYTHON}\n{source}")
+        (bin_dir / name).chmod(0o755)
+    module = tmp_path / "site"
+    (module / "ray").mkdir(parents=True)
+    (module / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
+    (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(module),
+        "CHILD_PID_FILE": str(tmp_path / "children"),
+        "RAY_STARTS": str(tmp_path / "ray-starts"),
+        "FAKE_RAY_NODES": str(tmp_path / "nodes.json"),
+    }
+    state = {"process": None}
+
+    class Node:
+        run_dir = tmp_path / "run"
+        health_url = f"http://127.0.0.1:{server.server_address[1]}/health"
+
+        def start(self, ray_argv=None, **extra_env):
+            params = {"node": "node-1", "executor": "ray" if ray_argv else "mp", "run_dir": str(self.run_dir),
+                      "ray_argv": ray_argv, "stop_grace_seconds": 2}  # fmt: skip
+            state["process"] = subprocess.Popen(
+                [PYTHON, "-u", "-c", script("supervisor.py"), json.dumps(params)],
+                env={**env, **extra_env},
+                stdout=open(tmp_path / "supervisor.log", "w"),
+                stderr=subprocess.STDOUT,
+            )
+            return state["process"]
+
+        def status(self) -> dict:
+            try:
+                return json.loads((self.run_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                return {}
+
+        def log(self) -> str:
+            return (self.run_dir / "vllm.log").read_text()
+
+        def serve(
+            self, argv=("vllm", "serve", "m"), fingerprint="f1", timeout=20, **spec
+        ) -> subprocess.CompletedProcess:
+            params = {
+                "node": "node-1",
+                "argv": list(argv),
+                "env": {"VLLM_API_KEY": "secret-key"},
+                "spec": {
+                    "recovery": {
+                        "max_restarts": 3,
+                        "window_seconds": 60,
+                        "backoff_seconds": 0.5,
+                        "max_backoff_seconds": 1,
+                    },
+                    "health_url": self.health_url,
+                    "ray_ready": None,
+                    **spec,
+                },  # fmt: skip
+                "fingerprint": fingerprint,
+                "run_dir": str(self.run_dir),
+                "timeout_seconds": timeout,
+            }
+            return subprocess.run(
+                [PYTHON, "-"], input=script_program("serve_spec.py", params), capture_output=True, text=True,
+                timeout=timeout + 30,
+            )  # fmt: skip
+
+        def stop_vllm(self) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [PYTHON, "-", str(self.run_dir), "2"], input=script("serve_stop.py"), capture_output=True,
+                text=True, timeout=60,
+            )  # fmt: skip
+
+    yield Node()
+    server.shutdown()
+    process = state["process"]
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for line in (tmp_path / "children").read_text().split() if (tmp_path / "children").exists() else []:
+        try:
+            os.kill(int(line), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+    except OSError:
+        return False
+
+
+def wait_for(check, timeout=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_settings_start_vllm_once_and_the_same_settings_leave_it_alone(node):
+    node.start()
+    first = node.serve()
+    assert first.returncode == 0, first.stdout + first.stderr
+    pid = node.status()["vllm_pid"]
+    assert f"vLLM started (pid {pid})" in first.stdout and alive(pid)
+    assert wait_for(lambda: node.status().get("serving") is True)
+    assert node.status()["state"] == "running"
+    assert "key set" in node.log() and "secret-key" not in node.log() + first.stdout
+    assert oct((node.run_dir / "spec.json").stat().st_mode & 0o777) == "0o600"  # it carries the key
+    again = node.serve()
+    assert f"vLLM already running with these settings (pid {pid})" in again.stdout
+    assert node.status()["vllm_pid"] == pid
+
+
+def test_new_settings_stop_the_old_vllm_and_start_the_new(node):
+    node.start()
+    node.serve()
+    old = node.status()["vllm_pid"]
+    changed = node.serve(argv=("vllm", "serve", "m", "--max-model-len=2048"), fingerprint="f2")
+    new = node.status()["vllm_pid"]
+    assert changed.returncode == 0 and new != old and f"vLLM started (pid {new})" in changed.stdout
+    assert wait_for(lambda: not alive(old), 5)
+    assert "stopping vLLM" in node.log() and "new settings" in node.log()
+
+
+def test_a_vllm_that_dies_is_started_again_by_itself(node):
+    node.start()
+    node.serve()
+    pid = node.status()["vllm_pid"]
+    os.killpg(pid, signal.SIGKILL)
+    assert wait_for(lambda: node.status().get("vllm_pid") not in (None, pid))
+    status = node.status()
+    assert status["restarts_total"] == 1 and status["last_exit"]["code"] == -9
+    assert "starting it again in 0.5 s (1 of 3 restarts within 60 s)" in node.log()
+
+
+def test_a_crash_loop_stops_after_max_restarts_and_says_why(node):
+    process = node.start(FAKE_VLLM_CRASH_AFTER="0.2")
+    result = node.serve(timeout=30)
+    # the serve step may see the first start, or already the supervisor giving up
+    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    status = node.status()
+    assert "vLLM exited 4 times within 60 s (recovery.maxRestarts 3): not starting it again" in status["failed"]
+    assert "ERROR EngineCore failed: out of memory" in status["failed"]
+    assert process.poll() is None  # the supervisor (the container) stays up
+    again = node.serve(timeout=10)
+    assert again.returncode == 1 and "does not start: vLLM exited 4 times" in again.stdout
+    assert "out of memory" in again.stdout  # the log tail
+    del result
+
+
+def test_stopping_is_graceful_takes_the_whole_group_and_is_safe_twice(node, tmp_path):
+    node.start()
+    node.serve()
+    pid = node.status()["vllm_pid"]
+    assert wait_for(lambda: (tmp_path / "children").exists())
+    child = int((tmp_path / "children").read_text().split()[0])
+    stopped = node.stop_vllm()
+    assert stopped.returncode == 0 and f"vLLM (pid {pid}) stopped" in stopped.stdout
+    assert "Shutting down" in node.log()  # SIGTERM first
+    assert wait_for(lambda: not alive(pid) and not alive(child), 5)
+    assert node.status()["state"] == "no settings"
+    second = node.stop_vllm()
+    assert second.returncode == 0 and "nothing to stop" in second.stdout
+
+
+def test_a_vllm_that_ignores_sigterm_is_killed_after_the_grace(node):
+    node.start(FAKE_VLLM_IGNORE_TERM="1")
+    node.serve()
+    pid = node.status()["vllm_pid"]
+    stopped = node.stop_vllm()
+    assert stopped.returncode == 0
+    assert not alive(pid)
+
+
+def test_ray_is_kept_running_and_the_head_waits_for_the_cluster(node, tmp_path):
+    (tmp_path / "nodes.json").write_text(json.dumps({"alive": 1}))  # a worker has not joined yet
+    process = node.start(ray_argv=["ray", "start", "--block", "--head"], FAKE_RAY_LIVES="1")
+    assert wait_for(lambda: len((tmp_path / "ray-starts").read_text().splitlines()) >= 2
+                    if (tmp_path / "ray-starts").exists() else False, 20)  # fmt: skip
+    assert "Ray exited with code 3; starting it again in 2 s" in (node.run_dir / "vllm.log").read_text()
+    result = node.serve(ray_ready={"address": "10.0.0.1:6379", "nodes": 2, "gpus": 2}, timeout=5)
+    assert result.returncode == 0 and "vLLM starts once Ray shows every node" in result.stdout
+    assert node.status()["state"] == "waiting for Ray" and node.status()["vllm_pid"] is None
+    (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
+    assert wait_for(lambda: node.status().get("vllm_pid") is not None, 20)
+    process.send_signal(signal.SIGTERM)  # docker stop
+    assert process.wait(timeout=30) == 0
+    assert node.status()["state"] == "stopped"
