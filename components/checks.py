@@ -26,7 +26,8 @@ class NodeChecksArgs:
     connection: command.remote.ConnectionArgs
     image_id: pulumi.Input[str]  # this node's pulled image, for the GPU check
     model: pulumi.Input[str]
-    after: Sequence[pulumi.Resource] = ()  # every node's fabric network, when managed
+    after: Sequence[pulumi.Resource] = ()  # every node's fabric network, when managed; its model copy
+    reread: Sequence[pulumi.Input] = ()  # values whose change means the model must be checked again
 
 
 def gpu_check(node: NodeConfig, image_id: str) -> str:
@@ -59,7 +60,7 @@ class NodeChecks(pulumi.ComponentResource):
             create=model.apply(
                 lambda m: with_script(shell_line(preflight_argv(cfg, node, m)), script("preflight_node.sh"))
             ),
-            triggers=[args.image_id, model],
+            triggers=[args.image_id, model, *args.reread],
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
             **common,
         )
@@ -74,7 +75,7 @@ class NodeChecks(pulumi.ComponentResource):
                         else "echo '{}'"
                     )
                 ),
-                triggers=[model],
+                triggers=[model, *args.reread],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
                 **common,
             )

@@ -9,8 +9,9 @@ import pulumi
 import pulumi_command as command
 
 from components.checks import NodeChecks, NodeChecksArgs
-from components.config import ClusterConfig
-from components.image import NodeImage, NodeImageArgs
+from components.config import ClusterConfig, NodeConfig
+from components.depot import Depot, DepotArgs, sync_model
+from components.image import CopyFrom, NodeImage, NodeImageArgs
 from components.memory import MemoryPlanError
 from components.memory import message as memory_message
 from components.node import NodeHost, NodeHostArgs
@@ -37,6 +38,16 @@ def same_model(stdouts_by_node: dict[str, str]) -> str:
     if problems:
         raise PreflightError("\n".join(problems))
     return next(iter(found.values())).get("fingerprint", "")
+
+
+def model_directory(model: str) -> str:
+    """The model as modelSync copies it: a directory (a promoted release may name a repo id)."""
+    if not model.startswith("/"):
+        raise PreflightError(
+            f"modelSync.enabled copies a model directory, but the model is {model!r}, a Hugging Face repo id: "
+            "download it once to a directory on the copy source and deploy that path"
+        )
+    return model
 
 
 def gate_line(nodes: int, image_id: str, model_fingerprint: str) -> str:
@@ -111,7 +122,7 @@ class VllmCluster(pulumi.ComponentResource):
             }
         self.status_command = status_command(cfg, self.containers)
         self.smoke = self.server.smoke_result
-        self.release = self._release(args, images[head.name], same_image_id)
+        self.release = self._release(args, images[cfg.copy_source.name], same_image_id)
         self.memory_plan_output = self.memory_plan
         self.register_outputs(
             {
@@ -144,8 +155,12 @@ class VllmCluster(pulumi.ComponentResource):
         }
 
     def _create_images(self, cfg: ClusterConfig, args: VllmClusterArgs) -> dict[str, NodeImage]:
-        return {
-            node.name: NodeImage(
+        """Every node's image. The copy source's is pulled (or found); with imageTransfer.method copy
+        the others receive that image id from the source's depot over the fabric."""
+        source = cfg.copy_source
+
+        def node_image(node: NodeConfig, copy_from: Optional[CopyFrom] = None) -> NodeImage:
+            return NodeImage(
                 node.name,
                 NodeImageArgs(
                     node=node,
@@ -154,11 +169,33 @@ class VllmCluster(pulumi.ComponentResource):
                     transfer=cfg.image_transfer,
                     provider=self.hosts[node.name].provider,
                     connection=self.hosts[node.name].connection,
+                    copy_from=copy_from,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for node in cfg.nodes
-        }
+
+        images = {source.name: node_image(source)}
+        self.depot = None
+        if cfg.uses_depot:
+            networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
+            self.depot = Depot(
+                "spark-vllm-copy",
+                DepotArgs(
+                    config=cfg,
+                    image_id=images[source.name].image_id,
+                    model=args.release.model,
+                    provider=self.hosts[source.name].provider,
+                    start_after=tuple(networks),
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        copy_from = None
+        if self.depot is not None and cfg.image_transfer.method == "copy":
+            copy_from = CopyFrom(config=cfg, depot=self.depot, image_id=images[source.name].image_id)
+        for node in cfg.nodes:
+            if node.name != source.name:
+                images[node.name] = node_image(node, copy_from)
+        return {node.name: images[node.name] for node in cfg.nodes}
 
     def _create_node_containers(
         self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, secret_env
@@ -187,7 +224,8 @@ class VllmCluster(pulumi.ComponentResource):
         return nodes
 
     def _release(self, args: VllmClusterArgs, head_image: NodeImage, image_id: pulumi.Output) -> pulumi.Output:
-        """What this stack runs, pinned by digest; validated once the smoke test passed."""
+        """What this stack runs, pinned by digest (the pulling node's; with a copy, the source's) or,
+        for an image no registry holds, by id; validated once the smoke test passed."""
         validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
         pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
         return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated).apply(
@@ -205,8 +243,28 @@ class VllmCluster(pulumi.ComponentResource):
         known and the preview shows the head as it will be, untouched.
         """
         networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
-        self.checks = {
-            node.name: NodeChecks(
+        source = cfg.copy_source
+        syncing = cfg.model_sync.enabled and self.depot is not None
+        checks: dict[str, NodeChecks] = {}
+        source_model = None
+        for node in [source, *(n for n in cfg.nodes if n.name != source.name)]:
+            after: list[pulumi.Resource] = list(networks)  # peers must have their fabric address before we ping them
+            reread: list[pulumi.Input] = []
+            if syncing and source_model is not None:
+                after.append(
+                    sync_model(
+                        node.name,
+                        cfg,
+                        node,
+                        self.depot,
+                        args.release.model.apply(model_directory),
+                        source_model,
+                        self.hosts[node.name].connection,
+                        parent=self,
+                    )
+                )
+                reread.append(source_model)  # a new copy: check and fingerprint it again
+            checks[node.name] = NodeChecks(
                 node.name,
                 NodeChecksArgs(
                     config=cfg,
@@ -214,12 +272,16 @@ class VllmCluster(pulumi.ComponentResource):
                     connection=self.hosts[node.name].connection,
                     image_id=images[node.name].image_id,
                     model=args.release.model,
-                    after=networks,  # peers must have their fabric address before we ping them
+                    after=after,
+                    reread=reread,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for node in cfg.nodes
-        }
+            if syncing and node is source and checks[node.name].fingerprint is not None:
+                source_model = checks[node.name].fingerprint.apply(
+                    lambda out: parse_fingerprint(out).get("fingerprint", "")
+                )
+        self.checks = {node.name: checks[node.name] for node in cfg.nodes}
         gates = [checks.passed for checks in self.checks.values()]
         fingerprints = {name: c.fingerprint for name, c in self.checks.items() if c.fingerprint is not None}
         model_id = pulumi.Output.from_input("")

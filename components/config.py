@@ -285,14 +285,40 @@ class RecoveryConfig(_Model):
 
 
 class ImageTransferConfig(_Model):
+    method: Literal["pull", "copy"] = Field(
+        "pull",
+        description="'pull': every node pulls `image` from its registry. 'copy': the copy source (fabricCopy.source) "
+        "has the image (built or loaded there, or pulled once) and the nodes lacking that image id receive it "
+        "from there over the fabric.",
+    )
     timeout_seconds: PositiveInt = Field(
         3600,
-        description="How long one node may take to pull the image (vLLM images for GB10 are 10–20 GB); "
-        "the pull fails naming the node after that.",
+        description="How long one node may take to pull or receive the image (vLLM images for GB10 are 10–20 GB); "
+        "it fails naming the node after that.",
     )
     progress_seconds: PositiveInt = Field(
-        10, description="How often `pulumi up` shows each node's pull progress (bytes, rate, layers)."
+        10, description="How often `pulumi up` shows each node's pull or copy progress (bytes, rate)."
     )
+
+
+class ModelSyncConfig(_Model):
+    enabled: bool = Field(
+        False,
+        description="Copy the model directory from the copy source (fabricCopy.source) to every node where it "
+        "differs or is missing, over the fabric: only files whose size or time differ, symlinks kept, files the "
+        "source lacks removed. Off: every node must hold the model already.",
+    )
+    timeout_seconds: PositiveInt = Field(14400, description="How long one node may take to receive the model.")
+    progress_seconds: PositiveInt = Field(10, description="How often `pulumi up` shows each node's copy progress.")
+
+
+class FabricCopyConfig(_Model):
+    source: Optional[DnsLabel] = Field(
+        None,
+        description="The node the others receive the image (imageTransfer.method copy) and the model (modelSync) "
+        "from. Default: the head.",
+    )
+    port: Port = Field(29650, description="TCP port of the copy depot on the source's fabric address.")
 
 
 class MemoryConfig(_Model):
@@ -353,6 +379,12 @@ class ClusterConfig(_Model):
     image_transfer: ImageTransferConfig = Field(
         default_factory=ImageTransferConfig, description="How the image reaches each node."
     )
+    model_sync: ModelSyncConfig = Field(
+        default_factory=ModelSyncConfig, description="The model copied from the copy source to the other nodes."
+    )
+    fabric_copy: FabricCopyConfig = Field(
+        default_factory=FabricCopyConfig, description="Where copies over the fabric come from."
+    )
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
@@ -382,6 +414,17 @@ class ClusterConfig(_Model):
     def head_node(self) -> NodeConfig:
         name = self.head or self.nodes[0].name
         return next(node for node in self.nodes if node.name == name)
+
+    @property
+    def copy_source(self) -> NodeConfig:
+        """The node the others receive the image and the model from."""
+        name = self.fabric_copy.source or self.head_node.name
+        return next(node for node in self.nodes if node.name == name)
+
+    @property
+    def uses_depot(self) -> bool:
+        """Whether the copy source runs a depot (something is copied over the fabric)."""
+        return len(self.nodes) > 1 and (self.image_transfer.method == "copy" or self.model_sync.enabled)
 
     @property
     def workers(self) -> list[NodeConfig]:
@@ -495,6 +538,9 @@ def _node_problems(cfg: Any) -> list[str]:
     raw_names = [node.raw.get("name") for node in cfg.nodes if node is not INVALID and node.name is INVALID]
     if cfg.head not in (None, INVALID) and cfg.head not in seen_names and cfg.head not in raw_names:
         problems.append(_problem("head", cfg.head, f"one of the node names {sorted(seen_names)}"))
+    source = cfg.fabric_copy.source if cfg.fabric_copy is not INVALID else None
+    if source not in (None, INVALID) and source not in seen_names and source not in raw_names:
+        problems.append(_problem("fabricCopy.source", source, f"one of the node names {sorted(seen_names)}"))
     return problems
 
 
@@ -583,8 +629,9 @@ def _serving_problems(cfg: Any) -> list[str]:
 
 
 def _runtime_problems(cfg: Any) -> list[str]:
-    """The head listens on vllm.port and, with Ray, ray.port or, with mp, vllm.masterPort: one each;
-    the recovery backoff grows from backoffSeconds to maxBackoffSeconds."""
+    """The head listens on vllm.port, with Ray on ray.port or with mp on vllm.masterPort, and the copy
+    source (often the head) on fabricCopy.port: one each. The recovery backoff grows from
+    backoffSeconds to maxBackoffSeconds. modelSync copies directories."""
     problems = []
     recovery = cfg.recovery
     if recovery is not INVALID and INVALID not in (recovery.backoff_seconds, recovery.max_backoff_seconds):
@@ -596,13 +643,36 @@ def _runtime_problems(cfg: Any) -> list[str]:
                     f"at least recovery.backoffSeconds ({recovery.backoff_seconds})",
                 )
             )
+    ports = {"vllm.port": cfg.vllm.port}
     if cfg.executor == "mp":
-        other, port = "vllm.masterPort", cfg.vllm.master_port
-    else:
-        other, port = "ray.port", INVALID if cfg.ray is INVALID else cfg.ray.port
-    if INVALID not in (cfg.executor, cfg.vllm.port, port) and port == cfg.vllm.port:
+        ports["vllm.masterPort"] = cfg.vllm.master_port
+    elif cfg.executor == "ray" and cfg.ray is not INVALID:
+        ports["ray.port"] = cfg.ray.port
+    transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
+    copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
+    if copying and copy is not INVALID:
+        ports["fabricCopy.port"] = copy.port
+    taken: dict[int, str] = {}
+    for key, port in ports.items():
+        if port is INVALID:
+            continue
+        if port in taken:
+            problems.append(_problem(key, port, f"another port than {taken[port]} ({port}): both listen on the head"))
+        else:
+            taken[port] = key
+    if (
+        sync is not INVALID
+        and sync.enabled is True
+        and cfg.model not in (None, INVALID)
+        and not cfg.model.startswith("/")
+    ):
         problems.append(
-            _problem(other, port, f"another port than vllm.port ({cfg.vllm.port}): both listen on the head")
+            _problem(
+                "modelSync.enabled",
+                True,
+                f"a model directory: model {cfg.model!r} is a Hugging Face repo id, which vLLM downloads on each node "
+                "(download it once to a directory, e.g. `hf download`, and set model to that path)",
+            )
         )
     return problems
 

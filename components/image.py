@@ -1,4 +1,5 @@
-"""The container image on one node: pulled by reference, with progress, and used by id."""
+"""The container image on one node: pulled by reference, or received from the copy source over the
+fabric; with progress, and used by id."""
 
 from __future__ import annotations
 
@@ -9,18 +10,29 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from components.config import ImageTransferConfig, NodeConfig
+from components.config import ClusterConfig, ImageTransferConfig, NodeConfig
+from components.depot import Depot, receive_image
 from components.render import script_program
+
+
+@dataclass(frozen=True)
+class CopyFrom:
+    """Where a node that does not pull receives the image: the depot, serving the source's image id."""
+
+    config: ClusterConfig
+    depot: Depot
+    image_id: pulumi.Output[str]
 
 
 @dataclass(frozen=True)
 class NodeImageArgs:
     node: NodeConfig
-    reference: pulumi.Input[str]  # tag or name@sha256:… (a promoted release is always a digest)
+    reference: pulumi.Input[str]  # tag, name@sha256:…, or with copy an image id
     keep_locally: bool
     transfer: ImageTransferConfig
     provider: docker.Provider
     connection: command.remote.ConnectionArgs
+    copy_from: Optional[CopyFrom] = None
 
 
 def pull_program(node: NodeConfig, reference: str, transfer: ImageTransferConfig) -> str:
@@ -42,6 +54,10 @@ class NodeImage(pulumi.ComponentResource):
     minutes and gives up after 20 (vLLM images are 10–20 GB); this one prints bytes, rate and layers
     every few seconds and gives up after `imageTransfer.timeoutSeconds`. The RemoteImage then finds
     the image on the node and only records its id and digest.
+
+    With `copy_from` the node does not pull: `<node>-image-copy` receives the source's image id over
+    the fabric (components/depot.py) and the RemoteImage names that id, so it finds exactly the
+    bytes checked on arrival, never a tag.
     """
 
     image_id: pulumi.Output[str]
@@ -50,6 +66,9 @@ class NodeImage(pulumi.ComponentResource):
     def __init__(self, name: str, args: NodeImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeImage", name, None, opts)
         timeout = args.transfer.timeout_seconds
+        if args.copy_from is not None:
+            self._receive(name, args, args.copy_from)
+            return
         pull = command.remote.Command(
             f"{name}-pull",
             connection=args.connection,
@@ -73,6 +92,20 @@ class NodeImage(pulumi.ComponentResource):
                 depends_on=[pull],
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout}s", update=f"{timeout}s"),
             ),
+        )
+        self.image_id = image.image_id
+        self.repo_digest = image.repo_digest
+        self.register_outputs({"image_id": self.image_id, "repo_digest": self.repo_digest})
+
+    def _receive(self, name: str, args: NodeImageArgs, source: CopyFrom) -> None:
+        received = receive_image(
+            name, source.config, args.node, source.depot, source.image_id, args.reference, args.connection, self
+        )
+        image = docker.RemoteImage(
+            f"{name}-image",
+            name=source.image_id,  # the id itself: found on the node, never pulled
+            keep_locally=args.keep_locally,
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[received]),
         )
         self.image_id = image.image_id
         self.repo_digest = image.repo_digest

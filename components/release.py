@@ -29,7 +29,9 @@ class ReleaseSource:
     origin: str  # "config" or the promoted-from stack
 
 
-def check_promotable(release: Any, stack: str, fingerprint: str | None = None) -> dict[str, Any]:
+def check_promotable(
+    release: Any, stack: str, fingerprint: str | None = None, copies_image: bool = False
+) -> dict[str, Any]:
     """The release of stack `stack`, or ReleaseError saying why it cannot be promoted."""
     if not isinstance(release, dict):
         raise ReleaseError(
@@ -49,13 +51,16 @@ def check_promotable(release: Any, stack: str, fingerprint: str | None = None) -
             f"promoteFingerprint {fingerprint}; review the new release and update promoteFingerprint"
         )
     image = release["image"]
+    if image.startswith("sha256:") and copies_image:
+        return release  # the copy source must hold that id; every other node receives it from there
     if image.startswith("sha256:"):
         # An image id without a repository: it was built or loaded on that stack's nodes and no
         # registry holds it, so no node here could pull it.
         raise ReleaseError(
             f"promoteFrom {stack!r}: its release image {image} has no registry digest (it was built or loaded "
             "locally on that stack's nodes, so no node of this stack could pull it): push it to a registry and "
-            f"deploy {stack} with image: <name>@sha256:<digest>"
+            f"deploy {stack} with image: <name>@sha256:<digest>; or set imageTransfer.method: copy here and load "
+            "the image on this stack's copy source"
         )
     if "@sha256:" not in image:
         raise ReleaseError(f"promoteFrom {stack!r}: release image {image!r} is not pinned by digest")
@@ -72,7 +77,10 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
         )
     stack = cfg.promote_from
     pinned = cfg.promote_fingerprint
-    release = pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack, pinned))
+    copies = cfg.image_transfer.method == "copy"
+    release = (
+        pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack, pinned, copies))
+    )
     defaults = engine_settings(cfg)
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),

@@ -148,7 +148,7 @@ class FakeCloud(pulumi.runtime.Mocks):
             digest = "sha256:" + "ab" * 32
             outputs.update(image_id=digest, repo_digest=f"{args.inputs['name'].split(':')[0]}@{digest}")
         elif args.typ.startswith("command:"):
-            stdout = "0f" * 32 if args.name == "ray-auth-token" else ""
+            stdout = {"ray-auth-token": "0f" * 32, "fabric-copy-token": "1e" * 32}.get(args.name, "")
             if args.name.endswith("-model-fingerprint"):
                 stdout = json.dumps(self.fingerprint(args.name.removesuffix("-model-fingerprint")))
             elif args.name.endswith("-preflight"):

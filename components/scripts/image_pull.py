@@ -204,6 +204,12 @@ def main():
         if present(P["image"]):
             say(f"{P['image']} is already on this node")
             return 0
+        if P["image"].startswith("sha256:"):
+            say(
+                f"{P['image']} is an image id, which no registry serves: load or build it on this node "
+                "(with imageTransfer.method copy, the copy source; the other nodes receive it from there)"
+            )
+            return 1
         repository, reference = split_reference(P["image"])
         P["tag"] = reference
         auth, helper = credentials(repository)

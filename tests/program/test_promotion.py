@@ -63,7 +63,7 @@ def test_a_validated_release_is_deployed_by_digest_with_its_engine_settings():
         (release(validated=False), "is not validated"),
         (release(image="hellohal2064/vllm-qwen3.5-gb10:latest"), "is not pinned by digest"),
         ({"model": "/models/x", "validated": True}, "its release lacks ['image']"),
-        (release(image="sha256:" + "34" * 32), "has no registry digest"),
+        (release(image="sha256:" + "34" * 32), "has no registry digest .*or set imageTransfer.method: copy"),
     ],
     ids=["missing", "unvalidated", "tag-not-digest", "incomplete", "bare-image-id"],
 )
@@ -123,3 +123,13 @@ def test_a_pinned_fingerprint_needs_promote_from():
 
     with pytest.raises(ConfigError, match="promoteFingerprint: '00000000000000ab' — promoteFrom beside it"):
         run_program(prod(promoteFingerprint="00000000000000ab"), SECRETS, stack="prod")
+
+
+def test_a_copied_image_is_promoted_by_id_to_a_stack_that_copies_too():
+    image_id = "sha256:" + "34" * 32
+    run = run_promoted(release(image=image_id), cfg=promoted(imageTransfer={"method": "copy"}))
+    # the copy source must hold that id (its pull step says so when it does not); the others receive it
+    assert run.named("spark-01-image").inputs["name"] == image_id
+    pull = json.loads(json.loads(run.named("spark-01-pull").inputs["stdin"].split("\n", 1)[0].split("=", 1)[1]))
+    assert pull["image"] == image_id
+    assert "spark-02-image-copy" in {r.name for r in run.registrations}

@@ -55,6 +55,15 @@ def test_the_base_config_is_valid_and_fills_defaults():
     assert cfg.served_model_name == "/models/Qwen3-0.6B"
 
 
+def test_copies_come_from_the_head_unless_a_source_is_named():
+    cfg = load_cluster_config(config(imageTransfer__method="copy"))
+    assert cfg.copy_source.name == "spark-01" and cfg.uses_depot and not load_cluster_config(config()).uses_depot
+    cfg = load_cluster_config(config(modelSync__enabled="true", fabricCopy__source="spark-02"))
+    assert cfg.copy_source.name == "spark-02" and cfg.uses_depot and cfg.fabric_copy.port == 29650
+    # the same port is fine while nothing is copied
+    assert load_cluster_config(config(fabricCopy__port=8000)).fabric_copy.port == 8000
+
+
 def test_pulumi_string_values_are_coerced():
     cfg = load_cluster_config(config(tensorParallelSize="2", maxModelLen="32768", smokeTest="false"))
     assert cfg.tensor_parallel_size == 2 and cfg.max_model_len == 32768 and cfg.smoke_test is False
@@ -128,6 +137,20 @@ BAD = [
         config(recovery__backoffSeconds=30, recovery__maxBackoffSeconds=10),
         "recovery.maxBackoffSeconds: 10 — at least recovery.backoffSeconds (30)",
     ),
+    (config(imageTransfer__method="scp"), "imageTransfer.method: 'scp' — Input should be 'pull' or 'copy'"),
+    (
+        config(fabricCopy__source="spark-09"),
+        "fabricCopy.source: 'spark-09' — one of the node names ['spark-01', 'spark-02']",
+    ),
+    (
+        config(imageTransfer__method="copy", fabricCopy__port=8000),
+        "fabricCopy.port: 8000 — another port than vllm.port (8000): both listen on the head",
+    ),
+    (
+        config(modelSync__enabled=True, model="Qwen/Qwen3-0.6B"),
+        "modelSync.enabled: True — a model directory: model 'Qwen/Qwen3-0.6B' is a Hugging Face repo id",
+    ),
+    (config(modelSync__timeoutSeconds=0), "modelSync.timeoutSeconds: 0 — Input should be greater than or equal to 1"),
     (config(recovery__maxRestarts=0), "recovery.maxRestarts: 0 — Input should be greater than or equal to 1"),
     (config(recovery__backoffSeconds=-1), "recovery.backoffSeconds: -1 — Input should be greater than or equal to 1"),
     (

@@ -170,3 +170,10 @@ def test_no_daemon_is_a_clear_failure(tmp_path):
     result = pull(Gone(), tmp_path)
     assert result.returncode == 1
     assert f"[node-2] cannot reach the Docker daemon at {tmp_path / 'nothing.sock'}" in result.stdout
+
+
+def test_an_image_id_that_is_not_on_the_node_cannot_be_pulled(docker, tmp_path):
+    server = docker(download("aaa"))
+    result = pull(server, tmp_path, image="sha256:" + "34" * 32)
+    assert result.returncode == 1 and [m for m, _, _ in server.requests] == ["GET"]
+    assert "is an image id, which no registry serves: load or build it on this node" in result.stdout

@@ -1,0 +1,176 @@
+"""Copies over the fabric under Pulumi's mocks: the depot on the copy source, what each receiving
+node runs, the order of it all, secrets, and what a change touches."""
+
+import json
+
+import pytest
+
+from components.config import ConfigError
+from components.depot import sync_root
+from tests.harness import CONTAINER, REMOTE_COMMAND, changed_inputs, run_program, strip_secrets
+from tests.program.test_program import SECRETS, prod
+
+TOKEN = "1e" * 32  # what the fake cloud's fabric-copy-token prints
+SOURCE_ID = "sha256:" + "ab" * 32  # the fake cloud's image id
+
+
+def copying(**changes) -> dict:
+    return prod(imageTransfer={"method": "copy"}, modelSync={"enabled": True}, **changes)
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_program(copying(), SECRETS, stack="prod")
+
+
+def entrypoint_params(container) -> dict:
+    program = container.inputs["entrypoints"][3]
+    return json.loads(json.loads(program.split("\n", 1)[0].removeprefix("PARAMS = ")))
+
+
+def test_the_depot_runs_on_the_head_bound_to_its_fabric_address(run):
+    depot = run.named("spark-vllm-depot")
+    assert depot.typ == CONTAINER and depot.provider.startswith(run.named("spark-01-docker").urn)
+    assert depot.inputs["name"] == "spark-vllm.depot" and depot.inputs["networkMode"] == "host"
+    assert depot.inputs["image"] == SOURCE_ID and depot.inputs["restart"] == "unless-stopped"
+    assert entrypoint_params(depot) == {
+        "role": "serve",
+        "node": "spark-01",
+        "source": "spark-01",
+        "address": "192.168.200.12",
+        "port": 29650,
+        "image_id": SOURCE_ID,
+        "model_dir": "/models/Qwen3.5-122B-A10B-FP8",
+    }
+    mounts = {(m["source"], m["target"], m.get("readOnly", False)) for m in depot.inputs["mounts"]}
+    assert mounts == {
+        ("/var/run/docker.sock", "/var/run/docker.sock", False),
+        ("/models/Qwen3.5-122B-A10B-FP8", "/models/Qwen3.5-122B-A10B-FP8", True),
+    }
+    # the token reaches the depot as secret env, the clients in their secret stdin; never in plain
+    assert depot.inputs["envs"] == [f"SPARK_VLLM_COPY_TOKEN={TOKEN}"] and "envs" in depot.secret_paths()
+    assert "stdout" in run.named("fabric-copy-token").additional_secret_outputs
+    plain = json.dumps([strip_secrets(r.wire) for r in run.registrations]) + json.dumps(run.exports)
+    assert TOKEN not in plain
+
+
+def test_the_head_pulls_and_the_worker_receives_that_image_id(run):
+    names = {r.name for r in run.registrations}
+    assert {"spark-01-pull", "spark-01-image", "spark-02-image-copy", "spark-02-image"} <= names
+    assert "spark-02-pull" not in names and "spark-01-image-copy" not in names
+    copy = run.named("spark-02-image-copy")
+    assert copy.typ == REMOTE_COMMAND and copy.inputs["triggers"] == [SOURCE_ID]
+    assert run.named("spark-vllm-depot").urn in copy.dependencies
+    assert copy.inputs["create"] == "timeout --kill-after=10 3630 python3 -" and "stdin" in copy.secret_paths()
+    params = json.loads(json.loads(copy.inputs["stdin"].split("\n", 1)[0].removeprefix("PARAMS = ")))
+    assert params == {
+        "role": "image",
+        "node": "spark-02",
+        "source": "spark-01",
+        "address": "192.168.200.12",
+        "port": 29650,
+        "token": TOKEN,
+        "image_id": SOURCE_ID,
+        "reference": copying()["image"],
+        "progress_seconds": 10,
+    }
+    image = run.named("spark-02-image")
+    assert image.inputs["name"] == SOURCE_ID and copy.urn in image.dependencies  # the id, never a tag
+
+
+def test_the_worker_checks_its_model_only_after_the_copy_and_again_after_a_new_one(run):
+    sync = run.named("spark-02-model-sync")
+    assert run.named("spark-vllm-depot").urn in sync.dependencies
+    assert sync.inputs["triggers"] == ["/models/Qwen3.5-122B-A10B-FP8", "f" * 64]  # the source's fingerprint
+    assert sync.urn in run.named("spark-02-preflight").dependencies
+    assert "f" * 64 in run.named("spark-02-model-fingerprint").inputs["triggers"]
+    assert "spark-01-model-sync" not in {r.name for r in run.registrations}
+    params = json.loads(json.loads(sync.inputs["stdin"].split("\n", 1)[0].removeprefix("PARAMS = ")))
+    assert params["role"] == "model" and params["model_dir"] == "/models/Qwen3.5-122B-A10B-FP8"
+
+
+def test_another_copy_source_moves_the_depot_and_the_direction():
+    run = run_program(copying(fabricCopy={"source": "spark-02", "port": 29700}), SECRETS, stack="prod")
+    depot = run.named("spark-vllm-depot")
+    assert depot.provider.startswith(run.named("spark-02-docker").urn)
+    assert entrypoint_params(depot)["address"] == "192.168.200.13" and entrypoint_params(depot)["port"] == 29700
+    names = {r.name for r in run.registrations}
+    assert {"spark-02-pull", "spark-01-image-copy", "spark-01-model-sync"} <= names
+    assert not {"spark-01-pull", "spark-02-image-copy", "spark-02-model-sync"} & names
+
+
+def test_only_a_model_sync_serves_no_image_and_mounts_no_docker_socket():
+    run = run_program(prod(modelSync={"enabled": True}), SECRETS, stack="prod")
+    depot = run.named("spark-vllm-depot")
+    assert entrypoint_params(depot)["image_id"] is None
+    assert [m["source"] for m in depot.inputs["mounts"]] == ["/models/Qwen3.5-122B-A10B-FP8"]
+    names = {r.name for r in run.registrations}
+    assert {"spark-01-pull", "spark-02-pull", "spark-02-model-sync"} <= names and "spark-02-image-copy" not in names
+
+
+def test_nothing_copied_means_no_depot_and_no_token():
+    names = {r.name for r in run_program(prod(), SECRETS, stack="prod").registrations}
+    assert not {"spark-vllm-depot", "fabric-copy-token"} & names
+    assert not any(name.endswith(("-image-copy", "-model-sync")) for name in names)
+
+
+def test_one_node_copies_nothing():
+    config = copying(nodes=prod()["nodes"][:1], tensorParallelSize=1, memoryCheck="off")
+    names = {r.name for r in run_program(config, SECRETS, stack="prod").registrations}
+    assert "spark-vllm-depot" not in names and "spark-01-pull" in names
+
+
+def test_a_hugging_face_snapshot_is_served_with_its_repository():
+    model = "/data/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de2"
+    assert sync_root(model) == "/data/hub/models--Qwen--Qwen3-0.6B"
+    assert sync_root("/models/snapshots/x") == "/models/snapshots/x" and sync_root("/models/Qwen/") == "/models/Qwen"
+    run = run_program(prod(modelSync={"enabled": True}, model=model), SECRETS, stack="prod")
+    mounts = run.named("spark-vllm-depot").inputs["mounts"]
+    assert [(m["source"], m["target"]) for m in mounts] == [("/data/hub/models--Qwen--Qwen3-0.6B",) * 2]
+
+
+def test_the_scripts_rule_for_the_sync_root_is_the_programs():
+    from components.render import script
+
+    namespace = {}
+    source = script("fabric_copy.py")
+    start = source.index("def sync_root(")
+    exec(source[start : source.index("\ndef ", start + 1)], {"os": __import__("os")}, namespace)  # noqa: S102
+    for model in ("/data/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de2", "/models/Qwen", "/a/snapshots/b"):
+        assert namespace["sync_root"](model) == sync_root(model)
+
+
+def test_a_vllm_only_change_touches_no_copy():
+    result = changed_inputs(
+        run_program(copying(), SECRETS, stack="prod"), run_program(copying(maxModelLen=16384), SECRETS, stack="prod")
+    )
+    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
+
+
+def test_turning_the_copy_on_for_a_running_stack_keeps_its_containers():
+    result = changed_inputs(run_program(prod(), SECRETS, stack="prod"), run_program(copying(), SECRETS, stack="prod"))
+    assert result["spark-vllm-depot"] == "create" and result["spark-02-image-copy"] == "create"
+    assert result["spark-02-pull"] == "delete" and result["spark-02-model-sync"] == "create"
+    # the worker's image is named by id now (the same image), and its model is checked again
+    assert result["spark-02-image"] == {"name"}
+    assert not any(name.endswith("-container") for name in result)
+
+
+def test_a_promoted_repo_id_cannot_be_synced():
+    with pytest.raises(ConfigError) as caught:
+        run_program(prod(modelSync={"enabled": True}, model="Qwen/Qwen3-0.6B"), SECRETS, stack="prod")
+    assert "modelSync.enabled: True — a model directory" in str(caught.value)
+
+
+def test_with_copies_on_a_node_added_gets_its_copies_and_the_others_keep_theirs():
+    three = copying(tensorParallelSize=3)
+    three["nodes"] = [
+        *three["nodes"],
+        {**three["nodes"][1], "name": "spark-03", "host": "spark-03.lan", "fabricAddress": "192.168.200.14"},
+    ]
+    result = changed_inputs(run_program(copying(), SECRETS, stack="prod"), run_program(three, SECRETS, stack="prod"))
+    assert result["spark-03-image-copy"] == result["spark-03-model-sync"] == "create"
+    assert "spark-03-pull" not in result
+    touched = {name for name in result if not name.startswith("spark-03")}
+    assert not {"spark-vllm-depot", "fabric-copy-token", "spark-02-image-copy", "spark-02-model-sync"} & touched
+    assert not any(name.endswith(("-image", "-container", "-docker")) for name in touched)
