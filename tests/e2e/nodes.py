@@ -57,7 +57,20 @@ RUN_ROOT = Path("/run")
 SSHD_PRIVSEP_DIR = Path("/run/sshd")
 CONTAINERD_SHIM_SOCKETS = "/run/containerd/s/"
 SYSTEM_CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
-REQUIRED_TOOLS = ("ip", "nsenter", "umount", "dockerd", "docker", "sshd", "ssh", "ssh-keygen", "docker-registry")
+DEFAULT_DOCKER_SOCKET = Path("/run/docker.sock")  # /var/run/docker.sock
+REQUIRED_TOOLS = (
+    "ip",
+    "nsenter",
+    "unshare",
+    "mount",
+    "umount",
+    "dockerd",
+    "docker",
+    "sshd",
+    "ssh",
+    "ssh-keygen",
+    "docker-registry",
+)
 REGISTRY_PREFIX = "10.76"
 REGISTRY_PORT = 5000
 
@@ -718,11 +731,17 @@ def _spawn_dockerd(node: SimNode) -> None:
     log = open(node.dockerd_log, "ab")
     # nsenter --net (not `ip netns exec`, which remounts /sys and hides the cgroup mounts); it
     # execs, so the Popen pid is dockerd's. dockerd starts its own containerd, which inherits the
-    # namespace, so --network host containers see exactly this node's interfaces.
+    # namespace, so --network host containers see exactly this node's interfaces. A mount namespace
+    # of its own (a slave of the host's: it sees every host mount) lets /var/run/docker.sock be this
+    # node's daemon for its containers (see _bind_docker_socket).
     node._dockerd = subprocess.Popen(
         [
             "nsenter",
             f"--net={node.netns_path}",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "slave",
             _tool("dockerd"),
             "--config-file",
             str(node.dockerd_config),
@@ -771,6 +790,17 @@ def _wait_dockerd(node: SimNode, timeout: float) -> None:
             else f"did not answer on {node.docker_socket} within {timeout}s"
         )
         raise SimNodeError(f"dockerd of {node.name} {what}:\n{_tail(node.dockerd_log)}")
+    _bind_docker_socket(node)
+
+
+def _bind_docker_socket(node: SimNode) -> None:
+    """A container that mounts /var/run/docker.sock (the copy depot) reaches its own node's daemon,
+    as on a real node: in dockerd's mount namespace, which resolves a container's bind sources,
+    the node's socket is bound over the standard path. The host and the other nodes keep theirs."""
+    if not DEFAULT_DOCKER_SOCKET.exists():
+        DEFAULT_DOCKER_SOCKET.touch()  # a bind needs a target; a host dockerd starting later replaces it
+    enter = ["nsenter", f"--target={node._dockerd.pid}", "--mount"]
+    _run([*enter, "mount", "--bind", str(node.docker_socket), str(DEFAULT_DOCKER_SOCKET)])
 
 
 def _exited(proc: subprocess.Popen | None) -> bool:
