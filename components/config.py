@@ -11,7 +11,8 @@ import difflib
 import ipaddress
 import re
 import typing
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal, Optional
 
@@ -229,6 +230,18 @@ class RayConfig(_Model):
         "token",
         description="Ray authentication: 'token' (RAY_AUTH_MODE=token, Ray ≥ 2.52) or 'none' for older images.",
     )
+    # Every port Ray listens on is pinned (Ray picks most at random otherwise): the config can then
+    # refuse collisions before anything starts, and network.guard knows exactly what to fence in.
+    node_manager_port: Port = Field(6380, description="Raylet port on every node (`--node-manager-port`).")
+    object_manager_port: Port = Field(6381, description="Object manager port on every node (`--object-manager-port`).")
+    runtime_env_agent_port: Port = Field(6382, description="`--runtime-env-agent-port` on every node.")
+    dashboard_agent_grpc_port: Port = Field(6383, description="`--dashboard-agent-grpc-port` on every node.")
+    metrics_export_port: Port = Field(6384, description="`--metrics-export-port` on every node.")
+    dashboard_agent_listen_port: Port = Field(52365, description="`--dashboard-agent-listen-port` on every node.")
+    client_server_port: Port = Field(10001, description="Ray Client server on the head (`--ray-client-server-port`).")
+    dashboard_port: Port = Field(8265, description="Ray dashboard on the head, on 127.0.0.1 (`--dashboard-port`).")
+    min_worker_port: Port = Field(10002, description="First port of the range Ray's worker processes listen on.")
+    max_worker_port: Port = Field(19999, description="Last port of the range Ray's worker processes listen on.")
 
 
 class NcclConfig(_Model):
@@ -406,6 +419,7 @@ class ClusterConfig(_Model):
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ClusterConfig:
         problems = [*_node_problems(self), *_parallelism_problems(self), *_serving_problems(self)]
+        problems += _runtime_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -499,6 +513,7 @@ def _node_problems(cfg: Any) -> list[str]:
     problems: list[str] = []
     seen_names: dict[str, int] = {}
     seen_fabric: dict[str, int] = {}
+    seen_machines: dict[tuple[str, int], int] = {}
     if cfg.nodes is INVALID:
         return problems
     for index, node in enumerate(cfg.nodes):
@@ -525,6 +540,22 @@ def _node_problems(cfg: Any) -> list[str]:
             )
         else:
             seen_fabric[address] = index
+        if INVALID not in (node.host, node.ssh_port):
+            machine = (node.host.lower(), node.ssh_port)
+            if machine in seen_machines:
+                other = seen_machines[machine]
+                other_name = cfg.nodes[other].name
+                problems.append(
+                    _problem(
+                        f"nodes[{index}].host",
+                        node.host,
+                        f"a machine no other node has: nodes[{other}] ({other_name}) is {node.host} port "
+                        f"{node.ssh_port} too, and two Ray nodes on one machine claim the same GPU and ports "
+                        "(a machine with several GPUs is one node with gpus: N)",
+                    )
+                )
+            else:
+                seen_machines[machine] = index
         if cfg.security is not INVALID and cfg.security.require_host_keys is True and node.host_key is None:
             problems.append(
                 _problem(
@@ -618,7 +649,6 @@ def _serving_problems(cfg: Any) -> list[str]:
                 "or set vllm.allowUnauthenticated: true to serve without one",
             )
         )
-    problems += _runtime_problems(cfg)
     for index, arg in enumerate([] if cfg.vllm.extra_args is INVALID else cfg.vllm.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_VLLM_FLAGS:
@@ -628,10 +658,129 @@ def _serving_problems(cfg: Any) -> list[str]:
     return problems
 
 
+# Ray's listeners: (key under `ray`, on the head only, what listens there).
+RAY_PORTS = (
+    ("port", True, "Ray GCS"),
+    ("clientServerPort", True, "Ray Client server"),
+    ("dashboardPort", True, "Ray dashboard"),
+    ("nodeManagerPort", False, "raylet"),
+    ("objectManagerPort", False, "Ray object manager"),
+    ("runtimeEnvAgentPort", False, "Ray runtime env agent"),
+    ("dashboardAgentGrpcPort", False, "Ray dashboard agent (gRPC)"),
+    ("dashboardAgentListenPort", False, "Ray dashboard agent (HTTP)"),
+    ("metricsExportPort", False, "Ray metrics export"),
+)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A port (or a range of ports) something the program starts, or sshd, listens on at a node."""
+
+    key: str  # the config key that sets it
+    what: str
+    first: int
+    last: int
+    default: bool  # the key's value is its default (so a clash is more likely the other key's doing)
+
+    def __str__(self) -> str:
+        where = str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+        return f"{self.key} {where} ({self.what})"
+
+    def overlaps(self, other: Listener) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+def _default_ports(key: str) -> tuple[int, int]:
+    """The default (first, last) of a listener's key: `ray.port`, `nodes[2].sshPort`, the worker range."""
+    if key == "ray.minWorkerPort-maxWorkerPort":
+        fields = RayConfig.model_fields
+        return fields["min_worker_port"].default, fields["max_worker_port"].default
+    owner, name = key.rsplit(".", 1)
+    model = {"vllm": VllmConfig, "ray": RayConfig, "fabricCopy": FabricCopyConfig}.get(owner, NodeConfig)
+    default = model.model_fields[_snake(name)].default
+    return default, default
+
+
+def node_listeners(cfg: Any, index: int) -> list[Listener]:
+    """What listens on `node`'s ports with this config. Works on a validated config and on the lenient
+    view alike: keys that are invalid (or undecidable) are left out."""
+
+    def valid(*values: Any) -> bool:
+        return INVALID not in values and None not in values
+
+    found: list[Listener] = []
+
+    def add(key: str, what: str, first: Any, last: Any = None) -> None:
+        last = first if last is None else last
+        if valid(first, last):
+            found.append(Listener(key, what, first, last, (first, last) == _default_ports(key)))
+
+    node = cfg.nodes[index]
+    add(f"nodes[{index}].sshPort", "sshd, never touched", node.ssh_port)
+    head_name = cfg.head if cfg.head not in (None, INVALID) else cfg.nodes[0].name
+    is_head = node.name == head_name
+    vllm = cfg.vllm
+    if is_head and vllm is not INVALID:
+        add("vllm.port", "vLLM API server", vllm.port)
+    if cfg.executor == "mp" and is_head and vllm is not INVALID and len(cfg.nodes) > 1:
+        add("vllm.masterPort", "vLLM rank 0 with executor mp", vllm.master_port)
+    ray = cfg.ray
+    if cfg.executor == "ray" and ray is not INVALID:
+        for key, head_only, what in RAY_PORTS:
+            if head_only and not is_head or key == "dashboardPort" and ray.dashboard is not True:
+                continue
+            add(f"ray.{key}", what, getattr(ray, _snake(key)))
+        if valid(ray.min_worker_port, ray.max_worker_port) and ray.min_worker_port <= ray.max_worker_port:
+            add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port)
+    transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
+    copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
+    if copying and copy is not INVALID and len(cfg.nodes) > 1:
+        source = copy.source if copy.source is not None else head_name
+        if node.name == source:
+            add("fabricCopy.port", "fabric copy depot", copy.port)
+    return found
+
+
+def _port_problems(cfg: Any) -> list[str]:
+    """One listener a port on each node: with host networking the second dies at start."""
+    problems: list[str] = []
+    ray = cfg.ray
+    if ray is not INVALID and INVALID not in (ray.min_worker_port, ray.max_worker_port):
+        if ray.max_worker_port < ray.min_worker_port:
+            problems.append(
+                _problem(
+                    "ray.maxWorkerPort", ray.max_worker_port, f"at least ray.minWorkerPort ({ray.min_worker_port})"
+                )
+            )
+    if cfg.nodes is INVALID or any(n is INVALID or n.name is INVALID for n in cfg.nodes):
+        return problems
+    for index, node in enumerate(cfg.nodes):
+        listeners = node_listeners(cfg, index)
+        for later, listener in enumerate(listeners):
+            clash = next((other for other in listeners[:later] if other.overlaps(listener)), None)
+            if clash is None:
+                continue
+            # Name the key most likely at fault: a single port before a range, a changed value before a default.
+            singles = [item for item in (listener, clash) if item.first == item.last] or [listener]
+            blamed = next((item for item in singles if not item.default), singles[0])
+            line = _problem(
+                blamed.key,
+                blamed.first,
+                f"a port nothing else on node {node.name} listens on: {clash} and {listener} collide "
+                f"(ports in use there: {'; '.join(str(item) for item in listeners)})",
+            )
+            if line.split(" — ")[0] not in {p.split(" — ")[0] for p in problems}:
+                problems.append(line)
+    return problems
+
+
 def _runtime_problems(cfg: Any) -> list[str]:
-    """The head listens on vllm.port, with Ray on ray.port or with mp on vllm.masterPort, and the copy
-    source (often the head) on fabricCopy.port: one each. The recovery backoff grows from
-    backoffSeconds to maxBackoffSeconds. modelSync copies directories."""
+    """The recovery backoff grows from backoffSeconds to maxBackoffSeconds; modelSync copies directories;
+    ports are unique on each node (_port_problems)."""
     problems = []
     recovery = cfg.recovery
     if recovery is not INVALID and INVALID not in (recovery.backoff_seconds, recovery.max_backoff_seconds):
@@ -643,23 +792,8 @@ def _runtime_problems(cfg: Any) -> list[str]:
                     f"at least recovery.backoffSeconds ({recovery.backoff_seconds})",
                 )
             )
-    ports = {"vllm.port": cfg.vllm.port}
-    if cfg.executor == "mp":
-        ports["vllm.masterPort"] = cfg.vllm.master_port
-    elif cfg.executor == "ray" and cfg.ray is not INVALID:
-        ports["ray.port"] = cfg.ray.port
-    transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
-    copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
-    if copying and copy is not INVALID:
-        ports["fabricCopy.port"] = copy.port
-    taken: dict[int, str] = {}
-    for key, port in ports.items():
-        if port is INVALID:
-            continue
-        if port in taken:
-            problems.append(_problem(key, port, f"another port than {taken[port]} ({port}): both listen on the head"))
-        else:
-            taken[port] = key
+    problems += _port_problems(cfg)
+    sync = cfg.model_sync
     if (
         sync is not INVALID
         and sync.enabled is True
@@ -760,18 +894,47 @@ def _describe(error: dict) -> list[str]:
     return [_problem(_key_path(error["loc"]), value, message)]
 
 
-def load_cluster_config(raw: dict[str, Any]) -> ClusterConfig:
-    """Validate the `spark-vllm:` namespace given as a dict of camelCase keys.
+def _plain_secret_problems(raw: dict[str, Any], plain: Collection[str]) -> list[str]:
+    problems = []
+    for key in SECRET_KEYS:
+        if key in raw and key in plain:
+            value = "< ~/.ssh/id_ed25519" if key == "sshPrivateKey" else "…"
+            problems.append(
+                _problem(
+                    key,
+                    "[set in plain text]",
+                    f"a Pulumi secret: as it is, the value sits readable in Pulumi.<stack>.yaml, which gets committed; "
+                    f"run `pulumi config rm {key}` then `pulumi config set --secret {key} {value}` "
+                    "(and change the value if that file was shared)",
+                )
+            )
+    return problems
+
+
+def load_cluster_config(raw: dict[str, Any], plain: Collection[str] = ()) -> ClusterConfig:
+    """Validate the `spark-vllm:` namespace given as a dict of camelCase keys. `plain` names the keys
+    the stack holds in plain text (not `--secret`): any of apiKey, hfToken, sshPrivateKey there is refused.
 
     Raises ConfigError naming every problem; nothing else in the program runs before this.
     """
+    secret_problems = _plain_secret_problems(raw, plain)
     try:
-        return ClusterConfig.model_validate(raw)
+        cfg = ClusterConfig.model_validate(raw)
     except ValidationError as error:
         problems = [line for item in error.errors() for line in _describe(item)]
+    else:
+        if not secret_problems:
+            return cfg
+        raise ConfigError(secret_problems)
+    problems += [line for line in secret_problems if line not in problems]
     view = _lenient(ClusterConfig, raw)
     if view is not INVALID:
-        for line in [*_node_problems(view), *_parallelism_problems(view), *_serving_problems(view)]:
+        for line in [
+            *_node_problems(view),
+            *_parallelism_problems(view),
+            *_serving_problems(view),
+            *_runtime_problems(view),
+        ]:
             if line not in problems:
                 problems.append(line)
     raise ConfigError(problems)

@@ -100,21 +100,31 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
 
 def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
     """`ray start` for one node; the head binds the GCS on its fabric address only."""
+    ray = cfg.ray
     common = [
         "start",
         "--block",  # the container lives exactly as long as its Ray node
         f"--node-ip-address={node.fabric_address}",
         f"--num-gpus={node.gpus}",
         "--disable-usage-stats",  # no phone-home; saves seconds at start
+        # Every port pinned (Ray picks most at random otherwise), so network.guard can fence them in.
+        f"--node-manager-port={ray.node_manager_port}",
+        f"--object-manager-port={ray.object_manager_port}",
+        f"--runtime-env-agent-port={ray.runtime_env_agent_port}",
+        f"--dashboard-agent-grpc-port={ray.dashboard_agent_grpc_port}",
+        f"--dashboard-agent-listen-port={ray.dashboard_agent_listen_port}",
+        f"--metrics-export-port={ray.metrics_export_port}",
+        f"--min-worker-port={ray.min_worker_port}",
+        f"--max-worker-port={ray.max_worker_port}",
     ]
     if node.name != cfg.head_node.name:
         return [*common, f"--address={ray_address(cfg)}"]
     dashboard = (
-        ["--include-dashboard=true", "--dashboard-host=127.0.0.1"]
-        if cfg.ray.dashboard
+        ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={ray.dashboard_port}"]
+        if ray.dashboard
         else ["--include-dashboard=false"]
     )
-    return [*common, "--head", f"--port={cfg.ray.port}", *dashboard]
+    return [*common, "--head", f"--port={ray.port}", f"--ray-client-server-port={ray.client_server_port}", *dashboard]
 
 
 def serve_argv(

@@ -35,8 +35,14 @@ def raw_stack_config(namespace: str = NAMESPACE) -> dict[str, Any]:
     return raw
 
 
+def plain_text_keys(raw: dict[str, Any], namespace: str = NAMESPACE) -> set[str]:
+    """The keys of `raw` that the stack holds in plain text, not as secrets (`--secret`)."""
+    return {key for key in raw if not runtime_config.is_config_secret(f"{namespace}:{key}")}
+
+
 def load_stack_config() -> ClusterConfig:
-    cfg = load_cluster_config(raw_stack_config())
+    raw = raw_stack_config()
+    cfg = load_cluster_config(raw, plain_text_keys(raw))
     for node in cfg.nodes:
         if node.host_key is None:
             pulumi.log.warn(

@@ -212,12 +212,21 @@ def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, image, model_dir,
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir, tensorParallelSize=3)
     config["nodes"][1]["fabricInterface"] = "fab0;reboot"
     config["image"] = ""  # `pulumi config set image ''`
+    config["vllm"] = {**config.get("vllm", {}), "port": 6379}  # Ray's GCS port on the head
+    config["nodes"][1]["host"] = config["nodes"][0]["host"]  # one machine listed twice
     stack.configure(config, secrets)
+    stack.cli("config", "set", "hfToken", "hf_plain_in_the_stack_file")  # --secret forgotten
     with pytest.raises(StackError) as caught:
         stack.up()
-    assert "tensorParallelSize × pipelineParallelSize" in str(caught.value)
-    assert "nodes[1].fabricInterface" in str(caught.value)
-    assert "image: '' — expected an image reference" in str(caught.value)
+    message = str(caught.value)
+    assert "tensorParallelSize × pipelineParallelSize" in message
+    assert "nodes[1].fabricInterface" in message
+    assert "image: '' — expected an image reference" in message
+    assert "vllm.port: 6379 — a port nothing else on node node-1 listens on" in message
+    assert "nodes[1].host: " in message and "a machine no other node has: nodes[0] (node-1)" in message
+    assert "hfToken: '[set in plain text]' — a Pulumi secret" in message
+    assert "pulumi config rm hfToken` then `pulumi config set --secret hfToken" in message
+    assert "hf_plain_in_the_stack_file" not in message
     assert no_containers(sim_cluster)
     assert stack.resource_count() == 0
 

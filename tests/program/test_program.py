@@ -278,6 +278,18 @@ def test_bad_config_error_lists_all_problems_before_any_resource():
     assert [p.split(":")[0] for p in caught.value.problems] == ["nodes", "vllm.port", "apiKey"]
 
 
+def test_an_api_key_set_without_secret_stops_the_program_before_any_resource():
+    cloud = FakeCloud()
+    with pytest.raises(ConfigError) as caught:
+        others = {key: value for key, value in SECRETS.items() if key != "apiKey"}
+        run_program({**prod(), "apiKey": "sk-in-plain-text"}, others, stack="prod", mocks=cloud)
+    assert cloud.created == []
+    assert [p.split(":")[0] for p in caught.value.problems] == ["apiKey"]
+    assert "sk-in-plain-text" not in str(caught.value)
+    # The same value as a secret passes.
+    run_program(prod(), {**SECRETS, "apiKey": "sk-in-plain-text"}, stack="prod")
+
+
 def test_dev_stack_is_one_node_tp1():
     run_ = run_program(stack_file("dev"), {}, stack="dev")
     assert len(run_.of_type(CONTAINER)) == 1

@@ -130,9 +130,39 @@ BAD = [
     ),
     (
         config(executor="mp", vllm__masterPort=8000),
-        "vllm.masterPort: 8000 — another port than vllm.port (8000): both listen on the head",
+        "vllm.masterPort: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) "
+        "and vllm.masterPort 8000 (vLLM rank 0 with executor mp) collide",
     ),
-    (config(ray__port=8000), "ray.port: 8000 — another port than vllm.port (8000): both listen on the head"),
+    (
+        config(ray__port=8000),
+        "ray.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) and "
+        "ray.port 8000 (Ray GCS) collide (ports in use there: nodes[0].sshPort 22 (sshd, never touched); vllm.port",
+    ),
+    (
+        config(vllm__port=6379),
+        "vllm.port: 6379 — a port nothing else on node spark-01 listens on: vllm.port 6379 (vLLM API server) and "
+        "ray.port 6379 (Ray GCS) collide",
+    ),
+    (
+        config(vllm__port=12000),
+        "vllm.port: 12000 — a port nothing else on node spark-01 listens on: vllm.port 12000 (vLLM API server) and "
+        "ray.minWorkerPort-maxWorkerPort 10002-19999 (Ray worker processes) collide",
+    ),
+    (
+        config(ray__nodeManagerPort=2222, nodes__1__sshPort=2222),
+        "ray.nodeManagerPort: 2222 — a port nothing else on node spark-02 listens on: nodes[1].sshPort 2222 (sshd, "
+        "never touched) and ray.nodeManagerPort 2222 (raylet) collide",
+    ),
+    (
+        config(ray__minWorkerPort=20000, ray__maxWorkerPort=19000),
+        "ray.maxWorkerPort: 19000 — at least ray.minWorkerPort (20000)",
+    ),
+    (
+        config(nodes__0__host="spark-01.lan", nodes__1__host="SPARK-01.LAN"),
+        "nodes[1].host: 'SPARK-01.LAN' — a machine no other node has: nodes[0] (spark-01) is SPARK-01.LAN port 22 too, "
+        "and two Ray nodes on one machine claim the same GPU and ports (a machine with several GPUs is one node "
+        "with gpus: N)",
+    ),
     (
         config(recovery__backoffSeconds=30, recovery__maxBackoffSeconds=10),
         "recovery.maxBackoffSeconds: 10 — at least recovery.backoffSeconds (30)",
@@ -144,7 +174,8 @@ BAD = [
     ),
     (
         config(imageTransfer__method="copy", fabricCopy__port=8000),
-        "fabricCopy.port: 8000 — another port than vllm.port (8000): both listen on the head",
+        "fabricCopy.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) "
+        "and fabricCopy.port 8000 (fabric copy depot) collide",
     ),
     (
         config(modelSync__enabled=True, model="Qwen/Qwen3-0.6B"),
@@ -219,6 +250,38 @@ BAD = [
 def test_each_bad_value_is_reported_with_path_value_and_expectation(raw, expected):
     problems = problems_of(raw)
     assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_the_same_host_on_another_ssh_port_is_another_machine():
+    load_cluster_config(config(nodes__1__host="10.0.0.1", nodes__1__sshPort=2222))  # e.g. a port forward each
+
+
+@pytest.mark.parametrize("key", ["apiKey", "hfToken", "sshPrivateKey"])
+def test_a_secret_set_in_plain_text_is_refused_with_the_command_that_fixes_it(key):
+    value = "sk-do-not-print-" + key
+    problems = problems_of_plain(config(**{key: value}), {key})
+    expected = (
+        f"{key}: '[set in plain text]' — a Pulumi secret: as it is, the value sits readable in Pulumi.<stack>.yaml, "
+        f"which gets committed; run `pulumi config rm {key}` then `pulumi config set --secret {key} "
+    )
+    assert [p for p in problems if p.startswith(expected)], problems
+    assert value not in "\n".join(problems)
+
+
+def test_the_same_secrets_set_with_secret_pass():
+    keys = {"apiKey": "sk-1", "hfToken": "hf_1", "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}
+    load_cluster_config(config(**keys), plain={"image", "model", "nodes"})
+
+
+def test_a_plain_secret_is_listed_with_every_other_problem():
+    problems = problems_of_plain(config(apiKey="sk-1", vllm__port=0, nodes__0__gpus=0), {"apiKey"})
+    assert [p.split(":")[0] for p in problems] == ["nodes[0].gpus", "vllm.port", "apiKey"]
+
+
+def problems_of_plain(raw, plain):
+    with pytest.raises(ConfigError) as caught:
+        load_cluster_config(raw, plain=plain)
+    return caught.value.problems
 
 
 def test_every_problem_is_listed_in_one_error():

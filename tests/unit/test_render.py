@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components import render
-from components.config import load_cluster_config
+from components.config import load_cluster_config, node_listeners
 from tests.unit.test_config import config
 
 
@@ -58,14 +58,30 @@ def test_single_node_serve_has_no_ray_backend_and_no_optional_flags():
 
 def test_ray_start_head_and_worker_golden(cfg):
     head, worker = cfg.nodes
+    pinned = [
+        "--node-manager-port=6380", "--object-manager-port=6381", "--runtime-env-agent-port=6382",
+        "--dashboard-agent-grpc-port=6383", "--dashboard-agent-listen-port=52365", "--metrics-export-port=6384",
+        "--min-worker-port=10002", "--max-worker-port=19999",
+    ]  # fmt: skip
     assert render.ray_start_args(cfg, head) == [
-        "start", "--block", "--node-ip-address=10.9.0.1", "--num-gpus=1", "--disable-usage-stats",
-        "--head", "--port=6379", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        "start", "--block", "--node-ip-address=10.9.0.1", "--num-gpus=1", "--disable-usage-stats", *pinned,
+        "--head", "--port=6379", "--ray-client-server-port=10001",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265",
     ]  # fmt: skip
     assert render.ray_start_args(cfg, worker) == [
-        "start", "--block", "--node-ip-address=10.9.0.2", "--num-gpus=1", "--disable-usage-stats",
+        "start", "--block", "--node-ip-address=10.9.0.2", "--num-gpus=1", "--disable-usage-stats", *pinned,
         "--address=10.9.0.1:6379",
     ]  # fmt: skip
+
+
+def test_every_port_ray_listens_on_is_one_the_config_checks(cfg):
+    """The ports pinned in `ray start` are exactly the Ray listeners the config's port rules know."""
+    for index, node in enumerate(cfg.nodes):
+        argv = render.ray_start_args(cfg, node)
+        pinned = {int(arg.split("=")[1]) for arg in argv if arg.split("=")[0].endswith("port") and "=" in arg}
+        known = node_listeners(cfg, index)
+        ray_ports = {port for item in known if item.key.startswith("ray.") for port in (item.first, item.last)}
+        assert pinned == ray_ports, (node.name, pinned ^ ray_ports)
 
 
 def test_node_env_binds_everything_to_the_fabric(cfg):
