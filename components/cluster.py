@@ -11,6 +11,7 @@ import pulumi_command as command
 from components.checks import NodeChecks, NodeChecksArgs
 from components.config import ClusterConfig, NodeConfig
 from components.depot import Depot, DepotArgs, sync_model
+from components.guard import NodeGuard, NodeGuardArgs
 from components.image import CopyFrom, NodeImage, NodeImageArgs
 from components.memory import MemoryPlanError
 from components.memory import message as memory_message
@@ -175,9 +176,12 @@ class VllmCluster(pulumi.ComponentResource):
             )
 
         images = {source.name: node_image(source)}
+        self.guards: dict[str, NodeGuard] = {}
+        self._guard(cfg, source, images[source.name])
         self.depot = None
         if cfg.uses_depot:
             networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
+            guarded = [self.guards[source.name].ready] if source.name in self.guards else []
             self.depot = Depot(
                 "spark-vllm-copy",
                 DepotArgs(
@@ -185,7 +189,7 @@ class VllmCluster(pulumi.ComponentResource):
                     image_id=images[source.name].image_id,
                     model=args.release.model,
                     provider=self.hosts[source.name].provider,
-                    start_after=tuple(networks),
+                    start_after=(*networks, *guarded),
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -195,7 +199,21 @@ class VllmCluster(pulumi.ComponentResource):
         for node in cfg.nodes:
             if node.name != source.name:
                 images[node.name] = node_image(node, copy_from)
+                self._guard(cfg, node, images[node.name])
         return {node.name: images[node.name] for node in cfg.nodes}
+
+    def _guard(self, cfg: ClusterConfig, node: NodeConfig, image: NodeImage) -> None:
+        """network.guard on `node`: its rules in place before anything of the stack listens there."""
+        if not cfg.network.guard:
+            return
+        host = self.hosts[node.name]
+        self.guards[node.name] = NodeGuard(
+            node.name,
+            NodeGuardArgs(
+                config=cfg, node=node, image_id=image.image_id, provider=host.provider, connection=host.connection
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _create_node_containers(
         self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, secret_env
@@ -217,7 +235,10 @@ class VllmCluster(pulumi.ComponentResource):
                     # Only the head waits on the cross-node gate (checks, same image and model): workers
                     # start after the head anyway (and are stopped before it on destroy), and one gate
                     # per container would make N² dependencies.
-                    start_after=[self.checks_passed] if node is head else [nodes[head.name].container],
+                    start_after=[
+                        self.checks_passed if node is head else nodes[head.name].container,
+                        *([self.guards[node.name].ready] if node.name in self.guards else []),
+                    ],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

@@ -238,7 +238,6 @@ class RayConfig(_Model):
     dashboard_agent_grpc_port: Port = Field(6383, description="`--dashboard-agent-grpc-port` on every node.")
     metrics_export_port: Port = Field(6384, description="`--metrics-export-port` on every node.")
     dashboard_agent_listen_port: Port = Field(52365, description="`--dashboard-agent-listen-port` on every node.")
-    client_server_port: Port = Field(10001, description="Ray Client server on the head (`--ray-client-server-port`).")
     dashboard_port: Port = Field(8265, description="Ray dashboard on the head, on 127.0.0.1 (`--dashboard-port`).")
     min_worker_port: Port = Field(10002, description="First port of the range Ray's worker processes listen on.")
     max_worker_port: Port = Field(19999, description="Last port of the range Ray's worker processes listen on.")
@@ -255,6 +254,16 @@ class NetworkConfig(_Model):
     manage: bool = Field(False, description="Write and apply a netplan drop-in for the fabric interface.")
     prefix_length: int = Field(24, ge=1, le=32, description="Prefix length of fabricAddress.")
     mtu: Optional[int] = Field(None, ge=576, le=9216, description="MTU of the fabric interface (e.g. 9000).")
+    guard: bool = Field(
+        False,
+        description="Let only the other nodes' fabric addresses reach Ray's ports, the ranks' ports (NCCL, Gloo: "
+        "the ephemeral range), the mp master port and the copy depot: an nftables table (or iptables chain) "
+        "of its own on each node. SSH and the vLLM port are never matched.",
+    )
+    api_sources: list[ipaddress.IPv4Network] = Field(
+        default_factory=list,
+        description="With guard: the networks (CIDR) that may reach vllm.port on the head. Empty: everyone.",
+    )
 
 
 class UlimitsConfig(_Model):
@@ -661,7 +670,6 @@ def _serving_problems(cfg: Any) -> list[str]:
 # Ray's listeners: (key under `ray`, on the head only, what listens there).
 RAY_PORTS = (
     ("port", True, "Ray GCS"),
-    ("clientServerPort", True, "Ray Client server"),
     ("dashboardPort", True, "Ray dashboard"),
     ("nodeManagerPort", False, "raylet"),
     ("objectManagerPort", False, "Ray object manager"),
@@ -670,6 +678,9 @@ RAY_PORTS = (
     ("dashboardAgentListenPort", False, "Ray dashboard agent (HTTP)"),
     ("metricsExportPort", False, "Ray metrics export"),
 )
+
+
+RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
 
 
 @dataclass(frozen=True)
@@ -696,6 +707,8 @@ def _snake(key: str) -> str:
 
 def _default_ports(key: str) -> tuple[int, int]:
     """The default (first, last) of a listener's key: `ray.port`, `nodes[2].sshPort`, the worker range."""
+    if key == RAY_CLIENT_KEY:
+        return RAY_CLIENT_PORT, RAY_CLIENT_PORT
     if key == "ray.minWorkerPort-maxWorkerPort":
         fields = RayConfig.model_fields
         return fields["min_worker_port"].default, fields["max_worker_port"].default
@@ -734,6 +747,9 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
             if head_only and not is_head or key == "dashboardPort" and ray.dashboard is not True:
                 continue
             add(f"ray.{key}", what, getattr(ray, _snake(key)))
+        if is_head:
+            # Not settable without the `ray[client]` extra (`ray start` refuses the flag), so Ray's own.
+            add(RAY_CLIENT_KEY, "Ray Client server, with ray[client]", RAY_CLIENT_PORT)
         if valid(ray.min_worker_port, ray.max_worker_port) and ray.min_worker_port <= ray.max_worker_port:
             add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port)
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
@@ -793,6 +809,12 @@ def _runtime_problems(cfg: Any) -> list[str]:
                 )
             )
     problems += _port_problems(cfg)
+    network = cfg.network
+    if network is not INVALID and network.api_sources not in (INVALID, []) and network.guard is False:
+        sources = [str(source) for source in network.api_sources]
+        problems.append(
+            _problem("network.apiSources", sources, "network.guard: true beside it (the guard enforces it)")
+        )
     sync = cfg.model_sync
     if (
         sync is not INVALID

@@ -20,6 +20,8 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.render import (
+    GUARD_MARKER_DIR_IN_NODE,
+    GUARD_VOLUME,
     HF_CACHE_IN_CONTAINER,
     HF_CACHE_VOLUME,
     container_name,
@@ -90,7 +92,18 @@ class NodeContainer(pulumi.ComponentResource):
     def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
         cfg, node = args.config, args.node
         rdma = bool(node.rdma_devices) and not cfg.nccl.ib_disable
-        mounts = pulumi.Output.from_input(args.model).apply(lambda model: [*model_mounts(model), hf_cache_mount(cfg)])
+        guard = (
+            [
+                docker.ContainerMountArgs(
+                    type="volume", source=GUARD_VOLUME, target=GUARD_MARKER_DIR_IN_NODE, read_only=True
+                )
+            ]
+            if cfg.network.guard
+            else []
+        )
+        mounts = pulumi.Output.from_input(args.model).apply(
+            lambda model: [*model_mounts(model), hf_cache_mount(cfg), *guard]
+        )
         envs = pulumi.Output.all(node_env(cfg, node), args.secret_env).apply(lambda parts: [*parts[0], *parts[1]])
         return docker.Container(
             f"{name}-container",

@@ -18,6 +18,11 @@ from components.config import ClusterConfig, NodeConfig
 CONTAINER_PREFIX = "spark-vllm"
 HF_CACHE_VOLUME = "spark-vllm-hf-cache"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# network.guard's marker (its volume, read-only in every node's container): the supervisor starts
+# Ray only once the guard applied its rules in this boot.
+GUARD_VOLUME = "spark-vllm-guard"
+GUARD_MARKER_DIR_IN_NODE = "/run/spark-vllm-guard"
+GUARD_MARKER_IN_NODE = f"{GUARD_MARKER_DIR_IN_NODE}/applied.json"
 RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
 VLLM_LOG = f"{RUN_DIR}/vllm.log"
 STATUS_FILE = f"{RUN_DIR}/status.json"
@@ -70,13 +75,16 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     """What a node's container is, for its supervisor (components/scripts/supervisor.py): the
     container's command. Only what changes the container itself belongs here; what vLLM is (its
     arguments, recovery, the cluster it waits for) comes from the serve step (`supervisor_spec`)."""
-    return {
+    params = {
         "node": node.name,
         "executor": cfg.executor,
         "run_dir": RUN_DIR,
         "ray_argv": ["ray", *ray_start_args(cfg, node)] if cfg.executor == "ray" else None,
         "stop_grace_seconds": VLLM_STOP_GRACE_SECONDS,
     }
+    if cfg.network.guard:  # only then: turning nothing on changes no container
+        params["guard_marker"] = GUARD_MARKER_IN_NODE
+    return params
 
 
 def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
@@ -124,7 +132,9 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
         if ray.dashboard
         else ["--include-dashboard=false"]
     )
-    return [*common, "--head", f"--port={ray.port}", f"--ray-client-server-port={ray.client_server_port}", *dashboard]
+    # No --ray-client-server-port: `ray start` refuses it without the ray[client] extra (vLLM images
+    # lack it); with the extra the client server takes Ray's fixed 10001, which the config knows.
+    return [*common, "--head", f"--port={ray.port}", *dashboard]
 
 
 def serve_argv(

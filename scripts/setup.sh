@@ -3,13 +3,14 @@
 # Debian packages: Docker (one daemon per simulated node), docker-registry (the image registry the
 # simulated nodes pull from), sshd, iproute2 (namespaces), debootstrap (the rehearsal image),
 # netplan.io (renders the fabric netplan file in tests), socat (the raw stream the copy benchmark
-# compares with). Python: a venv with requirements-dev.txt.
+# compares with), nftables and iptables (network.guard writes its rules with whichever a node has;
+# the simulated nodes are this machine's namespaces, so both are tested here). Python: a venv with requirements-dev.txt.
 # Go (1.26, on the machine already): the Pulumi CLI, built from its Go modules (scripts/toolchain.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(docker.io docker-registry openssh-server openssh-client iproute2 iptables util-linux debootstrap
-          netplan.io python3-venv ca-certificates procps iputils-ping socat)
+          netplan.io python3-venv ca-certificates procps iputils-ping socat nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

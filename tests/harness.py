@@ -140,9 +140,12 @@ class FakeCloud(pulumi.runtime.Mocks):
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}
         self.created: list[str] = []  # resource types, in registration order
+        self.containers: list[str] = []  # the Docker names of the containers created
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         self.created.append(args.typ)
+        if args.typ == "docker:index/container:Container":
+            self.containers.append(args.inputs.get("name", ""))
         outputs = dict(args.inputs)
         if args.typ == "docker:index/remoteImage:RemoteImage":
             digest = "sha256:" + "ab" * 32

@@ -14,10 +14,13 @@
 # stop it. On the Ray head vLLM starts only once Ray shows every node and the GPUs it needs, so a
 # cluster still forming after a reboot does not use up restarts.
 #
-# RUN_DIR/status.json, rewritten on every change: state (no settings | waiting for Ray | starting |
+# RUN_DIR/status.json, rewritten on every change: state (waiting for network.guard | no settings |
+# waiting for Ray | starting |
 # running | backoff | failed | stopped), vLLM's pid, restarts in the window and in all, the last
 # exit and the last error line of the log, whether /health answers 200 (serving), Ray's restarts.
 # RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: …` line for each start and exit.
+# With network.guard (P["guard_marker"]), nothing starts until the guard container applied its
+# rules in this boot (its marker names the boot id): after a reboot Ray never listens unguarded.
 # SIGTERM (docker stop) stops vLLM (SIGTERM to its process group, stop_grace_seconds, SIGKILL),
 # then Ray, and exits 0.
 import collections
@@ -116,6 +119,27 @@ class Supervisor:
         self.ray_ready = False
         self.state = "no settings"
         self.written = None
+        self.guard_seen = False
+        self.guard_note = 0.0
+
+    # -- network.guard -------------------------------------------------------------------------
+    def guarded(self, now):
+        """Whether the guard's rules are in place in this boot (always, without the guard)."""
+        if self.guard_seen or not P.get("guard_marker"):
+            return True
+        try:
+            with open(P["guard_marker"]) as handle:
+                marker = json.load(handle)
+            with open("/proc/sys/kernel/random/boot_id") as handle:
+                self.guard_seen = marker.get("boot_id") == handle.read().strip()
+        except (OSError, ValueError):
+            self.guard_seen = False
+        if self.guard_seen:
+            say("network.guard's rules are in place")
+        elif now >= self.guard_note:
+            say("waiting for network.guard's rules (container spark-vllm.guard) before starting anything")
+            self.guard_note = now + 30
+        return self.guard_seen
 
     @property
     def recovery(self):
@@ -249,6 +273,10 @@ class Supervisor:
 
     def step(self):
         now = time.monotonic()
+        if not self.guarded(now):
+            self.state = "waiting for network.guard"
+            self.write_status()
+            return
         self.keep_ray(now)
         spec = self.follow_spec(now)
         if self.vllm is not None and self.vllm.poll() is not None:

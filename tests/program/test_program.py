@@ -67,7 +67,7 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
     assert "IdentitiesOnly=yes" in opts
     # every resource on a node uses that node's provider
     for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
-        node = reg.name.split("-image")[0].split("-container")[0]
+        node = reg.name.split("-image")[0].split("-container")[0].split("-guard")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
     # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
     assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {"ray-auth-token", "spark-vllm-checks-passed"}
@@ -145,6 +145,8 @@ def test_node_containers_are_wired_to_the_fabric(run):
                 "readOnly": True,
             },
             {"type": "volume", "source": "spark-vllm-hf-cache", "target": "/root/.cache/huggingface"},
+            # network.guard (on in the prod stack): its marker, so Ray waits for the rules after a reboot
+            {"type": "volume", "source": "spark-vllm-guard", "target": "/run/spark-vllm-guard", "readOnly": True},
         ]
         assert inputs.get("privileged") is False
         assert inputs["capabilities"] == {"adds": ["IPC_LOCK"]}
@@ -159,7 +161,7 @@ def test_node_containers_are_wired_to_the_fabric(run):
     assert "--dashboard-host=127.0.0.1" in on_head["ray_argv"]
     assert "--address=192.168.200.12:6379" in on_worker["ray_argv"]
     # nothing of vLLM's (nor the node count) in the container's definition: those change no container
-    assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds"}
+    assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds", "guard_marker"}
     assert head.inputs["name"] == "spark-vllm-spark-01"
 
 
@@ -366,13 +368,17 @@ def test_adding_a_node_touches_that_node_and_the_serve():
     assert set(spark03) == {
         f"spark-03-{r}"
         for r in ("docker", "pull", "image", "container", "joined", "preflight", "model-fingerprint", "gpu-check")
+        + ("guard-host", "guard", "guard-ready")  # network.guard is on in the prod stack
     }
     others = {k: v for k, v in result.items() if not k.startswith("spark-03")}
-    # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?);
-    # no provider, image or container of theirs is touched.
+    # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?),
+    # and their guard lets the new peer in; no provider, image or Ray container of theirs is touched.
     assert others == {
         "spark-01-preflight": {"create"},
         "spark-02-preflight": {"create"},
+        **{f"{node}-guard": {"entrypoints"} for node in ("spark-01", "spark-02")},
+        **{f"{node}-guard-host": {"create", "delete"} for node in ("spark-01", "spark-02")},
+        **{f"{node}-guard-ready": {"stdin"} for node in ("spark-01", "spark-02")},
         "spark-vllm-checks-passed": {"create"},  # the gate records three nodes now
         "spark-vllm-cluster-ready": {"stdin", "triggers"},  # its triggers list every Ray container
         "spark-vllm-serve": {"stdin"},

@@ -73,3 +73,25 @@ def test_the_bad_config_example_is_what_the_program_prints():
         assert f"```\n{error}\n```" in README
     else:
         raise AssertionError("the example config is valid")
+
+
+def test_the_guard_rules_shown_are_what_the_guard_writes_for_the_prod_head():
+    import yaml
+
+    from components.config import load_cluster_config
+    from components.guard import guard_params
+    from components.render import script_program
+
+    raw = {k.split(":", 1)[1]: v for k, v in yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"].items()}
+    cfg = load_cluster_config({**raw, "apiKey": "x", "security": {}})  # host keys are the user's to add
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+        low, high = handle.read().split()
+    for backend in ("nft", "iptables"):
+        params = {**guard_params(cfg, cfg.nodes[0], "show"), "backend": backend}
+        shown = subprocess.run(
+            [sys.executable, "-"], input=script_program("guard.py", params), capture_output=True, text=True, check=True
+        ).stdout
+        # The README shows the usual ephemeral range; this machine's may differ.
+        shown = shown.replace(f"{low}-{high}", "32768-60999").replace(f"{low}:{high}", "32768:60999")
+        block = re.search(rf"<!-- guard-rules:{backend} -->\n```\n(.*?)```", README, re.S)
+        assert block and block.group(1) == shown, f"the README's {backend} rules differ from the guard's"
