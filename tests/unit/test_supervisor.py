@@ -89,9 +89,11 @@ def node(tmp_path, monkeypatch):
         run_dir = tmp_path / "run"
         health_url = f"http://127.0.0.1:{server.server_address[1]}/health"
 
-        def start(self, ray_argv=None, **extra_env):
+        def start(self, ray_argv=None, guard_marker=None, **extra_env):
             params = {"node": "node-1", "executor": "ray" if ray_argv else "mp", "run_dir": str(self.run_dir),
                       "ray_argv": ray_argv, "stop_grace_seconds": 2}  # fmt: skip
+            if guard_marker:
+                params["guard_marker"] = str(guard_marker)
             state["process"] = subprocess.Popen(
                 [PYTHON, "-u", "-c", script("supervisor.py"), json.dumps(params)],
                 env={**env, **extra_env},
@@ -265,3 +267,17 @@ def test_ray_is_kept_running_and_the_head_waits_for_the_cluster(node, tmp_path):
     process.send_signal(signal.SIGTERM)  # docker stop
     assert process.wait(timeout=30) == 0
     assert node.status()["state"] == "stopped"
+
+
+def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boot(node, tmp_path):
+    marker = tmp_path / "guard" / "applied.json"
+    marker.parent.mkdir()
+    marker.write_text(json.dumps({"boot_id": "a-boot-before-the-last-reboot", "hash": "h"}))
+    node.start(ray_argv=["ray", "start", "--block", "--head"], guard_marker=marker)
+    assert wait_for(lambda: node.status().get("state") == "waiting for network.guard")
+    time.sleep(1.5)
+    assert not (tmp_path / "ray-starts").exists()  # a stale marker (another boot) is not enough
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    marker.write_text(json.dumps({"boot_id": boot, "hash": "h"}))  # the guard applied its rules
+    assert wait_for(lambda: (tmp_path / "ray-starts").exists())
+    assert "network.guard's rules are in place" in (tmp_path / "supervisor.log").read_text()
