@@ -65,7 +65,7 @@ class NodeChecks(pulumi.ComponentResource):
             **common,
         )
         self.fingerprint = None
-        if model_path(cfg.model) or cfg.promote_from:
+        if model_path(cfg.model) or cfg.promote_from or cfg.downloads_once:
             fingerprint = command.remote.Command(
                 f"{name}-model-fingerprint",
                 create=model.apply(

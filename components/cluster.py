@@ -10,7 +10,7 @@ import pulumi_command as command
 
 from components.checks import NodeChecks, NodeChecksArgs
 from components.config import ClusterConfig, NodeConfig
-from components.depot import Depot, DepotArgs, sync_model
+from components.depot import Depot, DepotArgs, download_model, snapshot_of, sync_model
 from components.guard import NodeGuard, NodeGuardArgs
 from components.image import CopyFrom, NodeImage, NodeImageArgs
 from components.memory import MemoryPlanError
@@ -41,14 +41,17 @@ def same_model(stdouts_by_node: dict[str, str]) -> str:
     return next(iter(found.values())).get("fingerprint", "")
 
 
-def model_directory(model: str) -> str:
-    """The model as modelSync copies it: a directory (a promoted release may name a repo id)."""
-    if not model.startswith("/"):
+def model_directory(cfg: ClusterConfig, model: str) -> str:
+    """The model as modelSync copies it: a directory, or a repo id's repository in container.hfCacheDir
+    (a promoted release may name a repo id where this stack has no such directory)."""
+    try:
+        return cfg.synced_model_dir(model)
+    except ValueError:
         raise PreflightError(
-            f"modelSync.enabled copies a model directory, but the model is {model!r}, a Hugging Face repo id: "
-            "download it once to a directory on the copy source and deploy that path"
-        )
-    return model
+            f"modelSync.enabled copies the model, but it is {model!r}, a Hugging Face repo id, and "
+            "container.hfCacheDir is not set: set it to a host directory (the copy source downloads the model "
+            "there once and the other nodes receive it there)"
+        ) from None
 
 
 def gate_line(nodes: int, image_id: str, model_fingerprint: str) -> str:
@@ -81,6 +84,7 @@ class VllmCluster(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:VllmCluster", name, None, opts)
         cfg = args.config
         secrets = _secrets(cfg)
+        self._hf_token = secrets.get("hfToken")
         self.hosts = self._create_hosts(cfg, args, secrets)
         images = self._create_images(cfg, args)
         names = list(images)
@@ -179,17 +183,34 @@ class VllmCluster(pulumi.ComponentResource):
         self.guards: dict[str, NodeGuard] = {}
         self._guard(cfg, source, images[source.name])
         self.depot = None
+        self.download = None
         if cfg.uses_depot:
             networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
             guarded = [self.guards[source.name].ready] if source.name in self.guards else []
+            if cfg.downloads_once:
+                # A repo id: fetched once here, then served like a directory (the depot mounts it).
+                self.download = download_model(
+                    source.name,
+                    cfg,
+                    source,
+                    images[source.name].image_id,
+                    args.release.model,
+                    self._hf_token,
+                    self.hosts[source.name].connection,
+                    after=guarded,
+                    parent=self,
+                )
+            synced = args.release.model
+            if cfg.model_sync.enabled:
+                synced = args.release.model.apply(lambda model: model_directory(cfg, model))
             self.depot = Depot(
                 "spark-vllm-copy",
                 DepotArgs(
                     config=cfg,
                     image_id=images[source.name].image_id,
-                    model=args.release.model,
+                    model=synced,
                     provider=self.hosts[source.name].provider,
-                    start_after=(*networks, *guarded),
+                    start_after=(*networks, *guarded, *([self.download] if self.download else [])),
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -268,9 +289,16 @@ class VllmCluster(pulumi.ComponentResource):
         syncing = cfg.model_sync.enabled and self.depot is not None
         checks: dict[str, NodeChecks] = {}
         source_model = None
+        # What the checks read on each node: the model, or a downloaded repo id's snapshot directory
+        # (the same path on every node once synced), so it is fingerprinted and compared like a directory.
+        local_model = args.release.model
+        if self.download is not None:
+            local_model = self.download.stdout.apply(snapshot_of)
         for node in [source, *(n for n in cfg.nodes if n.name != source.name)]:
             after: list[pulumi.Resource] = list(networks)  # peers must have their fabric address before we ping them
             reread: list[pulumi.Input] = []
+            if node is source and self.download is not None:
+                after.append(self.download)
             if syncing and source_model is not None:
                 after.append(
                     sync_model(
@@ -278,7 +306,7 @@ class VllmCluster(pulumi.ComponentResource):
                         cfg,
                         node,
                         self.depot,
-                        args.release.model.apply(model_directory),
+                        args.release.model.apply(lambda model: model_directory(cfg, model)),
                         source_model,
                         self.hosts[node.name].connection,
                         parent=self,
@@ -292,7 +320,7 @@ class VllmCluster(pulumi.ComponentResource):
                     node=node,
                     connection=self.hosts[node.name].connection,
                     image_id=images[node.name].image_id,
-                    model=args.release.model,
+                    model=local_model,
                     after=after,
                     reread=reread,
                 ),

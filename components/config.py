@@ -77,6 +77,12 @@ ModelRef = Annotated[
         "an absolute path (/models/Name) or a Hugging Face repo id (org/name)",
     ),
 ]
+HttpEndpoint = Annotated[
+    str,
+    _pattern(
+        r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?", "an http(s) URL such as https://hf-mirror.com"
+    ),
+]
 AbsolutePath = Annotated[
     str, _pattern(r"/[A-Za-z0-9._+@=-]+(/[A-Za-z0-9._+@=-]+)*/?", "an absolute path of A-Z a-z 0-9 . _ + @ = -")
 ]
@@ -278,7 +284,11 @@ class ContainerConfig(_Model):
     gpus: bool = Field(True, description="Give the containers every GPU (`--gpus all`). false for CPU-only hosts.")
     hf_cache_dir: Optional[AbsolutePath] = Field(
         None,
-        description="Host directory mounted as the Hugging Face cache. Default: the Docker volume spark-vllm-hf-cache.",
+        description="Host directory mounted as the Hugging Face cache. Default: the Docker volume spark-vllm-hf-cache. "
+        "With modelSync and a repo id: where the copy source downloads it once and the others receive it.",
+    )
+    hf_endpoint: Optional[HttpEndpoint] = Field(
+        None, description="HF_ENDPOINT: a Hugging Face Hub mirror, for the modelSync download and vLLM alike."
     )
     privileged: bool = Field(
         False, description="Run the containers privileged. Off: only IPC_LOCK and /dev/infiniband when RDMA is used."
@@ -448,6 +458,26 @@ class ClusterConfig(_Model):
     def uses_depot(self) -> bool:
         """Whether the copy source runs a depot (something is copied over the fabric)."""
         return len(self.nodes) > 1 and (self.image_transfer.method == "copy" or self.model_sync.enabled)
+
+    @property
+    def downloads_once(self) -> bool:
+        """Whether a Hugging Face repo id is downloaded once on the copy source and synced from there
+        (modelSync with container.hfCacheDir; a promoted release may turn out to be a path)."""
+        return (
+            self.uses_depot
+            and self.model_sync.enabled
+            and self.container.hf_cache_dir is not None
+            and not (self.model or "").startswith("/")
+        )
+
+    def synced_model_dir(self, model: str) -> str:
+        """What modelSync reads on the source and writes on the others for `model`: the directory, or
+        for a repo id its repository in the Hugging Face cache (blobs, refs and snapshots)."""
+        if model.startswith("/"):
+            return model
+        if self.container.hf_cache_dir is None:
+            raise ValueError(f"modelSync of the repo id {model!r} needs container.hfCacheDir")
+        return f"{self.container.hf_cache_dir.rstrip('/')}/hub/models--{model.replace('/', '--')}"
 
     @property
     def workers(self) -> list[NodeConfig]:
@@ -816,18 +846,22 @@ def _runtime_problems(cfg: Any) -> list[str]:
             _problem("network.apiSources", sources, "network.guard: true beside it (the guard enforces it)")
         )
     sync = cfg.model_sync
+    container = cfg.container
     if (
         sync is not INVALID
         and sync.enabled is True
         and cfg.model not in (None, INVALID)
         and not cfg.model.startswith("/")
+        and container is not INVALID
+        and container.hf_cache_dir is None
     ):
         problems.append(
             _problem(
-                "modelSync.enabled",
-                True,
-                f"a model directory: model {cfg.model!r} is a Hugging Face repo id, which vLLM downloads on each node "
-                "(download it once to a directory, e.g. `hf download`, and set model to that path)",
+                "container.hfCacheDir",
+                None,
+                f"a host directory, because modelSync copies model {cfg.model!r}, a Hugging Face repo id: the copy "
+                "source downloads it there once and the other nodes receive it at the same path (a Docker volume "
+                "cannot be copied over SSH)",
             )
         )
     return problems

@@ -14,7 +14,9 @@ equal to the source's). Both are safe to repeat: a node that has everything copi
 
 from __future__ import annotations
 
+import json
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +25,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
-from components.render import script_program
+from components.render import script_program, shell_line
 
 DEPOT_CONTAINER = "spark-vllm.depot"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -198,4 +200,72 @@ def sync_model(
         triggers=[model, source_fingerprint],
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[depot.container]),
+    )
+
+
+DOWNLOAD_HF_HOME = "/spark-vllm-hf"  # container.hfCacheDir in the download's container
+
+
+def download_command(cfg: ClusterConfig, node: NodeConfig, image_id: str, model: str) -> str:
+    """On the copy source: the repo id downloaded into container.hfCacheDir by a throwaway container
+    of the node's image, as the SSH user (so the files are theirs, like what modelSync writes); a model
+    that is a directory (a promoted release) has nothing to download and reports itself."""
+    if model.startswith("/"):
+        return shell_line(["echo", json.dumps({"snapshot": model})])
+    cache = cfg.container.hf_cache_dir
+    run = ["docker", "run", "--rm", "-i", "--network", "host"]
+    mount = ["--mount", f"type=bind,source={cache},target={DOWNLOAD_HF_HOME}", "--entrypoint", "python3", image_id, "-"]
+    timeout = ["timeout", "--kill-after=10", str(cfg.model_sync.timeout_seconds + 30)]
+    # $(id -u):$(id -g) is for the node's shell to expand: the only unquoted words in the line.
+    return (
+        f"{shell_line(['mkdir', '-p', cache])} && "
+        f'{shell_line([*timeout, *run])} --user "$(id -u):$(id -g)" {shell_line(mount)}'
+    )
+
+
+def download_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: Optional[str]) -> str:
+    """hf_download.py for `python3 -` (secret when it carries the token); nothing for a directory."""
+    if model.startswith("/"):
+        return ""
+    params = {
+        "node": node.name,
+        "repo": model,
+        "hf_home": DOWNLOAD_HF_HOME,
+        "host_cache": cfg.container.hf_cache_dir.rstrip("/"),
+        "endpoint": cfg.container.hf_endpoint,
+        "token": token,
+        "progress_seconds": cfg.model_sync.progress_seconds,
+    }
+    return script_program("hf_download.py", params)
+
+
+def snapshot_of(stdout: str) -> str:
+    """The host path of the downloaded snapshot, from the download's last line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1])["snapshot"]
+
+
+def download_model(
+    name: str,
+    cfg: ClusterConfig,
+    node: NodeConfig,
+    image_id: pulumi.Input[str],
+    model: pulumi.Input[str],
+    token: Optional[pulumi.Input[str]],
+    connection: command.remote.ConnectionArgs,
+    after: Sequence[pulumi.Resource],
+    parent: pulumi.Resource,
+) -> command.remote.Command:
+    """`<source>-model-download`: a Hugging Face repo id fetched once, on the copy source."""
+    create = pulumi.Output.all(image_id, model).apply(lambda p: download_command(cfg, node, p[0], p[1]))
+    stdin = pulumi.Output.all(model, token).apply(lambda p: download_program(cfg, node, p[0], p[1]))
+    return command.remote.Command(
+        f"{name}-model-download",
+        connection=connection,
+        create=create,
+        stdin=pulumi.Output.secret(stdin),
+        # Again only for another model: a repo already in the cache downloads nothing anyway.
+        triggers=[model],
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(after)),
     )

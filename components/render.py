@@ -68,6 +68,11 @@ def node_env(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
         env["NCCL_DEBUG"] = cfg.nccl.debug
     if cfg.executor == "ray" and cfg.ray.auth == "token":
         env["RAY_AUTH_MODE"] = "token"
+    if cfg.container.hf_endpoint:
+        env["HF_ENDPOINT"] = cfg.container.hf_endpoint
+    if cfg.downloads_once:
+        # The copy source downloaded the repo and modelSync copied it: no node asks the Hub again.
+        env["HF_HUB_OFFLINE"] = "1"
     return [f"{key}={value}" for key, value in env.items()]
 
 

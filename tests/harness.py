@@ -132,6 +132,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=obj_proto)
 
 
+HF_CACHE = "/srv/hf"  # the container.hfCacheDir the program tests use
+
+
 class FakeCloud(pulumi.runtime.Mocks):
     """Answers like the providers would, without doing anything: ids and computed outputs."""
 
@@ -157,6 +160,8 @@ class FakeCloud(pulumi.runtime.Mocks):
             elif args.name.endswith("-preflight"):
                 memory = json.dumps({"mem_total_bytes": self.memory_bytes, "gpu_memory_mib": ["[N/A]"]})
                 stdout = f"preflight {args.name.removesuffix('-preflight')}: ok\n{memory}"
+            elif args.name.endswith("-model-download"):
+                stdout = json.dumps({"snapshot": f"{HF_CACHE}/hub/models--Qwen--Qwen3-0.6B/snapshots/{'c' * 40}"})
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             outputs.update(stdout=stdout, stderr="")

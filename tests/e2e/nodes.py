@@ -389,7 +389,7 @@ class SimCluster:
         The bind mount lives in the mount namespace of the node's sshd (``ip netns exec`` gave it
         its own, a slave of the host's), so the host and the other nodes keep seeing ``path``. What
         runs over SSH on the host of the node (the preflight, the model fingerprint) sees it; the
-        node's dockerd, which shares the host's mount namespace, does not. Undone on exit.
+        node's dockerd, which runs in a mount namespace of its own, does not. Undone on exit.
         """
         node = self.node(ref)
         if node._sshd is None or _exited(node._sshd):

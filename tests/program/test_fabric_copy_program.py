@@ -7,7 +7,7 @@ import pytest
 
 from components.config import ConfigError
 from components.depot import sync_root
-from tests.harness import CONTAINER, REMOTE_COMMAND, changed_inputs, run_program, strip_secrets
+from tests.harness import CONTAINER, HF_CACHE, REMOTE_COMMAND, changed_inputs, run_program, strip_secrets
 from tests.program.test_program import SECRETS, prod
 
 TOKEN = "1e" * 32  # what the fake cloud's fabric-copy-token prints
@@ -156,10 +156,81 @@ def test_turning_the_copy_on_for_a_running_stack_keeps_its_containers():
     assert not any(name.endswith("-container") for name in result)
 
 
-def test_a_promoted_repo_id_cannot_be_synced():
+def test_a_repo_id_without_a_cache_directory_cannot_be_synced():
     with pytest.raises(ConfigError) as caught:
         run_program(prod(modelSync={"enabled": True}, model="Qwen/Qwen3-0.6B"), SECRETS, stack="prod")
-    assert "modelSync.enabled: True — a model directory" in str(caught.value)
+    assert "container.hfCacheDir: None — a host directory, because modelSync copies model" in str(caught.value)
+
+
+REPO = "Qwen/Qwen3-0.6B"
+REPO_DIR = f"{HF_CACHE}/hub/models--Qwen--Qwen3-0.6B"
+SNAPSHOT = f"{REPO_DIR}/snapshots/{'c' * 40}"
+
+
+@pytest.fixture(scope="module")
+def repo_run():
+    cfg = copying(model=REPO, container={"hfCacheDir": HF_CACHE, "hfEndpoint": "https://hf-mirror.example"})
+    return run_program(cfg, SECRETS, stack="prod")
+
+
+def test_a_repo_id_is_downloaded_once_on_the_source_with_the_token_as_a_secret(repo_run):
+    names = {r.name for r in repo_run.registrations}
+    assert "spark-01-model-download" in names and "spark-02-model-download" not in names
+    download = repo_run.named("spark-01-model-download")
+    assert download.inputs["create"] == (
+        "mkdir -p /srv/hf && timeout --kill-after=10 14430 docker run --rm -i --network host "
+        '--user "$(id -u):$(id -g)" --mount type=bind,source=/srv/hf,target=/spark-vllm-hf '
+        f"--entrypoint python3 {SOURCE_ID} -"
+    )
+    params = json.loads(json.loads(download.inputs["stdin"].split("\n", 1)[0].removeprefix("PARAMS = ")))
+    assert params == {
+        "node": "spark-01",
+        "repo": REPO,
+        "hf_home": "/spark-vllm-hf",
+        "host_cache": HF_CACHE,
+        "endpoint": "https://hf-mirror.example",
+        "token": SECRETS["hfToken"],
+        "progress_seconds": 10,
+    }
+    assert "stdin" in download.secret_paths() and download.inputs["triggers"] == [REPO]
+    plain = json.dumps([strip_secrets(r.wire) for r in repo_run.registrations])
+    assert SECRETS["hfToken"] not in plain
+
+
+def test_the_depot_serves_the_repos_cache_directory_and_the_worker_syncs_it(repo_run):
+    depot, download = repo_run.named("spark-vllm-depot"), repo_run.named("spark-01-model-download")
+    assert download.urn in depot.dependencies
+    mounts = {(m["source"], m["target"], m.get("readOnly", False)) for m in depot.inputs["mounts"]}
+    assert (REPO_DIR, REPO_DIR, True) in mounts
+    assert entrypoint_params(depot)["model_dir"] == REPO_DIR
+    sync = repo_run.named("spark-02-model-sync")
+    params = json.loads(json.loads(sync.inputs["stdin"].split("\n", 1)[0].removeprefix("PARAMS = ")))
+    assert params["model_dir"] == REPO_DIR
+
+
+def test_every_node_checks_and_fingerprints_the_snapshot_and_asks_the_hub_nothing(repo_run):
+    for node in ("spark-01", "spark-02"):
+        fingerprint = repo_run.named(f"{node}-model-fingerprint")
+        assert fingerprint.inputs["create"].startswith(f"python3 - {SNAPSHOT} <<")
+        assert f"MODEL={SNAPSHOT}" in repo_run.named(f"{node}-preflight").inputs["create"]
+        env = dict(e.split("=", 1) for e in repo_run.named(f"{node}-container").inputs["envs"])
+        assert env["HF_HUB_OFFLINE"] == "1" and env["HF_ENDPOINT"] == "https://hf-mirror.example"
+    source_checks = repo_run.named("spark-01-preflight")
+    assert repo_run.named("spark-01-model-download").urn in source_checks.dependencies
+    assert repo_run.exports["memoryPlan"]["checked"] is True  # the size is known once downloaded
+    assert f"--served-model-name={REPO}" in repo_run.named("spark-vllm-serve").inputs["stdin"]  # vLLM gets the id
+
+
+def test_a_promoted_repo_id_without_a_cache_directory_stops_with_the_fix():
+    from tests.harness import FakeCloud
+
+    release = {"image": "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "ab" * 32, "model": REPO,
+               "engine": {"maxModelLen": 4096}, "validated": True, "fingerprint": "0" * 16}  # fmt: skip
+    cloud = FakeCloud(stack_outputs={"organization/spark-vllm/staging": {"release": release}})
+    cfg = copying(promoteFrom="organization/spark-vllm/staging")
+    del cfg["image"], cfg["model"]
+    with pytest.raises(Exception, match="container.hfCacheDir is not set: set it to a host directory"):
+        run_program(cfg, SECRETS, stack="prod", mocks=cloud)
 
 
 def test_with_copies_on_a_node_added_gets_its_copies_and_the_others_keep_theirs():

@@ -179,7 +179,12 @@ BAD = [
     ),
     (
         config(modelSync__enabled=True, model="Qwen/Qwen3-0.6B"),
-        "modelSync.enabled: True — a model directory: model 'Qwen/Qwen3-0.6B' is a Hugging Face repo id",
+        "container.hfCacheDir: None — a host directory, because modelSync copies model 'Qwen/Qwen3-0.6B', a Hugging "
+        "Face repo id: the copy source downloads it there once",
+    ),
+    (
+        config(container__hfEndpoint="http://mirror.lan/$(reboot)"),
+        "container.hfEndpoint: 'http://mirror.lan/$(reboot)' — expected an http(s) URL",
     ),
     (config(modelSync__timeoutSeconds=0), "modelSync.timeoutSeconds: 0 — Input should be greater than or equal to 1"),
     (config(recovery__maxRestarts=0), "recovery.maxRestarts: 0 — Input should be greater than or equal to 1"),

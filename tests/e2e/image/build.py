@@ -4,7 +4,7 @@ Steps of a build (as root, needs ``debootstrap`` and a docker daemon):
 
 1. ``debootstrap --variant=minbase --include=python3,... bookworm ROOTFS MIRROR``
    (MIRROR: the Debian mirror this machine's apt uses);
-2. ``pip install --target ROOTFS/opt/site ray==RAY_VERSION`` from the host
+2. ``pip install --target ROOTFS/opt/site ray==RAY_VERSION huggingface_hub==HF_HUB_VERSION`` from the host
    (host Python must be 3.11 like bookworm's python3), unused Ray libraries pruned;
 3. the stand-in package copied to ``/opt/site/vllm_standin``, wrappers
    ``/usr/local/bin/ray`` and ``/usr/local/bin/vllm`` written (console scripts
@@ -52,6 +52,8 @@ SUITE = "bookworm"
 PYTHON_MINOR = (3, 11)  # bookworm's python3
 PACKAGES = ("python3", "ca-certificates", "procps", "iproute2", "curl")
 RAY_VERSION = "2.60.0"
+# What vLLM brings along and the program relies on: modelSync downloads a repo id with it.
+HF_HUB_VERSION = "0.36.0"
 # Ray libraries that neither `ray start` nor the stand-in import (about 80 MB).
 RAY_PRUNE = ("rllib", "tune", "train", "data", "serve", "llm", "jars")
 # Parts of the Debian rootfs nobody reads in a test container.
@@ -297,6 +299,7 @@ def _pip_ray(rootfs: Path) -> None:
             "--target",
             str(site),
             f"ray=={RAY_VERSION}",
+            f"huggingface_hub=={HF_HUB_VERSION}",
         ]
     )
     shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts with the host's shebang
@@ -317,7 +320,9 @@ def _prune_rootfs(rootfs: Path) -> None:
 
 def base_key() -> str:
     """Identity of the base stage (Debian + Ray): the inputs and the code of the functions that make it."""
-    h = hashlib.sha256(json.dumps([SUITE, list(PACKAGES), RAY_VERSION, list(RAY_PRUNE), list(ROOTFS_PRUNE)]).encode())
+    h = hashlib.sha256(
+        json.dumps([SUITE, list(PACKAGES), RAY_VERSION, HF_HUB_VERSION, list(RAY_PRUNE), list(ROOTFS_PRUNE)]).encode()
+    )
     for fn in (_debootstrap, _pip_ray, _prune_rootfs):
         h.update(inspect.getsource(fn).encode())
     return h.hexdigest()[:12]

@@ -416,3 +416,16 @@ def test_mp_rank_0_must_bind_its_own_address(tmp_path):
     head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1", master="192.0.2.1")
     assert head.wait(timeout=20) == 1
     assert "The server socket has failed to bind to 192.0.2.1" in (tmp_path / "rank0.log").read_text()
+
+
+def test_offline_a_repo_id_must_be_in_the_hugging_face_cache(tmp_path):
+    environ = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    with pytest.raises(args.StandinError, match="couldn't find them in the cached files"):
+        args.check_model("org/tiny", environ)
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"architectures": ["StandinForCausalLM"]}')
+    (tmp_path / "hub" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text("abc")
+    assert args.check_model("org/tiny", environ) == {"architectures": ["StandinForCausalLM"]}
+    assert args.check_model("org/elsewhere", {}) == {}  # online: vLLM would download it

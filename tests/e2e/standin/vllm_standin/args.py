@@ -202,10 +202,32 @@ def api_key_from(ns: argparse.Namespace, environ: dict[str, str] | os._Environ =
     return key or None
 
 
-def check_model(model: str) -> dict:
-    """A path-like model must be a directory with config.json; returns the parsed config ({} for repo ids)."""
+def cached_snapshot(model: str, environ) -> str:
+    """A repo id in offline mode (HF_HUB_OFFLINE=1): its snapshot in the Hugging Face cache, as
+    huggingface_hub resolves it (refs/main → snapshots/<sha>), or the error vLLM then shows."""
+    home = environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface")
+    repo = os.path.join(home, "hub", "models--" + model.replace("/", "--"))
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            snapshot = os.path.join(repo, "snapshots", f.read().strip())
+    except OSError:
+        snapshot = ""
+    if not snapshot or not os.path.isfile(os.path.join(snapshot, "config.json")):
+        raise StandinError(
+            "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+            f"cached files. Checkout your internet connection or see how to run the library in offline mode "
+            f"(HF_HUB_OFFLINE=1) for '{model}'."
+        )
+    return snapshot
+
+
+def check_model(model: str, environ=os.environ) -> dict:
+    """A path-like model must be a directory with config.json; returns the parsed config ({} for repo ids,
+    which offline must be in the Hugging Face cache)."""
     if not (model.startswith("/") or model.startswith(".")):
-        return {}
+        if environ.get("HF_HUB_OFFLINE") not in ("1", "true", "True", "ON", "YES"):
+            return {}
+        model = cached_snapshot(model, environ)
     cfg = os.path.join(model, "config.json")
     if not os.path.isdir(model) or not os.path.isfile(cfg):
         raise StandinError(
@@ -267,7 +289,7 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
             raise StandinError(f"world size {world} (TP x PP) is not divisible by --nnodes {ns.nnodes}")
     if ns.headless and ns.node_rank == 0:
         raise StandinError("stand-in: rank 0 serves the API; --headless belongs on node ranks above 0")
-    hf_config = check_model(model)
+    hf_config = check_model(model, environ)
     heads = hf_config.get("num_attention_heads")
     if isinstance(heads, int) and heads % ns.tensor_parallel_size:
         raise StandinError(

@@ -1,0 +1,94 @@
+# A Hugging Face repo downloaded once, on the copy source, into the host's Hugging Face cache
+# (container.hfCacheDir, mounted at P["hf_home"] in a throwaway container of the node's image, which
+# has huggingface_hub as vLLM does); modelSync then copies it to the other nodes over the fabric.
+# A repo already complete in the cache downloads nothing. Prints progress every progress_seconds and
+# one JSON line at the end: repo, revision, the snapshot's path on the host, files, bytes, seconds.
+# The token (hfToken) travels in this program on stdin, never on a command line.
+import json
+import os
+import sys
+import threading
+import time
+
+P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+os.environ["HF_HOME"] = P["hf_home"]
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+if P.get("endpoint"):
+    os.environ["HF_ENDPOINT"] = P["endpoint"]
+if P.get("token"):
+    os.environ["HF_TOKEN"] = P["token"]
+
+
+def say(message):
+    print(f"[{P['node']}] {message}", flush=True)
+
+
+def human(count):
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1000.0
+
+
+def repo_dir():
+    return os.path.join(P["hf_home"], "hub", "models--" + P["repo"].replace("/", "--"))
+
+
+def size_of(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def report(done, started):
+    while not done.wait(P["progress_seconds"]):
+        elapsed = time.monotonic() - started
+        size = size_of(repo_dir())
+        say(f"downloading {P['repo']}: {human(size)} in the cache after {elapsed:.0f} s")
+
+
+def main():
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    except ImportError as error:
+        say(f"the image has no huggingface_hub ({error}): download the model to a directory and set model to it")
+        return 1
+    started = time.monotonic()
+    before = size_of(repo_dir())
+    done = threading.Event()
+    threading.Thread(target=report, args=(done, started), daemon=True).start()
+    say(f"downloading {P['repo']} into the Hugging Face cache ({P['host_cache']})")
+    try:
+        snapshot = snapshot_download(P["repo"])
+    except GatedRepoError:
+        say(f"{P['repo']} is gated or private: set hfToken (`pulumi config set --secret hfToken …`) to a token "
+            "that has been granted access")  # fmt: skip
+        return 1
+    except RepositoryNotFoundError:
+        say(f"no repository {P['repo']} on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} (or it is private)")
+        return 1
+    except Exception as error:  # noqa: BLE001 - the hub's and the network's errors, named for the user
+        say(f"the download failed: {type(error).__name__}: {error}")
+        return 1
+    finally:
+        done.set()
+    seconds = time.monotonic() - started
+    size = size_of(repo_dir())
+    files = sum(len(names) for _, _, names in os.walk(snapshot))
+    revision = os.path.basename(snapshot.rstrip("/"))
+    host_snapshot = P["host_cache"] + snapshot[len(P["hf_home"]) :]
+    fetched = size - before
+    say(f"{P['repo']} at {revision[:12]}: {files} files, {human(size)}; downloaded {human(fetched)} in {seconds:.1f} s")
+    print(json.dumps({"repo": P["repo"], "revision": revision, "snapshot": host_snapshot, "files": files,
+                      "bytes": size, "downloaded_bytes": fetched, "seconds": round(seconds, 2)}))  # fmt: skip
+    return 0
+
+
+sys.exit(main())
