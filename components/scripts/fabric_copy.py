@@ -30,6 +30,7 @@ import hmac
 import http.client
 import json
 import os
+import queue
 import shutil
 import socket
 import socketserver
@@ -543,7 +544,55 @@ def plan(model_dir, root, entries):
     return fetch, links, dirs, extra
 
 
-def fetch_file(channel, root, relative, entry, progress):
+class Finisher:
+    """Completed files made durable and put in place in the background, in order (fdatasync, time,
+    rename), while the next file arrives: the disk's writeback of one file overlaps the transfer of
+    the next, as a pipe into tar would let it. A file is renamed only once its data is on disk."""
+
+    def __init__(self):
+        self.queue = queue.Queue(maxsize=4)  # bounds the open files and the unsynced bytes
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            handle, partial, final, mtime_ns = item
+            try:
+                if self.error is None:
+                    os.fdatasync(handle)
+            except OSError as error:
+                self.error = f"{final}: {error}"
+            finally:
+                os.close(handle)
+            if self.error is not None:
+                continue  # left as a partial file: the next run clears it
+            try:
+                os.utime(partial, ns=(mtime_ns, mtime_ns))
+                if os.path.isdir(final) and not os.path.islink(final):
+                    shutil.rmtree(final)
+                os.replace(partial, final)
+            except OSError as error:
+                self.error = f"{final}: {error}"
+
+    def put(self, handle, partial, final, mtime_ns):
+        if self.error is not None:
+            os.close(handle)
+            raise CopyError(f"writing {self.error}")
+        self.queue.put((handle, partial, final, mtime_ns))
+
+    def close(self):
+        """Wait until every handed-over file is in place; raise if one could not be."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise CopyError(f"writing {self.error}")
+
+
+def fetch_file(channel, root, relative, entry, progress, finisher):
     final = os.path.join(root, relative)
     directory, name = os.path.split(final)
     os.makedirs(directory, exist_ok=True)
@@ -568,16 +617,11 @@ def fetch_file(channel, root, relative, entry, progress):
             offset += len(payload)
             progress.add(len(payload))
         os.fchmod(handle, entry["mode"])
-        os.fdatasync(handle)
     except BaseException:
         os.close(handle)
         os.unlink(partial)
         raise
-    os.close(handle)
-    os.utime(partial, ns=(header["mtime_ns"], header["mtime_ns"]))
-    if os.path.isdir(final) and not os.path.islink(final):
-        shutil.rmtree(final)
-    os.replace(partial, final)
+    finisher.put(handle, partial, final, header["mtime_ns"])
 
 
 def sync_model():
@@ -612,8 +656,17 @@ def sync_model():
             os.unlink(path)
         os.makedirs(path, exist_ok=True)
     progress = Progress("model", total)
-    for relative in sorted(fetch, key=lambda r: entries[r]["size"]):
-        fetch_file(channel, root, relative, entries[relative], progress)
+    finisher = Finisher()
+    try:
+        for relative in sorted(fetch, key=lambda r: entries[r]["size"]):
+            fetch_file(channel, root, relative, entries[relative], progress, finisher)
+    except BaseException:
+        try:
+            finisher.close()  # what arrived whole is still put in place
+        except CopyError:
+            pass  # the first failure is the one to report
+        raise
+    finisher.close()
     for relative in links:
         path = os.path.join(root, relative)
         os.makedirs(os.path.dirname(path), exist_ok=True)
