@@ -236,14 +236,10 @@ class RayConfig(_Model):
         "token",
         description="Ray authentication: 'token' (RAY_AUTH_MODE=token, Ray ≥ 2.52) or 'none' for older images.",
     )
-    # Every port Ray listens on is pinned (Ray picks most at random otherwise): the config can then
-    # refuse collisions before anything starts, and network.guard knows exactly what to fence in.
-    node_manager_port: Port = Field(6380, description="Raylet port on every node (`--node-manager-port`).")
-    object_manager_port: Port = Field(6381, description="Object manager port on every node (`--object-manager-port`).")
-    runtime_env_agent_port: Port = Field(6382, description="`--runtime-env-agent-port` on every node.")
-    dashboard_agent_grpc_port: Port = Field(6383, description="`--dashboard-agent-grpc-port` on every node.")
-    metrics_export_port: Port = Field(6384, description="`--metrics-export-port` on every node.")
-    dashboard_agent_listen_port: Port = Field(52365, description="`--dashboard-agent-listen-port` on every node.")
+    # Ray's other listeners (raylet, object manager, agents, metrics) take random ports from the
+    # kernel's ephemeral range, which the config's port rules and network.guard know as a whole.
+    # They stay Ray's choice: pinned, a worker container re-created on a running cluster once failed to
+    # rejoin vLLM's placement group in the rehearsal (its new raylet on the old one's address).
     dashboard_port: Port = Field(8265, description="Ray dashboard on the head, on 127.0.0.1 (`--dashboard-port`).")
     min_worker_port: Port = Field(10002, description="First port of the range Ray's worker processes listen on.")
     max_worker_port: Port = Field(19999, description="Last port of the range Ray's worker processes listen on.")
@@ -701,16 +697,13 @@ def _serving_problems(cfg: Any) -> list[str]:
 RAY_PORTS = (
     ("port", True, "Ray GCS"),
     ("dashboardPort", True, "Ray dashboard"),
-    ("nodeManagerPort", False, "raylet"),
-    ("objectManagerPort", False, "Ray object manager"),
-    ("runtimeEnvAgentPort", False, "Ray runtime env agent"),
-    ("dashboardAgentGrpcPort", False, "Ray dashboard agent (gRPC)"),
-    ("dashboardAgentListenPort", False, "Ray dashboard agent (HTTP)"),
-    ("metricsExportPort", False, "Ray metrics export"),
 )
 
 
 RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
+# Where Ray's raylet, object manager, agents and metrics listen, and NCCL/Gloo/torch: ports the kernel
+# hands out (net.ipv4.ip_local_port_range; Linux's default range, which network.guard reads on the node).
+EPHEMERAL_KEY, EPHEMERAL_RANGE = "the kernel's ephemeral range", (32768, 60999)
 
 
 @dataclass(frozen=True)
@@ -739,6 +732,8 @@ def _default_ports(key: str) -> tuple[int, int]:
     """The default (first, last) of a listener's key: `ray.port`, `nodes[2].sshPort`, the worker range."""
     if key == RAY_CLIENT_KEY:
         return RAY_CLIENT_PORT, RAY_CLIENT_PORT
+    if key == EPHEMERAL_KEY:
+        return EPHEMERAL_RANGE
     if key == "ray.minWorkerPort-maxWorkerPort":
         fields = RayConfig.model_fields
         return fields["min_worker_port"].default, fields["max_worker_port"].default
@@ -782,6 +777,7 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
             add(RAY_CLIENT_KEY, "Ray Client server, with ray[client]", RAY_CLIENT_PORT)
         if valid(ray.min_worker_port, ray.max_worker_port) and ray.min_worker_port <= ray.max_worker_port:
             add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port)
+        add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
     if copying and copy is not INVALID and len(cfg.nodes) > 1:

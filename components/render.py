@@ -120,13 +120,8 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
         f"--node-ip-address={node.fabric_address}",
         f"--num-gpus={node.gpus}",
         "--disable-usage-stats",  # no phone-home; saves seconds at start
-        # Every port pinned (Ray picks most at random otherwise), so network.guard can fence them in.
-        f"--node-manager-port={ray.node_manager_port}",
-        f"--object-manager-port={ray.object_manager_port}",
-        f"--runtime-env-agent-port={ray.runtime_env_agent_port}",
-        f"--dashboard-agent-grpc-port={ray.dashboard_agent_grpc_port}",
-        f"--dashboard-agent-listen-port={ray.dashboard_agent_listen_port}",
-        f"--metrics-export-port={ray.metrics_export_port}",
+        # The worker range explicit (the config checks it); the raylet's, object manager's and agents'
+        # ports are Ray's random picks from the ephemeral range, which network.guard fences as a whole.
         f"--min-worker-port={ray.min_worker_port}",
         f"--max-worker-port={ray.max_worker_port}",
     ]

@@ -149,9 +149,14 @@ BAD = [
         "ray.minWorkerPort-maxWorkerPort 10002-19999 (Ray worker processes) collide",
     ),
     (
-        config(ray__nodeManagerPort=2222, nodes__1__sshPort=2222),
-        "ray.nodeManagerPort: 2222 — a port nothing else on node spark-02 listens on: nodes[1].sshPort 2222 (sshd, "
-        "never touched) and ray.nodeManagerPort 2222 (raylet) collide",
+        config(ray__dashboardPort=2222, nodes__0__sshPort=2222),
+        "ray.dashboardPort: 2222 — a port nothing else on node spark-01 listens on: nodes[0].sshPort 2222 (sshd, "
+        "never touched) and ray.dashboardPort 2222 (Ray dashboard) collide",
+    ),
+    (
+        config(vllm__port=40000),
+        "vllm.port: 40000 — a port nothing else on node spark-01 listens on: vllm.port 40000 (vLLM API server) and "
+        "the kernel's ephemeral range 32768-60999 (Ray's raylet, object manager and agents, NCCL, Gloo) collide",
     ),
     (
         config(ray__minWorkerPort=20000, ray__maxWorkerPort=19000),

@@ -447,21 +447,28 @@ def ensure_image(cache_dir: Path, docker_host: str) -> ImageInfo:
     return ImageInfo(ref=ref, archive=archive, image_id=image_id, built=built, timings=timings)
 
 
-def registry_has(registry: str, ref: str) -> bool:
-    """Whether the registry at host:port serves `repo:tag` (a manifest HEAD over plain HTTP)."""
+def registry_image_id(registry: str, ref: str) -> str:
+    """The image id (the config digest of its manifest) the registry at host:port serves as `repo:tag`,
+    or "" when it has no such tag."""
     repo, tag = ref.rsplit(":", 1)
     request = urllib.request.Request(
         f"http://{registry}/v2/{repo}/manifests/{tag}",
-        method="HEAD",
         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status == 200
+            return json.loads(response.read()).get("config", {}).get("digest", "")
     except urllib.error.HTTPError as error:
         if error.code == 404:
-            return False
+            return ""
         raise
+
+
+def registry_has(registry: str, ref: str, image_id: str) -> bool:
+    """Whether the registry serves `repo:tag` as exactly `image_id`. The registry's storage outlives
+    the archive: an archive built again (another build of the same sources carries another import
+    time, so another id) must be pushed again, or nodes would pull the older build."""
+    return bool(image_id) and registry_image_id(registry, ref) == image_id
 
 
 def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
@@ -473,7 +480,7 @@ def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
     remote = f"{registry}/{local}"
     t_start = time.monotonic()
     with _locked(cache_dir / "registry.lock"):
-        if registry_has(registry, local):
+        if registry_has(registry, local, _archive_id(cache_dir)):
             return ImageInfo(ref=remote, archive=archive_path(cache_dir), image_id=_archive_id(cache_dir), built=False)
         info = ensure_image(cache_dir, docker_host)
         docker(docker_host, "tag", info.ref, remote)
