@@ -694,12 +694,6 @@ def _serving_problems(cfg: Any) -> list[str]:
 
 
 # Ray's listeners: (key under `ray`, on the head only, what listens there).
-RAY_PORTS = (
-    ("port", True, "Ray GCS"),
-    ("dashboardPort", True, "Ray dashboard"),
-)
-
-
 RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
 # Where Ray's raylet, object manager, agents and metrics listen, and NCCL/Gloo/torch: ports the kernel
 # hands out (net.ipv4.ip_local_port_range; Linux's default range, which network.guard reads on the node).
@@ -724,23 +718,8 @@ class Listener:
         return self.first <= other.last and other.first <= self.last
 
 
-def _snake(key: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
-
-
-def _default_ports(key: str) -> tuple[int, int]:
-    """The default (first, last) of a listener's key: `ray.port`, `nodes[2].sshPort`, the worker range."""
-    if key == RAY_CLIENT_KEY:
-        return RAY_CLIENT_PORT, RAY_CLIENT_PORT
-    if key == EPHEMERAL_KEY:
-        return EPHEMERAL_RANGE
-    if key == "ray.minWorkerPort-maxWorkerPort":
-        fields = RayConfig.model_fields
-        return fields["min_worker_port"].default, fields["max_worker_port"].default
-    owner, name = key.rsplit(".", 1)
-    model = {"vllm": VllmConfig, "ray": RayConfig, "fabricCopy": FabricCopyConfig}.get(owner, NodeConfig)
-    default = model.model_fields[_snake(name)].default
-    return default, default
+def _default(model: type[BaseModel], field: str) -> int:
+    return model.model_fields[field].default
 
 
 def node_listeners(cfg: Any, index: int) -> list[Listener]:
@@ -752,38 +731,53 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
 
     found: list[Listener] = []
 
-    def add(key: str, what: str, first: Any, last: Any = None) -> None:
+    def add(key: str, what: str, first: Any, last: Any = None, default: Any = None) -> None:
+        """`default`: the key's default (first, last); None for a port no key sets."""
         last = first if last is None else last
         if valid(first, last):
-            found.append(Listener(key, what, first, last, (first, last) == _default_ports(key)))
+            found.append(Listener(key, what, first, last, default is None or (first, last) == default))
+
+    def single(model: type[BaseModel], field: str) -> tuple[int, int]:
+        return _default(model, field), _default(model, field)
 
     node = cfg.nodes[index]
-    add(f"nodes[{index}].sshPort", "sshd, never touched", node.ssh_port)
+    add(f"nodes[{index}].sshPort", "sshd, never touched", node.ssh_port, default=single(NodeConfig, "ssh_port"))
     head_name = cfg.head if cfg.head not in (None, INVALID) else cfg.nodes[0].name
     is_head = node.name == head_name
     vllm = cfg.vllm
     if is_head and vllm is not INVALID:
-        add("vllm.port", "vLLM API server", vllm.port)
+        add("vllm.port", "vLLM API server", vllm.port, default=single(VllmConfig, "port"))
     if cfg.executor == "mp" and is_head and vllm is not INVALID and len(cfg.nodes) > 1:
-        add("vllm.masterPort", "vLLM rank 0 with executor mp", vllm.master_port)
+        add(
+            "vllm.masterPort",
+            "vLLM rank 0 with executor mp",
+            vllm.master_port,
+            default=single(VllmConfig, "master_port"),
+        )
     ray = cfg.ray
     if cfg.executor == "ray" and ray is not INVALID:
-        for key, head_only, what in RAY_PORTS:
-            if head_only and not is_head or key == "dashboardPort" and ray.dashboard is not True:
-                continue
-            add(f"ray.{key}", what, getattr(ray, _snake(key)))
         if is_head:
+            add("ray.port", "Ray GCS", ray.port, default=single(RayConfig, "port"))
+            if ray.dashboard is True:
+                add(
+                    "ray.dashboardPort",
+                    "Ray dashboard",
+                    ray.dashboard_port,
+                    default=single(RayConfig, "dashboard_port"),
+                )
             # Not settable without the `ray[client]` extra (`ray start` refuses the flag), so Ray's own.
             add(RAY_CLIENT_KEY, "Ray Client server, with ray[client]", RAY_CLIENT_PORT)
         if valid(ray.min_worker_port, ray.max_worker_port) and ray.min_worker_port <= ray.max_worker_port:
-            add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port)
+            workers = (_default(RayConfig, "min_worker_port"), _default(RayConfig, "max_worker_port"))
+            add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port,
+                default=workers)  # fmt: skip
         add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
     if copying and copy is not INVALID and len(cfg.nodes) > 1:
         source = copy.source if copy.source is not None else head_name
         if node.name == source:
-            add("fabricCopy.port", "fabric copy depot", copy.port)
+            add("fabricCopy.port", "fabric copy depot", copy.port, default=single(FabricCopyConfig, "port"))
     return found
 
 
