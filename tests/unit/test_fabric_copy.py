@@ -22,15 +22,10 @@ from pathlib import Path
 import pytest
 
 from components.render import script_program
+from tests.waiting import free_port
 
 TOKEN = "ab" * 32
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the depot runs in a mount namespace of its own: root")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_listening(port: int, process: subprocess.Popen) -> None:

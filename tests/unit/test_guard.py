@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -18,6 +17,7 @@ from components import guard
 from components.config import load_cluster_config
 from components.render import script_program
 from tests.unit.test_config import config
+from tests.waiting import wait_for
 
 IP = shutil.which("ip")
 
@@ -185,15 +185,6 @@ def rules(ns, backend):
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))  # no dates
 
 
-def wait_for(predicate, seconds=10):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 BACKENDS = [
     pytest.param("nft", marks=pytest.mark.skipif(shutil.which("nft") is None, reason="nft not installed")),
     pytest.param("iptables", marks=pytest.mark.skipif(shutil.which("iptables-restore") is None, reason="no iptables")),
@@ -226,7 +217,7 @@ def test_only_the_fabric_peer_reaches_the_guarded_ports(net, tmp_path, backend):
             )
         else:
             subprocess.run([IP, "netns", "exec", node, "iptables", "-D", "INPUT", "-j", "SPARK-VLLM-GUARD"], check=True)
-        assert wait_for(lambda: not reaches(outsider, "10.78.1.1", PORTS["ray"]))
+        assert wait_for(lambda: not reaches(outsider, "10.78.1.1", PORTS["ray"]), timeout=10)
     finally:
         running.send_signal(signal.SIGTERM)
         output, _ = running.communicate(timeout=10)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from components.render import script, script_program
+from tests.waiting import wait_for
 
 PYTHON = sys.executable
 
@@ -166,15 +167,6 @@ def alive(pid: int) -> bool:
         return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
     except OSError:
         return False
-
-
-def wait_for(check, timeout=20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_settings_start_vllm_once_and_the_same_settings_leave_it_alone(node):

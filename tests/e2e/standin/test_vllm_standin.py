@@ -19,6 +19,8 @@ if str(HERE) not in sys.path:
 
 from vllm_standin import api, args, cli  # noqa: E402
 
+from tests.waiting import free_port, wait_for  # noqa: E402
+
 
 def serve_ns(*argv: str):
     return args.parse_cli(["serve", *argv])
@@ -297,14 +299,6 @@ def test_http_server_end_to_end():
 # -- the multi-node mp executor (two processes on this machine's loopback addresses) ---------------
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def mp_rank(tmp_path, rank, nnodes, master_port, http_port, ip, master="127.0.0.1", extra=(), timeout="20"):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
@@ -328,17 +322,6 @@ def health(port: int) -> int:
         return e.code
     except OSError:
         return 0
-
-
-def wait_for(check, timeout=20.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_path):
