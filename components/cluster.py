@@ -203,6 +203,7 @@ class VllmCluster(pulumi.ComponentResource):
             synced = args.release.model
             if cfg.model_sync.enabled:
                 synced = args.release.model.apply(lambda model: model_directory(cfg, model))
+            self.synced_model = synced  # what the depot serves and every other node's sync writes
             self.depot = Depot(
                 "spark-vllm-copy",
                 DepotArgs(
@@ -306,7 +307,7 @@ class VllmCluster(pulumi.ComponentResource):
                         cfg,
                         node,
                         self.depot,
-                        args.release.model.apply(lambda model: model_directory(cfg, model)),
+                        self.synced_model,
                         source_model,
                         self.hosts[node.name].connection,
                         parent=self,
