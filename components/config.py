@@ -310,6 +310,12 @@ class RecoveryConfig(_Model):
         5, description="Wait before restarting vLLM after it exited; doubles each time up to maxBackoffSeconds."
     )
     max_backoff_seconds: PositiveInt = Field(60, description="The longest wait between two restarts.")
+    gpu_wait_seconds: PositiveInt = Field(
+        180,
+        description="Before a (re)start, how long the supervisor waits for the GPUs to have the memory vLLM asks "
+        "for (gpuMemoryUtilization × total; the last processes of a crashed vLLM take a moment to free it); a start "
+        "vLLM refuses for lack of GPU memory is not counted as a crash. Then it gives up, naming what holds the GPU.",
+    )
 
 
 class ImageTransferConfig(_Model):

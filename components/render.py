@@ -102,7 +102,10 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
             "window_seconds": recovery.window_seconds,
             "backoff_seconds": recovery.backoff_seconds,
             "max_backoff_seconds": recovery.max_backoff_seconds,
+            "gpu_wait_seconds": recovery.gpu_wait_seconds,
         },
+        # What vLLM asks of each GPU at start: the supervisor waits until the GPUs have it.
+        "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization if cfg.container.gpus else None,
         "health_url": f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
         "ray_ready": None,
     }
@@ -150,8 +153,9 @@ def serve_argv(
         f"--tensor-parallel-size={cfg.tensor_parallel_size}",
         f"--pipeline-parallel-size={cfg.pipeline_parallel_size}",
     ]
-    if len(cfg.nodes) > 1 and cfg.executor == "ray":
-        # vLLM has no automatic fallback when the world spans nodes: Ray must be named.
+    if cfg.executor == "ray":
+        # vLLM has no automatic fallback when the world spans nodes, and on one node it would not use
+        # the Ray the container runs: Ray is named whenever it is the executor.
         argv.append("--distributed-executor-backend=ray")
     elif len(cfg.nodes) > 1:
         rank = node_rank(cfg, node or cfg.head_node)

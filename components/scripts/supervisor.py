@@ -21,8 +21,17 @@
 # RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: …` line for each start and exit.
 # With network.guard (P["guard_marker"]), nothing starts until the guard container applied its
 # rules in this boot (its marker names the boot id): after a reboot Ray never listens unguarded.
-# SIGTERM (docker stop) stops vLLM (SIGTERM to its process group, stop_grace_seconds, SIGKILL),
-# then Ray, and exits 0.
+# vLLM is several processes (the API server, an engine core `VLLM::EngineCore`, workers) and only
+# the last of them to go frees the GPU: a SIGKILL of the API server (the OOM killer, a crash) leaves
+# the engine core holding the GPU memory. So whenever vLLM exits, or is stopped, the supervisor ends
+# everything it started (its process group and session, and every process descended from it),
+# SIGTERM first, SIGKILL after a grace; before a start it waits until the GPUs have the memory vLLM
+# asks for at start-up (gpuMemoryUtilization x total, nvidia-smi where there is one), naming what
+# still holds it, for at most recovery gpu_wait_seconds. A start that vLLM itself refuses because the
+# GPU is still busy ("Free memory on device ... on startup is less than desired GPU memory
+# utilization") is not a crash: it does not count against max_restarts, it waits for the GPU again.
+# SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
+# and exits 0.
 import collections
 import json
 import os
@@ -40,7 +49,16 @@ SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # window_seconds, backoff_seconds, max_backoff_seconds), health_url (the head), ray_ready (the Ray
 # head: {address, nodes, gpus}). In the spec, not the container, so that changing them (a node added,
 # another port) touches no container.
-DEFAULT_RECOVERY = {"max_restarts": 5, "window_seconds": 600, "backoff_seconds": 5, "max_backoff_seconds": 60}
+DEFAULT_RECOVERY = {
+    "max_restarts": 5,
+    "window_seconds": 600,
+    "backoff_seconds": 5,
+    "max_backoff_seconds": 60,
+    "gpu_wait_seconds": 180,
+}
+LEFTOVER_GRACE_SECONDS = 5  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
+# vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): the GPU lacks what it asks for.
+GPU_BUSY_MESSAGE = "on startup is less than desired GPU memory utilization"
 RAY_CHECK = """
 import json, ray
 ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
@@ -81,7 +99,117 @@ def last_error(lines=200):
     return ""
 
 
+def proc_stat(pid):
+    """(ppid, pgid, sid, start time) of a process, or None when it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+
+
+def all_processes():
+    """{pid: (ppid, pgid, sid, start time)} of every live process this container sees."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = proc_stat(int(entry))
+            if stat is not None:
+                found[int(entry)] = stat
+    return found
+
+
+def describe(pid):
+    """`pid 812 VLLM::EngineCore` (its name, else the start of its command line)."""
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            name = handle.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            line = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"pid {pid}"
+    if line and name.lower() in ("python", "python3", "python3.12", "python3.11", "python3.10"):
+        name = line[:80]
+    return f"pid {pid} {name}"
+
+
+def descendants(roots, processes):
+    """`roots` and every process below them."""
+    children = collections.defaultdict(list)
+    for pid, (ppid, *_rest) in processes.items():
+        children[ppid].append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+class Tree:
+    """Everything one start of vLLM made: its process group and session (the API server leads both),
+    every process below it, and those seen below it earlier (a SIGKILLed parent's children are
+    re-parented away, but they keep the session, and the supervisor remembers them)."""
+
+    def __init__(self, leader):
+        self.leader = leader
+        self.seen = {}  # pid -> start time: processes once below the leader
+
+    def remember(self):
+        processes = all_processes()
+        for pid in self._members(processes):
+            self.seen.setdefault(pid, processes[pid][3])
+
+    def _members(self, processes):
+        mine = {pid for pid, (_, pgid, sid, _) in processes.items() if self.leader in (pgid, sid)}
+        mine |= {pid for pid, start in self.seen.items() if pid in processes and processes[pid][3] == start}
+        if self.leader in processes:
+            mine.add(self.leader)
+        return descendants(mine, processes) & set(processes)
+
+    def alive(self):
+        return self._members(all_processes())
+
+    def signal(self, signum):
+        for pid in self.alive():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def end(self, grace, reap=None):
+        """SIGTERM to all of it, up to `grace` seconds, SIGKILL to what is left; True once all is gone."""
+        if not self.alive():
+            return True
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if reap:
+                reap()
+            if not self.alive():
+                return True
+            time.sleep(0.2)
+        left = sorted(self.alive())
+        if left:
+            say(f"SIGKILL to what is left of vLLM after {grace:g} s: {', '.join(describe(pid) for pid in left)}")
+        self.signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if reap:
+                reap()
+            if not self.alive():
+                return True
+            time.sleep(0.2)
+        return False
+
+
 def stop_group(process, grace):
+    """Ray's `ray start --block` and its children: SIGTERM to its process group, `grace`, SIGKILL."""
     if process is None or process.poll() is not None:
         return
     try:
@@ -98,6 +226,54 @@ def stop_group(process, grace):
         process.wait()
 
 
+def gpu_holders():
+    """Processes in this container with a GPU open (/dev/nvidiaN), named."""
+    held = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            targets = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if any(t.startswith("/dev/nvidia") and t[len("/dev/nvidia") :].isdigit() for t in targets):
+            held.append(describe(int(entry)))
+    return sorted(held)
+
+
+def gpu_memory(visible):
+    """[(index, total MiB, free MiB)] of the GPUs vLLM will use, from nvidia-smi; None where there is no
+    nvidia-smi or it reports no sizes (a GB10's unified memory: [N/A])."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    gpus = []
+    for line in result.stdout.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3 or not all(part.replace(".", "", 1).isdigit() for part in parts):
+            return None
+        index, total, free = int(parts[0]), float(parts[1]), float(parts[2])
+        if visible is None or str(index) in visible:
+            gpus.append((index, total, free))
+    return gpus or None
+
+
+def visible_gpus(env):
+    """The GPU indexes CUDA_VISIBLE_DEVICES names (None: all of them)."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None or not all(part.strip().isdigit() for part in value.split(",") if part.strip()):
+        return None
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
 class Supervisor:
     def __init__(self):
         self.stopping = False
@@ -105,6 +281,13 @@ class Supervisor:
         self.ray_restarts = 0
         self.ray_next = 0.0
         self.vllm = None
+        self.tree = None  # everything the running (or last) vLLM started
+        self.log_start = 0  # where the running vLLM's output begins in LOG
+        self.next_remember = 0.0
+        self.gpu_busy_since = None  # since when the GPUs lack what vLLM asks for
+        self.gpu_busy = None  # what is short and who holds it, for status.json
+        self.next_gpu_check = 0.0
+        self.gpu_note = 0.0
         self.fingerprint = None  # the settings vLLM runs (or should run) with
         self.exits = collections.deque()  # times of exits within the window
         self.restarts_total = 0
@@ -186,9 +369,60 @@ class Supervisor:
         return self.ray_ready
 
     # -- vLLM ----------------------------------------------------------------------------------
+    def gpu_ready(self, spec, now):
+        """Whether the GPUs have what vLLM asks for at start (gpuMemoryUtilization x total, on each);
+        while they do not, says what holds them, for at most recovery gpu_wait_seconds."""
+        fraction = spec.get("gpu_memory_utilization")
+        if not fraction or now < self.next_gpu_check:
+            return not fraction or self.gpu_busy_since is None
+        self.next_gpu_check = now + 1
+        gpus = gpu_memory(visible_gpus({**os.environ, **(spec.get("env") or {})}))
+        if gpus is None:  # nothing to read: vLLM's own check decides (a refused start waits, see vllm_exited)
+            return True
+        short = [(index, total, free) for index, total, free in gpus if free < fraction * total]
+        if not short:
+            if self.gpu_busy_since is not None:
+                say(f"GPU memory is free again after {now - self.gpu_busy_since:.0f} s")
+            self.gpu_busy_since, self.gpu_busy = None, None
+            return True
+        detail = "; ".join(
+            f"GPU {index} has {free / 1024:.1f} of {total / 1024:.1f} GiB free, vLLM asks for "
+            f"{fraction * total / 1024:.1f} (gpuMemoryUtilization {fraction:g})"
+            for index, total, free in short
+        )
+        holders = gpu_holders()
+        held = ", ".join(holders) if holders else "nothing in this container (another container or a host process)"
+        self.gpu_busy = f"{detail}; held by {held}"
+        return self.gpu_wait(now, self.gpu_busy)
+
+    def gpu_wait(self, now, what):
+        """Waiting for GPU memory: a state of its own, not a crash; gives up after gpu_wait_seconds."""
+        if self.gpu_busy_since is None:
+            self.gpu_busy_since = now
+            self.gpu_note = 0.0
+        waited = now - self.gpu_busy_since
+        limit = self.recovery["gpu_wait_seconds"]
+        if waited > limit:
+            self.failed = (
+                f"the GPU stayed busy for {waited:.0f} s (recovery.gpuWaitSeconds {limit}): {what}. Free it "
+                "(nvidia-smi shows the processes), then bump vllm.restartGeneration"
+            )
+            self.state = "failed"
+            say(self.failed)
+            return False
+        if now >= self.gpu_note:
+            say(f"waiting for GPU memory before starting vLLM ({waited:.0f} of {limit} s): {what}")
+            self.gpu_note = now + 30
+        self.state = "waiting for GPU memory"
+        return False
+
     def start_vllm(self, spec, now):
         env = dict(os.environ)
         env.update(spec.get("env") or {})
+        try:
+            self.log_start = os.path.getsize(LOG)
+        except OSError:
+            self.log_start = 0
         with open(LOG, "ab", buffering=0) as log:
             log.write(f"=== spark-vllm: starting {' '.join(spec['argv'])}\n".encode())
             self.vllm = subprocess.Popen(
@@ -200,6 +434,8 @@ class Supervisor:
                 cwd="/",
                 start_new_session=True,  # its own process group: stopped as a whole
             )
+        self.tree = Tree(self.vllm.pid)
+        self.next_remember = now
         with open(f"{RUN}/vllm.pid", "w") as handle:
             handle.write(str(self.vllm.pid))
         self.started_at = now
@@ -208,21 +444,52 @@ class Supervisor:
         say(f"vLLM started (pid {self.vllm.pid})")
 
     def stop_vllm(self, why):
-        if self.vllm is not None and self.vllm.poll() is None:
-            say(f"stopping vLLM (pid {self.vllm.pid}): {why}")
-            stop_group(self.vllm, P["stop_grace_seconds"])
+        """SIGTERM to everything vLLM started, the grace, SIGKILL to what is left."""
+        if self.vllm is not None:
+            if self.vllm.poll() is None:
+                say(f"stopping vLLM (pid {self.vllm.pid}): {why}")
+            self.tree.remember()
+            if not self.tree.end(P["stop_grace_seconds"], reap=self.vllm.poll):
+                say(f"vLLM's processes outlived SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
+            self.vllm.poll()
         self.vllm = None
         self.serving = False
+
+    def end_leftovers(self):
+        """After vLLM's main process exited: what it started may live on (the engine core keeps the
+        GPU when the API server is SIGKILLed); end all of it before anything starts again."""
+        left = sorted(self.tree.alive()) if self.tree is not None else []
+        if not left:
+            return
+        say(f"vLLM's main process is gone; ending what it left running: {', '.join(describe(p) for p in left)}")
+        if not self.tree.end(LEFTOVER_GRACE_SECONDS):
+            say(f"still running after SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
+
+    def output_since_start(self):
+        try:
+            with open(LOG, "rb") as handle:
+                handle.seek(self.log_start)
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def vllm_exited(self, now):
         code = self.vllm.returncode
         self.vllm = None
         self.serving = False
+        self.end_leftovers()
         # A node of the group may be what went away: the next start waits for Ray to be whole again.
         self.ray_ready = False
         error = last_error()
         self.last_exit = {"code": code, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": error}
         recovery = self.recovery
+        if GPU_BUSY_MESSAGE in self.output_since_start():
+            # Not a crash: the GPU was not free yet (a process still releasing it). Wait and try again.
+            self.next_start = now + recovery["backoff_seconds"]
+            self.gpu_busy = f"vLLM refused to start: {error}"
+            say(f"vLLM could not start because the GPU is still busy; not counted as a crash ({error})")
+            self.gpu_wait(now, self.gpu_busy)
+            return
         window = recovery["window_seconds"]
         self.exits.append(now)
         while self.exits and now - self.exits[0] > window:
@@ -254,6 +521,7 @@ class Supervisor:
             self.fingerprint = wanted
             self.exits.clear()
             self.failed = None
+            self.gpu_busy_since, self.gpu_busy = None, None
             self.next_start = now
             self.state = "no settings" if wanted is None else "starting"
         return spec
@@ -270,6 +538,7 @@ class Supervisor:
             self.serving = False
         if self.serving:
             self.state = "running"
+            self.gpu_busy_since, self.gpu_busy = None, None
 
     def step(self):
         now = time.monotonic()
@@ -281,11 +550,14 @@ class Supervisor:
         spec = self.follow_spec(now)
         if self.vllm is not None and self.vllm.poll() is not None:
             self.vllm_exited(now)
+        elif self.vllm is not None and now >= self.next_remember:
+            self.tree.remember()  # so that a SIGKILLed API server's children are still known
+            self.next_remember = now + (0.5 if now - self.started_at < 60 else 2)
         if spec and self.vllm is None and not self.failed and now >= self.next_start:
-            if self.cluster_formed(now):
-                self.start_vllm(spec, now)
-            else:
+            if not self.cluster_formed(now):
                 self.state = "waiting for Ray"
+            elif self.gpu_ready(spec, now):
+                self.start_vllm(spec, now)
         if self.vllm is not None and not (spec or {}).get("health_url") and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
@@ -303,6 +575,7 @@ class Supervisor:
             "restarts_total": self.restarts_total,
             "last_exit": self.last_exit,
             "failed": self.failed,
+            "gpu_busy": self.gpu_busy,
             "ray_restarts": self.ray_restarts if P.get("ray_argv") else None,
         }
         if status == self.written:

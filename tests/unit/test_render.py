@@ -48,10 +48,13 @@ def test_serve_argv_golden(cfg):
     ]  # fmt: skip
 
 
-def test_single_node_serve_has_no_ray_backend_and_no_optional_flags():
+def test_single_node_serve_names_its_executor_and_has_no_optional_flags():
     one = config(nodes=[config()["nodes"][0]], tensorParallelSize=1)
     argv = render.serve_argv(load_cluster_config(one), "org/model")
-    assert "--distributed-executor-backend=ray" not in argv
+    # vLLM would otherwise run its uniprocessor executor beside an unused Ray
+    assert "--distributed-executor-backend=ray" in argv
+    mp = render.serve_argv(load_cluster_config({**one, "executor": "mp"}), "org/model")
+    assert not any(a.startswith(("--distributed-executor-backend", "--nnodes", "--headless")) for a in mp)
     assert not any(a.startswith(("--max-model-len", "--trust", "--reasoning", "--tool", "--enable")) for a in argv)
     assert "--api-key" not in " ".join(argv)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,8 +24,15 @@ PYTHON = sys.executable
 
 FAKE_VLLM = """
 import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+# like vLLM's engine core: a child that outlives a SIGKILL of its parent (FAKE_VLLM_SETSID: in a session of its own)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; time.sleep(600)"],
+                         start_new_session=bool(os.environ.get("FAKE_VLLM_SETSID")))
 open(os.environ["CHILD_PID_FILE"], "a").write(f"{child.pid}\\n")
+if os.environ.get("FAKE_VLLM_GPU_BUSY"):
+    print("ValueError: Free memory on device cuda:0 (10.2/139.8 GiB) on startup is less than desired GPU memory "
+          "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+          flush=True)
+    sys.exit(1)
 print("fake vllm", sys.argv[1:], "key set" if os.environ.get("VLLM_API_KEY") else "no key", flush=True)
 if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
     time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
@@ -41,6 +49,11 @@ import os, sys, time
 open(os.environ["RAY_STARTS"], "a").write(" ".join(sys.argv[1:]) + "\\n")
 time.sleep(float(os.environ.get("FAKE_RAY_LIVES", "600")))
 sys.exit(3)
+"""
+FAKE_NVIDIA_SMI = """
+import os, sys
+assert sys.argv[1:] == ["--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"], sys.argv
+print(f"0, 143771, {open(os.environ['FAKE_GPU_FREE_MIB']).read().strip()}")
 """
 FAKE_RAY_MODULE = """
 import json, os
@@ -67,13 +80,14 @@ def node(tmp_path, monkeypatch):
     ray, a health endpoint; `start()` runs the supervisor, the fixture stops it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, source in (("vllm", FAKE_VLLM), ("ray", FAKE_RAY)):
+    for name, source in (("vllm", FAKE_VLLM), ("ray", FAKE_RAY), ("nvidia-smi", FAKE_NVIDIA_SMI)):
         (bin_dir / name).write_text(f"#!{PYTHON}\n{source}")
         (bin_dir / name).chmod(0o755)
     module = tmp_path / "site"
     (module / "ray").mkdir(parents=True)
     (module / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
     (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
+    (tmp_path / "gpu-free").write_text("143000")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
@@ -83,6 +97,7 @@ def node(tmp_path, monkeypatch):
         "CHILD_PID_FILE": str(tmp_path / "children"),
         "RAY_STARTS": str(tmp_path / "ray-starts"),
         "FAKE_RAY_NODES": str(tmp_path / "nodes.json"),
+        "FAKE_GPU_FREE_MIB": str(tmp_path / "gpu-free"),
     }
     state = {"process": None}
 
@@ -125,7 +140,9 @@ def node(tmp_path, monkeypatch):
                         "window_seconds": 60,
                         "backoff_seconds": 0.5,
                         "max_backoff_seconds": 1,
+                        "gpu_wait_seconds": 6,
                     },
+                    "gpu_memory_utilization": 0.9,
                     "health_url": self.health_url,
                     "ray_ready": None,
                     **spec,
@@ -273,3 +290,61 @@ def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boo
     marker.write_text(json.dumps({"boot_id": boot, "hash": "h"}))  # the guard applied its rules
     assert wait_for(lambda: (tmp_path / "ray-starts").exists())
     assert "network.guard's rules are in place" in (tmp_path / "supervisor.log").read_text()
+
+
+def children(tmp_path) -> list[int]:
+    return [int(line) for line in (tmp_path / "children").read_text().split()]
+
+
+@pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "in-a-session-of-its-own"])
+def test_a_sigkilled_vllm_leaves_nothing_behind_before_it_starts_again(node, tmp_path, own_session):
+    """The API server alone is killed (as the OOM killer does); its engine core would keep the GPU."""
+    node.start(**({"FAKE_VLLM_SETSID": "1"} if own_session else {}))
+    node.serve()
+    pid = node.status()["vllm_pid"]
+    assert wait_for(lambda: (tmp_path / "children").exists())
+    (core,) = children(tmp_path)
+    time.sleep(1)  # the supervisor has seen it (it looks twice a second)
+    os.kill(pid, signal.SIGKILL)  # only it
+    assert wait_for(lambda: node.status().get("vllm_pid") not in (None, pid))
+    assert not alive(core)
+    assert "ending what it left running: pid" in node.log()
+    assert node.status()["restarts_total"] == 1
+
+
+def test_a_start_waits_until_the_gpu_has_what_vllm_asks_for_and_names_what_holds_it(node, tmp_path):
+    (tmp_path / "gpu-free").write_text("10445")  # 10.2 GiB free: an old engine core still holds the rest
+    node.start()
+    node.serve(timeout=5)
+    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory")
+    status = node.status()
+    assert status["vllm_pid"] is None and status["restarts_total"] == 0
+    assert "GPU 0 has 10.2 of 140.4 GiB free, vLLM asks for 126.4 (gpuMemoryUtilization 0.9)" in status["gpu_busy"]
+    assert "held by nothing in this container" in status["gpu_busy"]
+    (tmp_path / "gpu-free").write_text("143000")  # freed
+    assert wait_for(lambda: node.status().get("vllm_pid") is not None)
+    assert "GPU memory is free again after" in node.log()
+
+
+def test_a_gpu_that_stays_busy_is_given_up_on_with_what_holds_it(node, tmp_path):
+    (tmp_path / "gpu-free").write_text("10445")
+    node.start()
+    node.serve(timeout=5)
+    assert wait_for(lambda: node.status().get("state") == "failed", 20)
+    failed = node.status()["failed"]
+    assert re.match(r"the GPU stayed busy for [67] s \(recovery.gpuWaitSeconds 6\): GPU 0 has 10.2 of 140.4 GiB", failed)
+    assert "held by nothing in this container" in failed and "vllm.restartGeneration" in failed
+    assert node.status()["restarts_total"] == 0  # no crash was counted
+
+
+def test_a_start_vllm_refuses_for_lack_of_gpu_memory_is_not_a_crash(node, tmp_path):
+    """Without nvidia-smi to read (a GB10, the rehearsal), vLLM's own check is what says the GPU is busy."""
+    (tmp_path / "bin" / "nvidia-smi").unlink()
+    node.start(FAKE_VLLM_GPU_BUSY="1")
+    node.serve(timeout=5, health_url=None)  # (the fixture's /health would answer for a vLLM that never serves)
+    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    status = node.status()
+    assert status["failed"].startswith("the GPU stayed busy for")
+    assert "on startup is less than desired GPU memory utilization" in status["failed"]
+    assert len(status.get("last_exit") or {}) and status["restarts_in_window"] == 0  # max_restarts 3 untouched
+    assert "not counted as a crash" in node.log()

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -309,9 +313,21 @@ def mp_rank(tmp_path, rank, nnodes, master_port, http_port, ip, master="127.0.0.
     if rank:
         argv.append("--headless")
     env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": ip, "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_JOIN_TIMEOUT_S": timeout,
-           "STANDIN_DEAD_LINGER_S": "0.2", "STANDIN_PING_TIMEOUT_S": "1"}  # fmt: skip
+           "STANDIN_DEAD_LINGER_S": "0.2", "STANDIN_PING_TIMEOUT_S": "1",
+           "STANDIN_GPU_DIR": str(tmp_path / f"gpus-of-{ip}")}  # each "node" its own GPU  # fmt: skip
     log = open(tmp_path / f"rank{rank}.log", "w")
-    return subprocess.Popen(argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    # Its own session, so a test ends a rank as a node going away does: the whole group.
+    return subprocess.Popen(
+        argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def end(process) -> None:
+    """A rank and whatever it started (its engine core outlives a SIGKILL of the rank alone)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def health(port: int) -> int:
@@ -333,14 +349,13 @@ def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_p
         assert wait_for(lambda: health(http) == 200)
         log = (tmp_path / "rank0.log").read_text()
         assert "node rank 1 joined from 127.0.0.1 (VLLM_HOST_IP 127.0.0.2)" in log
-        worker.kill()
+        os.killpg(worker.pid, signal.SIGKILL)  # the whole rank, engine core included
         worker.wait()
         assert head.wait(timeout=20) == 1  # a rank went away: the engine is dead
         assert "a worker node died or stopped responding" in (tmp_path / "rank0.log").read_text()
     finally:
         for process in (head,):
-            if process.poll() is None:
-                process.kill()
+            end(process)
 
 
 def test_mp_a_worker_exits_when_rank_0_goes_away(tmp_path):
@@ -355,8 +370,7 @@ def test_mp_a_worker_exits_when_rank_0_goes_away(tmp_path):
         assert "lost rank 0" in (tmp_path / "rank1.log").read_text()
     finally:
         for process in (head, worker):
-            if process.poll() is None:
-                process.kill()
+            end(process)
 
 
 def test_mp_a_worker_with_a_wrong_master_address_never_joins(tmp_path):
@@ -370,8 +384,7 @@ def test_mp_a_worker_with_a_wrong_master_address_never_joins(tmp_path):
         assert "could not reach rank 0 at 127.0.0.3" in (tmp_path / "rank1.log").read_text()
     finally:
         for process in (head, worker):
-            if process.poll() is None:
-                process.kill()
+            end(process)
 
 
 def test_mp_a_duplicate_rank_is_refused(tmp_path):
@@ -383,15 +396,15 @@ def test_mp_a_duplicate_rank_is_refused(tmp_path):
         again = subprocess.run(
             [sys.executable, "-m", "vllm_standin", "serve", str(tmp_path / "model"), "-tp", "3", "--nnodes", "3",
              "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(master), "--headless"],
-            cwd=HERE, env={"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.4"}, capture_output=True, text=True,
+            cwd=HERE, env={"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.4", "STANDIN_GPU_DIR": str(tmp_path / "gpus-4")},
+            capture_output=True, text=True,
             timeout=30,
         )  # fmt: skip
         assert again.returncode == 1 and "rank 0 refused node rank 1" in again.stdout + again.stderr
         assert head.wait(timeout=20) == 1  # rank 2 never came
     finally:
         for process in (head, one):
-            if process.poll() is None:
-                process.kill()
+            end(process)
 
 
 def test_mp_rank_0_must_bind_its_own_address(tmp_path):
@@ -412,3 +425,94 @@ def test_offline_a_repo_id_must_be_in_the_hugging_face_cache(tmp_path):
     (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text("abc")
     assert args.check_model("org/tiny", environ) == {"architectures": ["StandinForCausalLM"]}
     assert args.check_model("org/elsewhere", {}) == {}  # online: vLLM would download it
+
+
+# -- the engine core: a second process that holds the GPU, as in real vLLM ---------------------------
+
+
+def serve_one(tmp_path, http_port, name="serve", extra=()):
+    """`vllm serve` of one GPU (uniprocessor executor), in a session of its own as the supervisor starts it."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"architectures": ["StandinForCausalLM"]}')
+    argv = [sys.executable, "-m", "vllm_standin", "serve", str(model), "--host", "127.0.0.1", "--port",
+            str(http_port), *extra]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_DEAD_LINGER_S": "0.2",
+           "STANDIN_GPU_DIR": str(tmp_path / "gpus")}  # fmt: skip
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen(
+        argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def group_of(pid: int) -> list[int]:
+    """The live processes of `pid`'s process group, other than it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pid:
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[0] != "Z" and int(stat[2]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_the_engine_core_is_another_process_of_the_group_that_outlives_a_sigkilled_api_server(tmp_path):
+    http = free_port()
+    first = serve_one(tmp_path, http)
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        (core,) = group_of(first.pid)
+        assert Path(f"/proc/{core}/comm").read_text().strip() == "VLLM::EngineCor"
+        assert "serve" not in Path(f"/proc/{core}/cmdline").read_text()  # not found by `pgrep -f "vllm serve"`
+        first.kill()  # only the API server, as the OOM killer or a crash does
+        first.wait()
+        time.sleep(1)
+        assert group_of(first.pid) == [core]  # the engine core lives on, holding the GPU
+        second = serve_one(tmp_path, free_port(), name="second")
+        assert second.wait(timeout=30) == 1
+        out = (tmp_path / "second.log").read_text()
+        assert re.search(
+            r"ValueError: Free memory on device cuda:0 \(\d+\.\d/139\.8 GiB\) on startup is less than desired GPU "
+            r"memory utilization \(0\.9, 125\.82 GiB\)",
+            out,
+        ), out
+        assert "Engine core initialization failed" in out
+        os.killpg(first.pid, signal.SIGKILL)  # what the supervisor does: the whole group
+        assert wait_for(lambda: not group_of(first.pid), 10)
+        third = serve_one(tmp_path, http, name="third")
+        assert wait_for(lambda: health(http) == 200)  # the GPU is free again
+        end(third)
+    finally:
+        end(first)
+
+
+def test_a_sigterm_ends_the_api_server_and_its_engine_core(tmp_path):
+    http = free_port()
+    process = serve_one(tmp_path, http)
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        (core,) = group_of(process.pid)
+        process.terminate()
+        assert process.wait(timeout=20) == 0
+        assert wait_for(lambda: not group_of(process.pid), 10)
+        again = serve_one(tmp_path, http, name="again")
+        assert wait_for(lambda: health(http) == 200)
+        end(again)
+    finally:
+        end(process)
+
+
+def test_an_engine_core_that_dies_takes_the_api_server_with_it(tmp_path):
+    http = free_port()
+    process = serve_one(tmp_path, http)
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        (core,) = group_of(process.pid)
+        os.kill(core, signal.SIGKILL)
+        assert process.wait(timeout=20) == 1
+        assert "Engine core proc EngineCore_DP0 died unexpectedly" in (tmp_path / "serve.log").read_text()
+    finally:
+        end(process)

@@ -190,6 +190,8 @@ class ServeConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
     headless: bool = False
+    gpu_memory_utilization: float = 0.9
+    reasoning_parser: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -312,6 +314,8 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         master_addr=ns.master_addr,
         master_port=ns.master_port,
         headless=ns.headless,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        reasoning_parser=ns.reasoning_parser,
     )
 
 

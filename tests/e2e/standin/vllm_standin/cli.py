@@ -15,6 +15,7 @@ import time
 from . import __version__, log
 from .api import ServerState, make_server
 from .args import StandinError, parse_cli, redacted_args, validate
+from .core import EngineCoreClient
 
 WHERE_API = "api_server.py:1839"
 WHERE_CORE = "core_client.py:564"
@@ -52,16 +53,15 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
 
 
 def _main(argv: list[str] | None, environ) -> int:
-    ns = parse_cli(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = parse_cli(argv)
     log.info(WHERE_API, "vLLM API server version %s", __version__)
     log.info(WHERE_API, "args: %s", redacted_args(ns))
     try:
         cfg = validate(ns, environ)
-        load_s = _env_float(environ, "STANDIN_LOAD_SECONDS", 2.0)
-        placement_s = _env_float(environ, "VLLM_PLACEMENT_TIMEOUT_S", 60.0)
-        ping_timeout_s = _env_float(environ, "STANDIN_PING_TIMEOUT_S", 5.0)
         linger_s = _env_float(environ, "STANDIN_DEAD_LINGER_S", 2.0)
         local_gpus = int(_env_float(environ, "STANDIN_LOCAL_GPUS", 1))
+        _check_world(cfg, local_gpus)
     except StandinError as e:
         return _fail(str(e))
 
@@ -76,82 +76,19 @@ def _main(argv: list[str] | None, environ) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    world = cfg.world_size
-    engine = None
-    try:
-        if cfg.data_parallel_size > 1:
-            raise StandinError("stand-in: --data-parallel-size > 1 is not simulated")
-        if cfg.backend == "ray":
-            log.info(
-                WHERE_API,
-                "Using the Ray distributed executor: world size %d (TP %d x PP %d)",
-                world,
-                cfg.tensor_parallel_size,
-                cfg.pipeline_parallel_size,
-            )
-            from .engine import RayEngine
-
-            engine = RayEngine(cfg, environ)
-            engine.start(stop, placement_s)
-            # ray.init may install handlers of its own; ours decide the exit code.
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
-        elif cfg.nnodes > 1:
-            per_node = world // cfg.nnodes
-            if per_node > local_gpus:
-                raise StandinError(
-                    f"World size ({world}) over {cfg.nnodes} nodes needs {per_node} GPUs on each node; "
-                    f"this node has {local_gpus}."
-                )
-            log.info(
-                WHERE_API,
-                "Using the multiprocessing executor across %d nodes: node rank %d of world size %d (TP %d x PP %d)%s",
-                cfg.nnodes,
-                cfg.node_rank,
-                world,
-                cfg.tensor_parallel_size,
-                cfg.pipeline_parallel_size,
-                ", headless" if cfg.headless else "",
-            )
-            from .mp import MpEngine
-
-            engine = MpEngine(cfg, environ)
-            engine.start(stop, _env_float(environ, "STANDIN_JOIN_TIMEOUT_S", 120.0))
-        else:
-            if world > local_gpus:
-                raise StandinError(
-                    f"World size ({world}) is larger than the number of available GPUs ({local_gpus}) in this "
-                    "node. If this is intentional and you are using:\n"
-                    "- ray, set '--distributed-executor-backend ray'.\n"
-                    "- multiprocessing, set '--nnodes' appropriately."
-                )
-            log.info(
-                WHERE_API,
-                "Using the %s executor: world size %d on this node",
-                cfg.backend or ("mp" if world > 1 else "uni"),
-                world,
-            )
-    except StandinError as e:
-        code = _fail(str(e))
-        if engine is not None:
-            engine.shutdown()
-        return code
-
-    if stop.is_set():
-        return _shutdown(None, engine, 0)
+    # The engine (executor, workers, the GPUs) runs in a child process of its own, as in vLLM.
+    core = EngineCoreClient(argv, environ)
+    if not core.wait_ready(stop):
+        if stop.is_set():
+            return _shutdown(None, core, 0)
+        code = core.process.wait()
+        return _fail(
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            f"Failed core proc(s): {{'EngineCore_DP0': {code}}}"
+        )
 
     if cfg.headless:
-        return _headless(engine, stop, reason, ping_timeout_s)
-
-    log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
-    t0 = time.monotonic()
-    if stop.wait(load_s):
-        return _shutdown(None, engine, 0)
-    took = time.monotonic() - t0
-    log.info(WHERE_LOADER, "Loading weights took %.2f seconds", took)
-    log.info("gpu_model_runner.py:2007", "Model loading took 0.0000 GiB and %.6f seconds", took)
-    log.info("kv_cache_utils.py:1087", "GPU KV cache size: %d tokens", cfg.max_model_len * 4)
-    log.info("kv_cache_utils.py:1091", "Maximum concurrency for %d tokens per request: 4.00x", cfg.max_model_len)
+        return _headless(core, stop)
 
     state = ServerState(cfg)
     try:
@@ -160,8 +97,7 @@ def _main(argv: list[str] | None, environ) -> int:
         code = _fail(
             f"[Errno {e.errno}] error while attempting to bind on address ({cfg.host!r}, {cfg.port}): {e.strerror}"
         )
-        if engine is not None:
-            engine.shutdown()
+        core.shutdown()
         return code
 
     log.info(WHERE_API, "Starting vLLM API server 0 on http://%s:%d", cfg.host, cfg.port)
@@ -174,63 +110,75 @@ def _main(argv: list[str] | None, environ) -> int:
     log.uvicorn("Application startup complete.")
     log.uvicorn("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", cfg.host, cfg.port)
 
-    if engine is not None:
-        threading.Thread(
-            target=_monitor, args=(engine, state, stop, reason, ping_timeout_s), name="engine-monitor", daemon=True
-        ).start()
-
     while not stop.wait(0.5):
-        pass
+        if not core.alive():
+            log.error(WHERE_CORE, "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+            reason["why"] = reason["why"] or "engine-dead"
+            break
     if reason["why"] == "engine-dead":
         state.engine_alive = False
         time.sleep(linger_s)  # let health pollers observe 503 before the port closes
-        return _shutdown(server, engine, 1)
-    return _shutdown(server, engine, 0)
+        return _shutdown(server, core, 1)
+    return _shutdown(server, core, 0)
 
 
-def _headless(engine, stop: threading.Event, reason: dict, timeout_s: float) -> int:
-    """A node rank above 0: no API server; lives while rank 0 does (exit 1 when it goes away)."""
+def _check_world(cfg, local_gpus: int) -> None:
+    """What vLLM's config refuses before it starts anything."""
+    world = cfg.world_size
+    if cfg.data_parallel_size > 1:
+        raise StandinError("stand-in: --data-parallel-size > 1 is not simulated")
+    if cfg.backend == "ray":
+        log.info(
+            WHERE_API,
+            "Using the Ray distributed executor: world size %d (TP %d x PP %d)",
+            world,
+            cfg.tensor_parallel_size,
+            cfg.pipeline_parallel_size,
+        )
+    elif cfg.nnodes > 1:
+        per_node = world // cfg.nnodes
+        if per_node > local_gpus:
+            raise StandinError(
+                f"World size ({world}) over {cfg.nnodes} nodes needs {per_node} GPUs on each node; "
+                f"this node has {local_gpus}."
+            )
+        log.info(
+            WHERE_API,
+            "Using the multiprocessing executor across %d nodes: node rank %d of world size %d (TP %d x PP %d)%s",
+            cfg.nnodes,
+            cfg.node_rank,
+            world,
+            cfg.tensor_parallel_size,
+            cfg.pipeline_parallel_size,
+            ", headless" if cfg.headless else "",
+        )
+    else:
+        if world > local_gpus:
+            raise StandinError(
+                f"World size ({world}) is larger than the number of available GPUs ({local_gpus}) in this "
+                "node. If this is intentional and you are using:\n"
+                "- ray, set '--distributed-executor-backend ray'.\n"
+                "- multiprocessing, set '--nnodes' appropriately."
+            )
+        log.info(
+            WHERE_API,
+            "Using the %s executor: world size %d on this node",
+            cfg.backend or ("mp" if world > 1 else "uni"),
+            world,
+        )
+
+
+def _headless(core, stop: threading.Event) -> int:
+    """A node rank above 0: no API server; lives while its engine does (which ends with rank 0)."""
     log.info(WHERE_API, "headless worker running (no API server on this node)")
     while not stop.wait(1.0):
-        try:
-            engine.ping(timeout_s)
-        except Exception as e:  # noqa: BLE001 - rank 0 gone
-            log.error(WHERE_CORE, "Engine core proc died unexpectedly on this node: %s", e)
-            reason["why"] = "engine-dead"
-            return _shutdown(None, engine, 1)
-    return _shutdown(None, engine, 0)
+        if not core.alive():
+            log.error(WHERE_CORE, "Engine core proc died unexpectedly on this node; exiting.")
+            return 1
+    return _shutdown(None, core, 0)
 
 
-def _monitor(engine, state: ServerState, stop: threading.Event, reason: dict, timeout_s: float) -> None:
-    failures = 0
-    while not stop.wait(1.0):
-        try:
-            engine.ping(timeout_s)
-            failures = 0
-            continue
-        except Exception as e:  # noqa: BLE001 - any failure of the workers counts
-            failures += 1
-            fatal = engine.is_actor_death(e) or failures >= 2
-            log.warning(
-                "ray_distributed_executor.py:551",
-                "worker health check failed (%d): %s: %s",
-                failures,
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-            )
-            if not fatal or stop.is_set():
-                continue
-        state.engine_alive = False
-        what = "a RayWorkerWrapper actor" if engine.__class__.__name__ == "RayEngine" else "a worker node"
-        log.error("core.py:708", "EngineCore encountered a fatal error: %s died or stopped responding.", what)
-        log.error(WHERE_CORE, "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
-        if reason["why"] is None:
-            reason["why"] = "engine-dead"
-        stop.set()
-        return
-
-
-def _shutdown(server, engine, code: int) -> int:
+def _shutdown(server, core, code: int) -> int:
     _force_exit_after(10.0, code)
     log.info(WHERE_API, "Shutting down")
     if server is not None:
@@ -238,6 +186,6 @@ def _shutdown(server, engine, code: int) -> int:
         server.shutdown()
         server.server_close()
         log.uvicorn("Finished server process [%d]", os.getpid())
-    if engine is not None:
-        engine.shutdown()
+    if core is not None:
+        core.shutdown()
     return code

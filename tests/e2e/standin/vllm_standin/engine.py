@@ -86,7 +86,15 @@ def _worker_class():
 
     @ray.remote(num_gpus=1, num_cpus=0)
     class RayWorkerWrapper:
-        """One per GPU rank, like vLLM's RayWorkerWrapper; holds no model."""
+        """One per GPU rank, like vLLM's RayWorkerWrapper; holds no model, but the GPU Ray gave it
+        (the lock of core.py), until the actor ends: Ray ends it once its driver, the engine core, is gone."""
+
+        def __init__(self, utilization: float):
+            from vllm_standin.core import GpuLock
+
+            ids = ray.get_gpu_ids()
+            self.gpu = GpuLock(int(float(ids[0])) if ids else 0, utilization)
+            self.gpu.acquire()
 
         def info(self) -> dict:
             ip_env = os.environ.get("VLLM_HOST_IP", "").strip()
@@ -216,7 +224,9 @@ class RayEngine:
         opts = {"runtime_env": {"env_vars": env}} if env else {}
         for i in range(world):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
-            self.workers.append(cls.options(scheduling_strategy=strategy, **opts).remote())
+            self.workers.append(
+                cls.options(scheduling_strategy=strategy, **opts).remote(self.cfg.gpu_memory_utilization)
+            )
         try:
             infos = ray.get([w.info.remote() for w in self.workers], timeout=120)
         except Exception as e:

@@ -11,6 +11,13 @@ import threading
 import time
 
 _lock = threading.Lock()
+_prefix = ""
+
+
+def set_prefix(prefix: str) -> None:
+    """What vLLM puts before each line of a child process, e.g. ``(EngineCore_DP0 pid=812) ``."""
+    global _prefix
+    _prefix = prefix
 
 
 def _emit(line: str) -> None:
@@ -25,7 +32,7 @@ def log(level: str, where: str, msg: str, *args: object) -> None:
         msg = msg % args
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime())
     for i, part in enumerate(msg.splitlines() or [""]):
-        _emit(f"{level} {stamp} [{where}] {part}" if i == 0 else part)
+        _emit(f"{_prefix}{level} {stamp} [{where}] {part}" if i == 0 else f"{_prefix}{part}")
 
 
 def info(where: str, msg: str, *args: object) -> None:
