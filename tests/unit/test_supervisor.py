@@ -332,7 +332,9 @@ def test_a_gpu_that_stays_busy_is_given_up_on_with_what_holds_it(node, tmp_path)
     node.serve(timeout=5)
     assert wait_for(lambda: node.status().get("state") == "failed", 20)
     failed = node.status()["failed"]
-    assert re.match(r"the GPU stayed busy for [67] s \(recovery.gpuWaitSeconds 6\): GPU 0 has 10.2 of 140.4 GiB", failed)
+    assert re.match(
+        r"the GPU stayed busy for [67] s \(recovery.gpuWaitSeconds 6\): GPU 0 has 10.2 of 140.4 GiB", failed
+    )
     assert "held by nothing in this container" in failed and "vllm.restartGeneration" in failed
     assert node.status()["restarts_total"] == 0  # no crash was counted
 
