@@ -28,6 +28,12 @@ VLLM_LOG = f"{RUN_DIR}/vllm.log"
 STATUS_FILE = f"{RUN_DIR}/status.json"
 # Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
 VLLM_STOP_GRACE_SECONDS = 30
+POLL_SECONDS = 1  # the waits notice a ready server (or a joined node) within this
+PROGRESS_SECONDS = 30
+SERVE_HANDOVER_SECONDS = 120  # for a supervisor to take up new settings (stopping the old vLLM first)
+SMOKE_PROMPT = "Reply with the single word: ready"
+SMOKE_MAX_TOKENS = 16
+SMOKE_TIMEOUT_SECONDS = 120
 
 
 def container_name(node: NodeConfig) -> str:
@@ -185,6 +191,67 @@ def serve_argv(
     if settings.get("enableAutoToolChoice"):
         argv.append("--enable-auto-tool-choice")
     return argv + list(settings.get("extraArgs", []))
+
+
+def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
+    """ray_join.py on the head: every node alive in Ray and TP × PP GPUs, before vLLM is handed its settings."""
+    return {
+        "node": cfg.head_node.name,
+        "ray_address": ray_address(cfg),
+        "expected": [{"name": n.name, "fabric_address": str(n.fabric_address)} for n in cfg.nodes],
+        "gpus_needed": cfg.world_size,
+        "timeout_seconds": cfg.ray.join_timeout_seconds,
+        "poll_seconds": POLL_SECONDS,
+        "progress_seconds": PROGRESS_SECONDS,
+    }
+
+
+def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_key: str | None) -> dict[str, Any]:
+    """serve_spec.py on `node`: vLLM's settings for its supervisor (the API key among them: secret)."""
+    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_seconds)}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is absent
+    spec = supervisor_spec(cfg, node)
+    return {
+        "node": node.name,
+        "argv": argv,
+        "env": env,
+        "spec": spec,
+        # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
+        "fingerprint": fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
+        "run_dir": RUN_DIR,
+        "timeout_seconds": SERVE_HANDOVER_SECONDS,
+    }
+
+
+def http_base(cfg: ClusterConfig) -> str:
+    return f"http://{local_http_host(cfg)}:{cfg.vllm.port}"
+
+
+def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
+    """wait_ready.py on the head: /health 200 and /v1/models listing `served`."""
+    return {
+        "base_url": http_base(cfg),
+        "model": served,
+        "api_key": api_key,
+        "timeout_seconds": cfg.vllm.ready_timeout_seconds,
+        "poll_seconds": POLL_SECONDS,
+        "progress_seconds": PROGRESS_SECONDS,
+        "log_file": VLLM_LOG,
+        "status_file": STATUS_FILE,
+    }
+
+
+def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
+    """smoke.py on the head: one short chat completion."""
+    return {
+        "base_url": http_base(cfg),
+        "model": served,
+        "api_key": api_key,
+        "prompt": SMOKE_PROMPT,
+        "max_tokens": SMOKE_MAX_TOKENS,
+        "timeout_seconds": SMOKE_TIMEOUT_SECONDS,
+    }
 
 
 def engine_settings(cfg: ClusterConfig) -> dict[str, Any]:

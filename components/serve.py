@@ -22,28 +22,25 @@ import pulumi_command as command
 from components.config import ClusterConfig, NodeConfig
 from components.render import (
     RUN_DIR,
+    SERVE_HANDOVER_SECONDS,
+    SMOKE_TIMEOUT_SECONDS,
     STATUS_FILE,
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
+    cluster_wait_params,
     exec_python,
     fingerprint,
+    handover_params,
     if_container_exists,
-    local_http_host,
-    ray_address,
+    ready_params,
     script,
     script_program,
     serve_argv,
     shell_line,
-    supervisor_spec,
+    smoke_params,
     with_log_tail_on_failure,
     with_script,
 )
-
-POLL_SECONDS = 1  # readiness notices a ready server within this
-SERVE_HANDOVER_SECONDS = 120  # for a supervisor to take up new settings (stopping the old vLLM first)
-PROGRESS_SECONDS = 30
-SMOKE_PROMPT = "Reply with the single word: ready"
-SMOKE_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -120,15 +117,7 @@ class VllmServer(pulumi.ComponentResource):
 
     def _create_cluster_wait(self, name: str) -> command.remote.Command:
         cfg = self._args.config
-        params = {
-            "node": cfg.head_node.name,
-            "ray_address": ray_address(cfg),
-            "expected": [{"name": n.name, "fabric_address": str(n.fabric_address)} for n in cfg.nodes],
-            "gpus_needed": cfg.world_size,
-            "timeout_seconds": cfg.ray.join_timeout_seconds,
-            "poll_seconds": POLL_SECONDS,
-            "progress_seconds": PROGRESS_SECONDS,
-        }
+        params = cluster_wait_params(cfg)
         # A read-only wait has nothing to undo, hence no delete.
         return self._head_command(
             f"{name}-cluster-ready",
@@ -193,23 +182,7 @@ class VllmServer(pulumi.ComponentResource):
 
         def program(parts: list) -> str:
             node_argv, api_key = parts
-            env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_seconds)}
-            if api_key:
-                env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is absent
-            spec = supervisor_spec(cfg, node)
-            return script_program(
-                "serve_spec.py",
-                {
-                    "node": node.name,
-                    "argv": node_argv,
-                    "env": env,
-                    "spec": spec,
-                    # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
-                    "fingerprint": fingerprint([node_argv, env, spec, cfg.vllm.restart_generation]),
-                    "run_dir": RUN_DIR,
-                    "timeout_seconds": SERVE_HANDOVER_SECONDS,
-                },
-            )
+            return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key))
 
         stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
         delete = with_script(if_container_exists(container, stop), script("serve_stop.py"))
@@ -229,27 +202,13 @@ class VllmServer(pulumi.ComponentResource):
             ),
         )
 
-    def _http_params(self) -> dict[str, Any]:
-        cfg = self._args.config
-        return {"base_url": f"http://{local_http_host(cfg)}:{cfg.vllm.port}"}
-
     def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
         cfg = self._args.config
         timeout = cfg.vllm.ready_timeout_seconds
 
         def program(parts: list) -> str:
             served, api_key = parts
-            params = {
-                **self._http_params(),
-                "model": served,
-                "api_key": api_key,
-                "timeout_seconds": timeout,
-                "poll_seconds": POLL_SECONDS,
-                "progress_seconds": PROGRESS_SECONDS,
-                "log_file": VLLM_LOG,
-                "status_file": STATUS_FILE,
-            }
-            return script_program("wait_ready.py", params)
+            return script_program("wait_ready.py", ready_params(cfg, served, api_key))
 
         return self._head_command(
             f"{name}-ready",
@@ -264,21 +223,15 @@ class VllmServer(pulumi.ComponentResource):
         )
 
     def _create_smoke_test(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
+        cfg = self._args.config
+
         def program(parts: list) -> str:
             served, api_key = parts
-            params = {
-                **self._http_params(),
-                "model": served,
-                "api_key": api_key,
-                "prompt": SMOKE_PROMPT,
-                "max_tokens": SMOKE_MAX_TOKENS,
-                "timeout_seconds": 120,
-            }
-            return script_program("smoke.py", params)
+            return script_program("smoke.py", smoke_params(cfg, served, api_key))
 
         return self._head_command(
             f"{name}-smoke",
-            180,
+            SMOKE_TIMEOUT_SECONDS + 60,
             pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
             triggers=[self.ready.id, argv_fingerprint],
             opts=pulumi.ResourceOptions(depends_on=[self.ready]),
