@@ -12,8 +12,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeVllm:
-    def __init__(self, model: str = "m", api_key: str | None = None, ready_after: float = 0.0, health: int = 200):
+    def __init__(
+        self,
+        model: str = "m",
+        api_key: str | None = None,
+        ready_after: float = 0.0,
+        health: int = 200,
+        answer: dict | None = None,
+    ):
         self.model, self.api_key, self.health = model, api_key, health
+        self.answer = answer or {
+            "choices": [{"message": {"role": "assistant", "content": "ready"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+        }
         self.ready_at = time.monotonic() + ready_after
         self.requests: list[str] = []
         fake = self
@@ -53,13 +64,7 @@ class FakeVllm:
                     return self._send(401, {"error": "Unauthorized"})
                 if request.get("model") != fake.model:
                     return self._send(404, {"error": {"message": "model not found"}})
-                return self._send(
-                    200,
-                    {
-                        "choices": [{"message": {"role": "assistant", "content": "ready"}}],
-                        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
-                    },
-                )
+                return self._send(200, fake.answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]

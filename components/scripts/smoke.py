@@ -1,6 +1,7 @@
 # Runs inside the head's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. One short chat completion; prints its latency and token
-# counts as JSON (they become stack outputs); exits 1 when it fails.
+# components.render.script_program. One short chat completion: it proves the server generates (text,
+# reasoning, or tokens up to the limit); prints its latency, token counts and where the tokens went as
+# JSON (they become stack outputs); exits 1 when it fails.
 import json
 import sys
 import time
@@ -32,10 +33,29 @@ except OSError as error:
     print(f"smoke test failed: {error}")
     sys.exit(1)
 latency = time.monotonic() - start
-choices = answer.get("choices") or []
+
+
+def generated(answer):
+    """Where the server's tokens went: the answer's text, the reasoning a reasoning parser split off
+    (`reasoning` in vLLM 0.25, `reasoning_content` before), or, when neither holds text, tokens counted
+    up to the length limit (a model that spent them all thinking, its chat template having opened
+    <think>). None when it generated nothing."""
+    choices = answer.get("choices") or []
+    message = (choices[0].get("message") or {}) if choices else {}
+    for field in ("content", "reasoning", "reasoning_content"):
+        if isinstance(message.get(field), str) and message[field].strip():
+            return field
+    tokens = (answer.get("usage") or {}).get("completion_tokens") or 0
+    if choices and tokens > 0 and choices[0].get("finish_reason") == "length":
+        return "tokens"
+    return None
+
+
+where = generated(answer)
 usage = answer.get("usage") or {}
-if not choices or not (choices[0].get("message") or {}).get("content"):
-    print(f"smoke test failed: no completion in the answer: {json.dumps(answer)[:500]}")
+if where is None:
+    shown = json.dumps(answer)[:500]
+    print(f"smoke test failed: the server generated nothing (no content, no reasoning, no tokens): {shown}")
     sys.exit(1)
 print(
     json.dumps(
@@ -43,6 +63,7 @@ print(
             "latency_seconds": round(latency, 3),
             "completion_tokens": usage.get("completion_tokens", 0),
             "prompt_tokens": usage.get("prompt_tokens", 0),
+            "generated_in": where,
         }
     )
 )

@@ -131,3 +131,54 @@ def test_smoke_reports_latency_and_tokens():
     summary = json.loads(result.stdout.strip())
     assert summary["completion_tokens"] == 1 and summary["prompt_tokens"] == 7 and summary["latency_seconds"] >= 0
     assert wrong.returncode == 1 and "HTTP 404" in wrong.stdout
+    assert summary["generated_in"] == "content"
+
+
+# vLLM 0.25 with --reasoning-parser qwen3 and a chat template that opens <think> in the prompt (Qwen3.5):
+# 16 tokens are all reasoning, so the message has no content (seen on an H200, 2026-12-01).
+ALL_REASONING = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": None, "reasoning": "Okay, the user wants me to reply with",
+                        "tool_calls": []},
+            "finish_reason": "length",
+        }
+    ],
+    "usage": {"prompt_tokens": 18, "completion_tokens": 16, "total_tokens": 34},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "message, finish, tokens, where",
+    [
+        ({"content": None, "reasoning": "Okay, the user wants"}, "length", 16, "reasoning"),
+        ({"content": None, "reasoning_content": "Okay, the user"}, "length", 16, "reasoning_content"),
+        ({"content": "", "reasoning": None}, "length", 16, "tokens"),  # generated, but nothing decodable
+    ],
+    ids=["vllm-0.25-reasoning", "older-vllm-reasoning-content", "tokens-to-the-limit"],
+)
+def test_smoke_passes_a_reasoning_model_whose_answer_is_all_reasoning(message, finish, tokens, where):
+    answer = json.loads(json.dumps(ALL_REASONING))
+    answer["choices"][0]["message"] = {"role": "assistant", **message}
+    answer["choices"][0]["finish_reason"] = finish
+    answer["usage"]["completion_tokens"] = tokens
+    with FakeVllm(answer=answer) as server:
+        params = {"base_url": server.base_url, "model": "m", "api_key": None, "prompt": "hi", "max_tokens": 16,
+                  "timeout_seconds": 10}  # fmt: skip
+        result = run_script("smoke.py", params)
+    assert result.returncode == 0, result.stdout
+    assert json.loads(result.stdout.strip())["generated_in"] == where
+
+
+def test_smoke_fails_when_the_server_generated_nothing():
+    answer = {"choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": 0}}  # fmt: skip
+    with FakeVllm(answer=answer) as server:
+        params = {"base_url": server.base_url, "model": "m", "api_key": None, "prompt": "hi", "max_tokens": 16,
+                  "timeout_seconds": 10}  # fmt: skip
+        result = run_script("smoke.py", params)
+    assert result.returncode == 1 and "the server generated nothing" in result.stdout

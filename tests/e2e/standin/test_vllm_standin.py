@@ -516,3 +516,16 @@ def test_an_engine_core_that_dies_takes_the_api_server_with_it(tmp_path):
         assert "Engine core proc EngineCore_DP0 died unexpectedly" in (tmp_path / "serve.log").read_text()
     finally:
         end(process)
+
+
+def test_with_a_reasoning_parser_a_short_answer_is_all_reasoning_as_vllm_0_25_gives_it():
+    """Qwen3.5's chat template opens <think> in the prompt: 16 tokens never reach the answer."""
+    body = {"messages": [{"role": "user", "content": "Reply with the single word: ready"}], "max_tokens": 16}
+    status, answer = api.chat_completion(body, cfg(reasoning_parser="qwen3"), 1)
+    message = answer["choices"][0]["message"]
+    assert status == 200 and message["content"] is None and message["reasoning"].startswith("Okay, the user")
+    assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 16
+    status, long = api.chat_completion({**body, "max_tokens": 200}, cfg(reasoning_parser="qwen3"), 1)
+    assert long["choices"][0]["message"]["content"] == "standin reply: ready word: single the with Reply"
+    plain = api.chat_completion(body, cfg(), 1)[1]["choices"][0]["message"]
+    assert plain["content"].startswith("standin reply:") and plain["reasoning"] is None

@@ -61,6 +61,12 @@ def chat_reply(messages: list) -> str:
     return " ".join(["standin", "reply:"] + list(reversed(words)))
 
 
+def reasoning_words() -> list[str]:
+    """What a reasoning model 'thinks' before its answer: more than 16 words, so the smoke test's 16
+    tokens never reach the answer (as with Qwen3.5 on real vLLM)."""
+    return "Okay, the user asks me to reply, so I will think about it first and then answer with the words reversed".split()
+
+
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -108,10 +114,15 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
             400,
         )
     words = chat_reply(messages).split()
+    thinking = reasoning_words() if cfg.reasoning_parser else []
     finish = "stop"
-    if max_tokens is not None and len(words) > max_tokens:
-        words, finish = words[:max_tokens], "length"
-    text = " ".join(words)
+    if max_tokens is not None and len(thinking) + len(words) > max_tokens:
+        finish = "length"
+        thinking, words = thinking[:max_tokens], words[: max(0, max_tokens - len(thinking))]
+    # vLLM 0.25's reasoning parsers put the thinking in `reasoning`, and `content` is null when the limit
+    # came before the answer (a chat template that opens <think> in the prompt, as Qwen3.5's does).
+    text = " ".join(words) if words or not thinking else None
+    reasoning = " ".join(thinking) if thinking else None
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
     return 200, {
         "id": f"chatcmpl-{digest}",
@@ -121,7 +132,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": None},
+                "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning": reasoning},
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
@@ -129,8 +140,8 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
         ],
         "usage": {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(words),
-            "total_tokens": prompt_tokens + len(words),
+            "completion_tokens": len(thinking) + len(words),
+            "total_tokens": prompt_tokens + len(thinking) + len(words),
         },
     }
 
@@ -144,7 +155,7 @@ def stream_chunks(result: dict, include_usage: bool) -> list[dict]:
         "model": result["model"],
     }
     choice = result["choices"][0]
-    words = choice["message"]["content"].split()
+    words = (choice["message"]["content"] or "").split()
     chunks = [dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
     for i, w in enumerate(words):
         piece = w if i == 0 else " " + w

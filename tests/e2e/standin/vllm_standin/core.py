@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             took = time.monotonic() - started
             log.info(WHERE_LOADER, "Loading weights took %.2f seconds", took)
             log.info("gpu_model_runner.py:2007", "Model loading took 0.0000 GiB and %.6f seconds", took)
+            available = max(0.0, cfg.gpu_memory_utilization * gpu_total_gib(environ) - 3.0)  # no weights here
+            log.info("gpu_worker.py:436", "Available KV cache memory: %.2f GiB", available)
             log.info("kv_cache_utils.py:1087", "GPU KV cache size: %d tokens", cfg.max_model_len * 4)
             log.info(
                 "kv_cache_utils.py:1091", "Maximum concurrency for %d tokens per request: 4.00x", cfg.max_model_len

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU lane's commands on the GPU machine (the device tool runs them in a copy of this repository):
+#
+#   bash tests/gpu/device.sh receive N      keep .gpu/parts/part-NN (carried by this call) in /var/tmp/lane
+#   bash tests/gpu/device.sh run LANE-ARGS  join the parts (sha256 checked) and install the wheels once into
+#                                           /var/tmp/lane/site, then python3 -m tests.gpu.lane LANE-ARGS
+#
+# Files stay on the machine only while it is warm (about 30 s after a call): make the calls back to back.
+# The README's "GPU lane" section has the whole sequence; tests/gpu/pack.py makes the parts.
+set -euo pipefail
+LANE=/var/tmp/lane
+mkdir -p "$LANE/parts"
+case "${1:-}" in
+  receive)
+    part=$(printf '.gpu/parts/part-%02d' "$2")
+    mv "$part" "$LANE/parts/"
+    [ -f .gpu/parts/SHA256 ] && cp .gpu/parts/SHA256 "$LANE/parts/"
+    echo "device: $(ls "$LANE/parts" | grep -c part-) part(s) here, $(du -sm "$LANE/parts" | cut -f1) MiB"
+    if [ "$2" = 0 ]; then
+      nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+      python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.cuda.is_available())'
+      df -h /var/tmp | tail -1; nproc; free -g | head -2
+    fi
+    ;;
+  run)
+    shift
+    if [ ! -f "$LANE/site/.installed" ]; then
+      start=$(date +%s)
+      cat "$LANE"/parts/part-* > "$LANE/wheels.tar"
+      (cd "$LANE" && sha256sum -c --quiet parts/SHA256)
+      tar -C "$LANE" -xf "$LANE/wheels.tar"
+      rm -f "$LANE/wheels.tar"
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$LANE/site" "$LANE"/wheels/*.whl
+      touch "$LANE/site/.installed"
+      echo "device: installed $(ls "$LANE"/wheels | wc -l) wheels in $(( $(date +%s) - start )) s"
+    fi
+    export PYTHONPATH="$LANE/site:$PWD" PATH="$LANE/site/bin:$PATH" PYTHONUNBUFFERED=1
+    # NVLink multicast stays off wherever the lane runs (shared GPUs; see the device docs).
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    exec python3 -u -m tests.gpu.lane "$@"
+    ;;
+  *)
+    echo "usage: $0 receive N | run LANE-ARGS" >&2
+    exit 2
+    ;;
+esac

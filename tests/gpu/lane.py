@@ -1,0 +1,405 @@
+"""The GPU lane: what the program renders for a one-node stack, run for real with vLLM on a GPU machine.
+
+    python3 -m tests.gpu.lane --executor ray --model qwen3-8b --out DIR   (tests/gpu/device.sh run … does this)
+
+No Docker there, so the node's container is played by a process session with the container's
+environment (`node_env` and the secret env): in it the supervisor (components/scripts/supervisor.py,
+with `supervisor_params`) as the main process, which runs `ray start` from `ray_start_args`; then,
+as `docker exec -i … python3 -` would, the scripts the serve step renders with their parameters:
+ray_join.py (the cluster wait), serve_spec.py (the handover), wait_ready.py and smoke.py. Then the
+faults: a SIGKILL of vLLM's API server only (what the OOM killer or a crash does), waiting for the
+supervisor to serve again with no `pulumi up`, and a SIGTERM stop of the supervisor (`docker stop`),
+with the GPU memory left after it. Beside vLLM's own KV cache figures, the memory plan the program
+would make from the model's fingerprint and the node's memory (preflight's nvidia-smi query).
+
+Writes one JSON report (`lane-<executor>-<model>.json`) and the logs to --out; prints a summary.
+With `--vllm-standin` it runs the stand-in vLLM instead (tests/gpu/test_lane.py does, in CI): the
+same steps, so the lane itself is tested where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from components.config import load_cluster_config  # noqa: E402
+from components.preflight import memory_plan, node_memory  # noqa: E402
+from components.render import (  # noqa: E402
+    RUN_DIR,
+    cluster_wait_params,
+    engine_settings,
+    handover_params,
+    node_env,
+    ready_params,
+    script,
+    script_program,
+    serve_argv,
+    smoke_params,
+    supervisor_params,
+)
+from tests.gpu.model import make_model  # noqa: E402
+
+KV_PATTERNS = {
+    "available_kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
+    "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
+    "max_concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+    "model_loading_gib": r"Model loading took ([\d.]+) GiB",
+}
+RECOVERY_TIMEOUT = 240  # a call on the GPU machine lasts at most 10 minutes: every wait ends well before
+STOP_TIMEOUT = 120
+
+
+def stack_config(executor: str, model: str, max_model_len: int, utilization: float, extra_args: list[str]) -> dict:
+    """The stack config of a one-node stack on this machine (its loopback as the 'fabric')."""
+    return {
+        "nodes": [{"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": "127.0.0.1", "fabricInterface": "lo"}],
+        "image": "lane",
+        "model": model,
+        "executor": executor,
+        "maxModelLen": max_model_len,
+        "vllm": {
+            "gpuMemoryUtilization": utilization,
+            "reasoningParser": "qwen3",
+            "toolCallParser": "qwen3_coder",
+            "enableAutoToolChoice": True,
+            "extraArgs": extra_args,
+            "readyTimeoutSeconds": 420,
+        },
+        "ray": {"dashboard": False},  # plain `ray` has no dashboard packages (see the image check)
+        "apiKey": "lane-" + secrets.token_hex(8),
+    }
+
+
+def nvidia_smi(query: str) -> list[list[str]]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[part.strip() for part in line.split(",")] for line in out.strip().splitlines()]
+
+
+def gpu_used_mib() -> list[float]:
+    return [float(row[0]) for row in nvidia_smi("memory.used") if row and row[0].replace(".", "", 1).isdigit()]
+
+
+class Node:
+    """The node's container, played by a process session with the container's environment."""
+
+    def __init__(self, cfg, run_dir: Path, out: Path, extra_env: dict[str, str]):
+        self.cfg = cfg
+        self.node = cfg.head_node
+        self.out = out
+        self.run_dir = run_dir
+        env = dict(os.environ)
+        for item in node_env(cfg, self.node):
+            key, value = item.split("=", 1)
+            env[key] = value
+        if cfg.executor == "ray" and cfg.ray.auth == "token":
+            env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # the program's ray-auth-token, in the secret env
+        env.update(extra_env)
+        self.env = env
+        self.supervisor = None
+
+    def start(self) -> None:
+        params = supervisor_params(self.cfg, self.node)
+        params["run_dir"] = str(self.run_dir)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.log = open(self.out / "supervisor.log", "w")
+        self.supervisor = subprocess.Popen(
+            [sys.executable, "-u", "-c", script("supervisor.py"), json.dumps(params, sort_keys=True)],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # as a container's main process: its own session
+            cwd="/",
+        )
+
+    def exec_python(self, name: str, params: dict, timeout: float) -> tuple[int, str, float]:
+        """`docker exec -i CONTAINER python3 -` of a rendered script; (exit code, output, seconds)."""
+        if "run_dir" in params:  # the container's RUN_DIR is this lane's run directory
+            params = {**params, "run_dir": str(self.run_dir)}
+        program = script_program(name, params)
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-"], input=program, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+    def status(self) -> dict:
+        try:
+            return json.loads((self.run_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def vllm_log(self) -> str:
+        try:
+            return (self.run_dir / "vllm.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def fingerprint_stdout(model_dir: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-", model_dir], input=script("model_fingerprint.py"), capture_output=True, text=True
+    ).stdout
+
+
+def node_memory_line() -> str:
+    """The memory line preflight_node.sh prints: MemTotal, and nvidia-smi's memory.total per GPU."""
+    total_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    gpus = [row[0] for row in nvidia_smi("memory.total")]
+    return json.dumps({"mem_total_bytes": total_kib * 1024, "gpu_memory_mib": gpus})
+
+
+def kv_figures(log: str) -> dict:
+    found = {}
+    for key, pattern in KV_PATTERNS.items():
+        matches = re.findall(pattern, log)
+        if matches:
+            found[key] = float(matches[0].replace(",", ""))
+    return found
+
+
+def get(url: str, key: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def chat_answer(base: str, key: str, model: str) -> dict:
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Reply with the single word: ready"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }  # fmt: skip
+    ).encode()
+    request = urllib.request.Request(base + "/v1/chat/completions", data=body, method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    message = answer["choices"][0]["message"]
+    return {
+        "message_keys": sorted(k for k, v in message.items() if v not in (None, [], "")),
+        "content": message.get("content"),
+        "reasoning": (message.get("reasoning") or message.get("reasoning_content") or "")[:80],
+        "finish_reason": answer["choices"][0].get("finish_reason"),
+        "completion_tokens": answer.get("usage", {}).get("completion_tokens"),
+    }
+
+
+def wait(condition, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    return None
+
+
+def run_lane(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(make_model(args.model, Path(args.models)))
+    raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args)
+    cfg = load_cluster_config(raw)
+    api_key = raw["apiKey"]
+    served = cfg.vllm.served_model_name or model_dir
+    node = Node(cfg, Path(args.run_dir), out, dict(item.split("=", 1) for item in args.env))
+    report: dict = {
+        "executor": args.executor,
+        "model": args.model,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.utilization,
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": [row[0] for row in nvidia_smi("name")],
+        "gpu_used_mib_before": gpu_used_mib(),
+        "steps": {},
+    }
+    try:
+        report["vllm_version"] = subprocess.run(
+            ["vllm", "--version"], env=node.env, capture_output=True, text=True, timeout=120
+        ).stdout.strip()[-40:]
+    except (OSError, subprocess.SubprocessError) as error:
+        report["vllm_version"] = f"unknown ({error})"
+    steps = report["steps"]
+
+    def step(name: str, code: int, output: str, seconds: float) -> bool:
+        steps[name] = {"ok": code == 0, "seconds": round(seconds, 1), "tail": output.strip().splitlines()[-3:]}
+        (out / f"{name}.out").write_text(output)
+        save(report, out)  # after every step: a call cut off at its time limit still brings back what ran
+        print(f"lane: {name}: {'ok' if code == 0 else 'FAILED'} in {seconds:.1f} s", flush=True)
+        return code == 0
+
+    fingerprint = fingerprint_stdout(model_dir)
+    plan = memory_plan(cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line())], engine_settings(cfg))
+    report["memory_plan"] = plan.output()
+    started = time.monotonic()
+    node.start()
+    try:
+        if cfg.executor == "ray":
+            params = cluster_wait_params(cfg)
+            if not step("cluster_ready", *node.exec_python("ray_join.py", params, params["timeout_seconds"] + 60)):
+                return report
+        argv = serve_argv(cfg, model_dir)
+        handover_at = time.monotonic()
+        if not step(
+            "handover", *node.exec_python("serve_spec.py", handover_params(cfg, node.node, argv, api_key), 180)
+        ):
+            return report
+        ready = ready_params(cfg, served, api_key)
+        ready.update(log_file=str(node.run_dir / "vllm.log"), status_file=str(node.run_dir / "status.json"))
+        code, output, _ = node.exec_python("wait_ready.py", ready, cfg.vllm.ready_timeout_seconds + 60)
+        step("ready", code, output, time.monotonic() - handover_at)
+        if code:
+            return report
+        report["kv"] = kv_figures(node.vllm_log())
+        report["gpu_used_mib_serving"] = gpu_used_mib()
+        base = ready["base_url"]
+        report["api_key_enforced"] = get(base + "/v1/models") == 401 and get(base + "/v1/models", api_key) == 200
+        step("smoke", *node.exec_python("smoke.py", smoke_params(cfg, served, api_key), 180))
+        try:
+            report["answer"] = chat_answer(base, api_key, served)
+        except (OSError, ValueError, KeyError) as error:
+            report["answer"] = {"error": str(error)}
+        if "kill" in args.phases:
+            kill_and_recover(node, cfg, served, api_key, ready, report, step)
+    finally:
+        stop(node, report)  # always: nothing of the lane may outlive it
+        report["total_seconds"] = round(time.monotonic() - started, 1)
+        (out / "vllm.log").write_text(node.vllm_log())
+    return report
+
+
+def kill_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, report: dict, step) -> None:
+    """SIGKILL of vLLM's API server alone; the supervisor must serve again, with no `pulumi up`."""
+    before = node.status()
+    pid = before["vllm_pid"]
+    group = subprocess.run(["ps", "-o", "pid=,comm=", "-g", str(pid)], capture_output=True, text=True).stdout
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(2)
+    report["after_kill"] = {
+        "group_before": group.split("\n")[:8],
+        "gpu_used_mib_2s_after": gpu_used_mib(),
+    }
+    restarted = wait(lambda: node.status().get("vllm_pid") not in (None, pid), RECOVERY_TIMEOUT)
+    report["after_kill"]["restarted_seconds"] = round(time.monotonic() - killed_at, 1) if restarted else None
+    code, output, _ = node.exec_python("wait_ready.py", ready, RECOVERY_TIMEOUT)
+    smoke = node.exec_python("smoke.py", smoke_params(cfg, served, api_key), 180)
+    seconds = time.monotonic() - killed_at
+    step("recovery", code or smoke[0], output + smoke[1], seconds)
+    status = node.status()
+    report["after_kill"].update(
+        serving_again_seconds=round(seconds, 1) if not (code or smoke[0]) else None,
+        restarts_total=status.get("restarts_total"),
+        supervisor_said=[line for line in node.vllm_log().splitlines() if "=== spark-vllm:" in line][-8:],
+    )
+
+
+def stop(node: Node, report: dict) -> None:
+    """SIGTERM to the supervisor (`docker stop`): vLLM and Ray stopped, the GPU freed."""
+    if node.supervisor is None or node.supervisor.poll() is not None:
+        return
+    at = time.monotonic()
+    node.supervisor.send_signal(signal.SIGTERM)
+    try:
+        code = node.supervisor.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        code = None
+        os.killpg(node.supervisor.pid, signal.SIGKILL)
+    seconds = time.monotonic() - at
+    time.sleep(1)
+    left = subprocess.run(["ps", "-o", "pid=,comm=", "-s", str(node.supervisor.pid)], capture_output=True, text=True)
+    report["stop"] = {
+        "exit_code": code,
+        "seconds": round(seconds, 1),
+        "gpu_used_mib_after": gpu_used_mib(),
+        "processes_left": [line.strip() for line in left.stdout.splitlines() if line.strip()],
+    }
+    print(f"lane: stop: exit {code} in {seconds:.1f} s, GPU used after: {report['stop']['gpu_used_mib_after']}")
+
+
+def report_path(report: dict, out: Path) -> Path:
+    return out / f"lane-{report['executor']}-{report['model']}.json"
+
+
+def save(report: dict, out: Path) -> None:
+    report_path(report, out).write_text(json.dumps(report, indent=1))
+
+
+def summary(report: dict) -> str:
+    kv, plan = report.get("kv", {}), report.get("memory_plan", {})
+    room = next(iter(plan.get("nodes", {}).values()), {}).get("kv_room_gib")
+    lines = [f"lane {report['executor']} {report['model']} ({report.get('vllm_version')}, {report.get('gpu')})"]
+    for name, info in report["steps"].items():
+        lines.append(f"  {name:14} {'ok' if info['ok'] else 'FAILED':6} {info['seconds']:7.1f} s")
+    if kv.get("available_kv_cache_gib"):
+        share = (
+            f" ({(room - kv['available_kv_cache_gib']) / kv['available_kv_cache_gib'] * 100:+.1f} %)" if room else ""
+        )
+        lines.append(f"  KV cache: vLLM {kv.get('available_kv_cache_gib')} GiB, plan {room} GiB{share}; {kv}")
+    if "after_kill" in report:
+        lines.append(f"  after SIGKILL: {json.dumps(report['after_kill'])[:600]}")
+    if "stop" in report:
+        lines.append(f"  stop: {json.dumps(report['stop'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--executor", choices=("ray", "mp"), default="ray")
+    parser.add_argument("--model", choices=("qwen3-8b", "qwen3-30b-a3b"), default="qwen3-8b")
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--utilization", type=float, default=0.9)
+    parser.add_argument("--extra-args", nargs="*", default=["--load-format", "dummy"])
+    parser.add_argument(
+        "--phases", default="kill", help="after ready and smoke: 'kill' (and recover), or ''; a stop ends every run"
+    )
+    parser.add_argument("--models", default="/var/tmp/lane/models")
+    parser.add_argument("--run-dir", default=RUN_DIR)
+    parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE added to the node's environment")
+    args = parser.parse_args(argv)
+    report = run_lane(args)
+    save(report, Path(args.out))
+    path = report_path(report, Path(args.out))
+    print(summary(report))
+    print(f"lane: report {path}")
+    ok = all(info["ok"] for info in report["steps"].values()) and "ready" in report["steps"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
