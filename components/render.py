@@ -206,11 +206,21 @@ def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
     }
 
 
+# What differs between nodes among the variables vLLM's Ray executor copies from the driver to every
+# worker (vllm/ray/ray_env.py get_env_vars_to_copy: VLLM_*, NCCL_*, UCX_*, HF_* …; never VLLM_HOST_IP or
+# CUDA_VISIBLE_DEVICES): copied, the head's interface and HCA names would override each worker's own.
+# vLLM leaves out the names listed in VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json.
+NODE_SPECIFIC_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES")
+VLLM_CONFIG_ROOT = f"{RUN_DIR}/vllm-config"
+
+
 def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_key: str | None) -> dict[str, Any]:
     """serve_spec.py on `node`: vLLM's settings for its supervisor (the API key among them: secret)."""
     env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_seconds)}
     if api_key:
         env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is absent
+    if cfg.executor == "ray":
+        env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT  # where serve_spec.py writes the non-carry-over list
     spec = supervisor_spec(cfg, node)
     return {
         "node": node.name,
@@ -221,6 +231,7 @@ def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_k
         "fingerprint": fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
         "run_dir": RUN_DIR,
         "timeout_seconds": SERVE_HANDOVER_SECONDS,
+        "ray_non_carry_over": list(NODE_SPECIFIC_ENV) if cfg.executor == "ray" else [],
     }
 
 

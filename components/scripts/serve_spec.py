@@ -35,8 +35,22 @@ def tail(lines):
         return "(no log)\n"
 
 
+def keep_node_specific_env():
+    """With Ray: vLLM copies the driver's NCCL_*/UCX_* values to every worker unless they are listed in
+    VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json; listed, each node keeps its own interface names."""
+    root = P["env"].get("VLLM_CONFIG_ROOT")
+    if not root or not P.get("ray_non_carry_over"):
+        return
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, "ray_non_carry_over_env_vars.json")
+    with open(f"{path}.tmp", "w") as handle:
+        json.dump(sorted(P["ray_non_carry_over"]), handle)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     os.makedirs(RUN, mode=0o700, exist_ok=True)
+    keep_node_specific_env()
     current = read(SPEC)
     unchanged = bool(current) and current.get("fingerprint") == P["fingerprint"]
     if not unchanged:

@@ -254,6 +254,10 @@ def run_lane(args) -> dict:
     except (OSError, subprocess.SubprocessError) as error:
         report["vllm_version"] = f"unknown ({error})"
     steps = report["steps"]
+    probe = subprocess.run(
+        [sys.executable, "-"], input=script("image_probe.py"), env=node.env, capture_output=True, text=True, timeout=300
+    )
+    report["image_probe"] = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else probe.stderr
 
     def step(name: str, code: int, output: str, seconds: float) -> bool:
         steps[name] = {"ok": code == 0, "seconds": round(seconds, 1), "tail": output.strip().splitlines()[-3:]}
@@ -285,6 +289,11 @@ def run_lane(args) -> dict:
         if code:
             return report
         report["kv"] = kv_figures(node.vllm_log())
+        report["ray_env_lines"] = [
+            line[-300:]
+            for line in node.vllm_log().splitlines()
+            if "RAY_NON_CARRY_OVER_ENV_VARS" in line or "Copying the following environment variables" in line
+        ][:4]
         report["gpu_used_mib_serving"] = gpu_used_mib()
         base = ready["base_url"]
         report["api_key_enforced"] = get(base + "/v1/models") == 401 and get(base + "/v1/models", api_key) == 200

@@ -60,6 +60,7 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
     assert report["kv"]["kv_cache_tokens"] == 4096 * 4  # what the stand-in says, parsed as vLLM's lines
     assert report["memory_plan"]["maxModelLen"] == 4096
     assert "lane mp qwen3-8b" in result.stdout
+    assert report["image_probe"]["vllm"] == "0.0.0-standin" and report["image_probe"]["vllm_nnodes"] is True
 
 
 @pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "

@@ -1,0 +1,68 @@
+# Runs in a throwaway container of the node's image (`docker run --rm -i --entrypoint python3 IMAGE -`,
+# this script on stdin; see components.checks.image_check). Says what the image holds that the
+# deployment relies on, as one JSON line:
+#   {"python": "3.12.3", "vllm": "0.25.0" | null, "vllm_nnodes": true | false | null,
+#    "ray": "2.60.0" | null, "ray_dashboard": true | false | null, "ray_dashboard_error": "..."}
+# vllm_nnodes: whether `vllm serve` has the multi-node mp flags (--nnodes, --node-rank, …), read from
+# vLLM's own argument definitions (vllm/engine/arg_utils.py) without importing vLLM (that takes torch
+# and seconds); an image with a `vllm` command but no `vllm` package is asked `vllm serve --help`.
+# ray_dashboard: whether `ray start --include-dashboard=true` can start: Ray imports
+# ray.dashboard.optional_deps for that (ray/_private/utils.py get_dashboard_dependency_error), which
+# plain `ray` lacks (`ray[default]` has it). Standard library only.
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+
+def version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def command_output(argv):
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return result.stdout + result.stderr
+
+
+def vllm_facts():
+    found = version("vllm")
+    spec = importlib.util.find_spec("vllm") if found else None
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "engine", "arg_utils.py")
+        try:
+            with open(path) as handle:
+                return found, '"--nnodes"' in handle.read()
+        except OSError:
+            return found, None
+    if shutil.which("vllm"):
+        said = command_output(["vllm", "--version"]).strip().splitlines()
+        return (said[-1].strip() if said else "unknown"), "--nnodes" in command_output(["vllm", "serve", "--help"])
+    return None, None
+
+
+def ray_facts():
+    found = version("ray")
+    if found is None:
+        return None, None, None
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 - what `ray start` imports for the dashboard
+    except ImportError as error:
+        return found, False, str(error)
+    return found, True, None
+
+
+vllm, nnodes = vllm_facts()
+ray, dashboard, dashboard_error = ray_facts()
+facts = {"python": sys.version.split()[0], "vllm": vllm, "vllm_nnodes": nnodes, "ray": ray, "ray_dashboard": dashboard}
+if dashboard_error:
+    facts["ray_dashboard_error"] = dashboard_error
+print(json.dumps(facts, sort_keys=True))
