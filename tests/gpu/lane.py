@@ -64,10 +64,24 @@ RECOVERY_TIMEOUT = 240  # a call on the GPU machine lasts at most 10 minutes: ev
 STOP_TIMEOUT = 120
 
 
-def stack_config(executor: str, model: str, max_model_len: int, utilization: float, extra_args: list[str]) -> dict:
-    """The stack config of a one-node stack on this machine (its loopback as the 'fabric')."""
+def machine_address() -> tuple[str, str]:
+    """This machine's first IPv4 address off loopback, and its interface: the lane's 'fabric'. Ray does
+    not keep a loopback --node-ip-address (it registered 192.0.2.2 for 127.0.0.1 on the GPU machine)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        for address in addresses:
+            if address.family == 2 and not address.address.startswith("127."):
+                return address.address, name
+    return "127.0.0.1", "lo"
+
+
+def stack_config(
+    executor: str, model: str, max_model_len: int, utilization: float, extra_args: list[str], fabric: tuple[str, str]
+) -> dict:
+    """The stack config of a one-node stack on this machine (`fabric`: its address and interface)."""
     return {
-        "nodes": [{"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": "127.0.0.1", "fabricInterface": "lo"}],
+        "nodes": [{"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1]}],
         "image": "lane",
         "model": model,
         "executor": executor,
@@ -232,7 +246,8 @@ def run_lane(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(make_model(args.model, Path(args.models)))
-    raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args)
+    fabric = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
+    raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric)
     cfg = load_cluster_config(raw)
     api_key = raw["apiKey"]
     served = cfg.vllm.served_model_name or model_dir
@@ -399,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="/var/tmp/lane/models")
     parser.add_argument("--run-dir", default=RUN_DIR)
     parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))
+    parser.add_argument("--fabric", default=None, help="ADDRESS:INTERFACE (default: the first off loopback)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE added to the node's environment")
     args = parser.parse_args(argv)
     report = run_lane(args)

@@ -1,0 +1,82 @@
+"""The GPU lane's figures against its targets: `venv/bin/python -m benchmarks.gpu_lane [DIR]`.
+
+Reads the JSON reports tests/gpu/lane.py wrote on the GPU machine (DIR: a folder of them; default the
+newest folder under tests/gpu/results/, where measured runs are kept with their date) and prints, per
+run, the times (handover, ready, serving again after a SIGKILL of vLLM's API server, stop) and the
+memory figures (vLLM's "Available KV cache memory" beside the memory plan's KV room, the GPU memory
+left after the stop), each against its target:
+
+* serving again after a SIGKILL of the API server, no `pulumi up`: within 100 s (the Qwen3-8B shape);
+* the memory plan's KV room within 5 % of vLLM's available KV cache memory;
+* a stop leaves the GPU free (under 1 GiB in use).
+
+Exit code 1 when a target is missed. The figures are the GPU machine's; nothing here runs vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "tests" / "gpu" / "results"
+RECOVERY_TARGET_SECONDS = 100.0
+PLAN_TOLERANCE = 0.05
+GPU_FREE_MIB = 1024.0
+
+
+def judge(report: dict) -> list[tuple[str, str, bool | None]]:
+    """(what, figure, met) rows of one run; met None where the run has no such figure."""
+    rows = []
+    steps = report.get("steps", {})
+    for name in ("cluster_ready", "handover", "ready", "smoke"):
+        if name in steps:
+            rows.append((f"{name} (s)", f"{steps[name]['seconds']:.1f}", None if steps[name]["ok"] else False))
+    kill = report.get("after_kill")
+    if kill:
+        again = kill.get("serving_again_seconds")
+        target = report.get("model") == "qwen3-8b"
+        met = (again is not None and again <= RECOVERY_TARGET_SECONDS) if target else again is not None
+        rows.append(
+            (
+                f"SIGKILL of the API server -> serving again (s){' <= 100' if target else ''}",
+                "never" if again is None else f"{again:.1f} (restarted after {kill.get('restarted_seconds')})",
+                met,
+            )
+        )
+    kv, plan = report.get("kv", {}), report.get("memory_plan", {})
+    room = next(iter(plan.get("nodes", {}).values()), {}).get("kv_room_gib")
+    if kv.get("available_kv_cache_gib") and room is not None:
+        vllm = kv["available_kv_cache_gib"]
+        off = (room - vllm) / vllm
+        rows.append((f"KV cache: plan {room} GiB vs vLLM {vllm} GiB (within 5 %)", f"{off * 100:+.1f} %",
+                     abs(off) <= PLAN_TOLERANCE))  # fmt: skip
+    stop = report.get("stop")
+    if stop:
+        used = max(stop.get("gpu_used_mib_after") or [0.0])
+        rows.append((f"stop (s), GPU in use after (MiB, < {GPU_FREE_MIB:.0f})", f"{stop['seconds']:.1f}, {used:.0f}",
+                     used < GPU_FREE_MIB and stop.get("exit_code") == 0))  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", nargs="?", type=Path, default=None)
+    args = parser.parse_args(argv)
+    folder = args.dir or max((p for p in RESULTS.iterdir() if p.is_dir()), key=lambda p: p.name)
+    missed = 0
+    for path in sorted(folder.glob("lane-*.json")):
+        report = json.loads(path.read_text())
+        print(f"{report['executor']:4} {report['model']:14} vLLM {report.get('vllm_version')} on "
+              f"{', '.join(report.get('gpu') or ['?'])}, {report.get('date')}")  # fmt: skip
+        for what, figure, met in judge(report):
+            mark = {True: "met", False: "MISSED", None: ""}[met]
+            missed += met is False
+            print(f"    {what:62} {figure:>28}  {mark}")
+    print(f"{missed} target(s) missed" if missed else "every target met")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
