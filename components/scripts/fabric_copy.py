@@ -42,7 +42,6 @@ import time
 import urllib.parse
 
 P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-API = "/v1.41"
 MAGIC = b"spark-vllm-copy/1\n"
 FRAME = 4 << 20  # bytes of payload per data frame
 MAX_FRAME = 16 << 20
@@ -198,10 +197,43 @@ def docker_socket():
     return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
 
 
+# The newest Docker Engine API these calls were checked against (Docker 29 speaks 1.52 and refuses clients
+# below 1.44; Docker 20.10 speaks 1.41): the version is negotiated as the Docker SDKs do (docker-py
+# `version="auto"`, the Go client's NegotiateAPIVersion): ask the unversioned GET /version, then speak
+# min(its ApiVersion, NEWEST_API), never below its MinAPIVersion.
+NEWEST_API = (1, 52)
+_negotiated = {}
+
+
+def _version(text):
+    major, minor = str(text).split(".")[:2]
+    return int(major), int(minor)
+
+
+def api_prefix():
+    """`/v1.NN`, negotiated once with the daemon."""
+    if "prefix" not in _negotiated:
+        connection = UnixConnection(docker_socket(), 30)
+        try:
+            connection.request("GET", "/version")
+            response = connection.getresponse()
+            facts = json.loads(response.read() or b"{}") if response.status == 200 else {}
+        finally:
+            connection.close()
+        daemon = _version(facts.get("ApiVersion") or "1.24")
+        lowest = _version(facts.get("MinAPIVersion") or "1.12")
+        major, minor = max(min(daemon, NEWEST_API), lowest)
+        _negotiated["prefix"] = f"/v{major}.{minor}"
+        _negotiated["said"] = f"Docker {facts.get('Version', '?')}, Engine API {major}.{minor}"
+    return _negotiated["prefix"]
+
+
 def docker(method, path, body=None, headers=None, timeout=60):
     connection = UnixConnection(docker_socket(), timeout)
     try:
-        connection.request(method, API + path, body=body, headers=headers or {}, encode_chunked=body is not None)
+        connection.request(
+            method, api_prefix() + path, body=body, headers=headers or {}, encode_chunked=body is not None
+        )
         return connection, connection.getresponse()
     except BaseException:
         connection.close()  # a body cut short: Docker sees the upload end unfinished and loads nothing
@@ -322,14 +354,21 @@ class DepotHandler(socketserver.BaseRequestHandler):
                 except CopyError:
                     return  # the client is done
                 operation = request.get("op")
-                if operation == "image":
-                    self.send_image(channel, peer)
-                elif operation == "manifest":
-                    self.send_manifest(channel)
-                elif operation == "file":
-                    self.send_file(channel, request.get("path"))
-                else:
-                    channel.send(b"X", f"unknown request {operation!r}".encode())
+                try:
+                    if operation == "image":
+                        self.send_image(channel, peer)
+                    elif operation == "manifest":
+                        self.send_manifest(channel)
+                    elif operation == "file":
+                        self.send_file(channel, request.get("path"))
+                    else:
+                        channel.send(b"X", f"unknown request {operation!r}".encode())
+                except (OSError, http.client.HTTPException, ValueError) as error:
+                    # Something on this side (its Docker socket, a file): the receiver is told why.
+                    reason = f"{P['node']} cannot serve the {operation}: {type(error).__name__}: {error}"
+                    print(f"[depot] {peer}: {reason}", flush=True)
+                    channel.send(b"X", reason[:2000].encode())
+                    return
         except (CopyError, OSError) as error:
             print(f"[depot] {peer}: {error}", flush=True)
 
@@ -393,6 +432,12 @@ def serve():
     depot = Depot((P["address"], P["port"]), DepotHandler)
     served = ", ".join(x for x in (P.get("image_id") and "image " + P["image_id"][:19], P.get("model_dir")) if x)
     print(f"[depot] {P['node']} serves {served} on {P['address']}:{P['port']}", flush=True)
+    if P.get("image_id"):
+        try:
+            api_prefix()
+            print(f"[depot] {_negotiated['said']}", flush=True)
+        except OSError as error:
+            print(f"[depot] the Docker daemon does not answer yet: {error}", flush=True)
     depot.serve_forever()
 
 
@@ -431,7 +476,10 @@ def receive_image():
     offer = channel.receive_json()
     if offer["id"] != expected:
         raise CopyError(f"the depot on {P['source']} serves {offer['id']}, not {expected}: run `pulumi up` again")
-    say(f"copying image {expected[:19]} from {P['source']} over the fabric ({human(offer['size'])} unpacked)")
+    say(
+        f"copying image {expected[:19]} from {P['source']} over the fabric ({human(offer['size'])} unpacked; "
+        f"{_negotiated['said']})"
+    )
     progress = Progress("image", offer["size"])
     failure = []
 

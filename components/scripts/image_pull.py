@@ -17,7 +17,6 @@ import time
 import urllib.parse
 
 P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-API = "/v1.41"
 
 
 def say(message):
@@ -48,9 +47,40 @@ def socket_path():
     return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
 
 
+# The newest Docker Engine API these calls were checked against (Docker 29 speaks 1.52 and refuses clients
+# below 1.44; Docker 20.10 speaks 1.41): the version is negotiated as the Docker SDKs do (docker-py
+# `version="auto"`, the Go client's NegotiateAPIVersion): ask the unversioned GET /version, then speak
+# min(its ApiVersion, NEWEST_API), never below its MinAPIVersion.
+NEWEST_API = (1, 52)
+_negotiated = {}
+
+
+def _version(text):
+    major, minor = str(text).split(".")[:2]
+    return int(major), int(minor)
+
+
+def api_prefix():
+    """`/v1.NN`, negotiated once with the daemon."""
+    if "prefix" not in _negotiated:
+        connection = UnixConnection(socket_path(), 30)
+        try:
+            connection.request("GET", "/version")
+            response = connection.getresponse()
+            facts = json.loads(response.read() or b"{}") if response.status == 200 else {}
+        finally:
+            connection.close()
+        daemon = _version(facts.get("ApiVersion") or "1.24")
+        lowest = _version(facts.get("MinAPIVersion") or "1.12")
+        major, minor = max(min(daemon, NEWEST_API), lowest)
+        _negotiated["prefix"] = f"/v{major}.{minor}"
+        _negotiated["said"] = f"Docker {facts.get('Version', '?')}, Engine API {major}.{minor}"
+    return _negotiated["prefix"]
+
+
 def request(method, path, headers=None, timeout=60):
     connection = UnixConnection(socket_path(), timeout)
-    connection.request(method, API + path, headers=headers or {})
+    connection.request(method, api_prefix() + path, headers=headers or {})
     return connection, connection.getresponse()
 
 
@@ -213,7 +243,7 @@ def main():
         repository, reference = split_reference(P["image"])
         P["tag"] = reference
         auth, helper = credentials(repository)
-        say(f"pulling {P['image']} (at most {P['timeout_seconds']} s)")
+        say(f"pulling {P['image']} (at most {P['timeout_seconds']} s; {_negotiated['said']})")
         code = pull_with_cli(deadline) if helper else pull_with_api(repository, reference, auth, deadline)
     except OSError as error:
         say(f"cannot reach the Docker daemon at {socket_path()}: {error}")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from components.render import script_program
+from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
 
 TOKEN = "ab" * 32
@@ -336,7 +337,9 @@ class FakeDocker(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     daemon_threads = True
 
-    def __init__(self, path: Path, images: dict[str, bytes]):
+    def __init__(self, path: Path, images: dict[str, bytes], api=DOCKER_20):
+        self.api = api
+        self.paths: list[str] = []
         self.images = dict(images)  # id -> its `docker save` archive
         self.loads: list[bytes] = []
         self.tags: list[dict] = []
@@ -361,6 +364,10 @@ class DockerHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802
+        if self.path != "/version":
+            self.server.paths.append(self.path)
+        if api_refusal(self):
+            return
         image_id = self.image()
         if image_id not in self.server.images:
             return self.reply(404, b'{"message": "No such image"}')
@@ -369,6 +376,9 @@ class DockerHandler(BaseHTTPRequestHandler):
         self.reply(200, self.server.images[image_id])
 
     def do_POST(self):  # noqa: N802
+        self.server.paths.append(self.path)
+        if api_refusal(self):
+            return
         if "/load" in self.path:  # the id follows from the archive's bytes, as a config digest does
             body = self.read_chunked()
             self.server.loads.append(body)
@@ -399,8 +409,8 @@ class DockerHandler(BaseHTTPRequestHandler):
 def dockers(tmp_path):
     servers = []
 
-    def start(images):
-        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", images)
+    def start(images, api=DOCKER_20):
+        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", images, api)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
@@ -424,7 +434,7 @@ def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
     assert receiver.loads == [ARCHIVE] and IMAGE_ID in receiver.images
     assert receiver.tags == [{"image": IMAGE_ID, "repo": "registry.lan:5000/vllm", "tag": "gb10"}]
     assert summary == {"image_id": IMAGE_ID, "copied_bytes": len(ARCHIVE)}
-    assert f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.4 MB unpacked)" in result.stdout
+    assert f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.4 MB unpacked; Docker 20.10.24, Engine API 1.41)" in result.stdout
     assert "image: 9.4 MB of 9.4 MB (100%)" in result.stdout and "loaded, image id checked" in result.stdout
 
 
@@ -465,3 +475,24 @@ def test_an_archive_that_loads_another_image_is_refused(depot, dockers):
     assert result.returncode == 1
     assert f"after the copy {IMAGE_ID} is not on this node: the archive held another image" in result.stdout
     assert receiver.tags == []
+
+
+def test_a_docker_29_source_and_receiver_are_spoken_to_in_their_api_version(depot, dockers):
+    source, receiver = dockers({IMAGE_ID: ARCHIVE}, api=DOCKER_29), dockers({}, api=DOCKER_29)
+    port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
+    result, summary = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID,
+                             reference="registry.example:5000/vllm:v1")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Docker 29.0.1, Engine API 1.52" in result.stdout
+    assert all(path.startswith("/v1.52/") for path in source.paths + receiver.paths)
+
+
+def test_a_source_that_cannot_serve_says_why_to_the_receiver(depot, dockers, tmp_path):
+    """Its Docker socket unreachable: the receiving node's failure names the source's reason."""
+    receiver = dockers({})
+    port = depot(image_id=IMAGE_ID, docker_socket=tmp_path / "no-such-docker.sock")
+    result, _ = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID, reference="")
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "the depot says: node-1 cannot serve the image: FileNotFoundError" in out, out
+    assert "connection closed after 0 of" not in out

@@ -23,11 +23,39 @@ from components.render import script_program
 LAYER = 40_000_000
 
 
+# What GET /version says (unversioned): Docker 20.10 (Debian's docker.io, the rehearsal's) and Docker 29,
+# which refuses every versioned path below its MinAPIVersion with this message (moby api/server/middleware).
+DOCKER_20 = {"Version": "20.10.24", "ApiVersion": "1.41", "MinAPIVersion": "1.12"}
+DOCKER_29 = {"Version": "29.0.1", "ApiVersion": "1.52", "MinAPIVersion": "1.44"}
+
+
+def api_refusal(handler) -> bool:
+    """Answer GET /version, or refuse a path whose /vX.Y is outside what the daemon speaks, as dockerd does."""
+    api = handler.server.api
+    if handler.path == "/version":
+        handler.send_response(200)
+        handler.end_headers()
+        handler.wfile.write(json.dumps(api).encode())
+        return True
+    version = handler.path.split("/")[1]
+    wanted = tuple(int(x) for x in version[1:].split("."))
+    lowest, highest = (tuple(int(x) for x in api[k].split(".")) for k in ("MinAPIVersion", "ApiVersion"))
+    if wanted < lowest or wanted > highest:
+        handler.send_response(400)
+        handler.end_headers()
+        message = (f"client version {version[1:]} is too old. Minimum supported API version is {api['MinAPIVersion']}, "
+                   "please upgrade your client to a newer version") if wanted < lowest else \
+            f"client version {version[1:]} is too new. Maximum supported API version is {api['ApiVersion']}"  # fmt: skip
+        handler.wfile.write(json.dumps({"message": message}).encode())
+        return True
+    return False
+
+
 class FakeDocker(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: Path, steps: list, delay: float, present: bool = False):
-        self.steps, self.delay, self.present = steps, delay, present
+    def __init__(self, path: Path, steps: list, delay: float, present: bool = False, api=DOCKER_20):
+        self.steps, self.delay, self.present, self.api = steps, delay, present, api
         self.requests: list[tuple[str, str, dict]] = []
         super().__init__(str(path), Handler)
 
@@ -42,13 +70,19 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):  # noqa: N802
-        self.server.requests.append(("GET", self.path, dict(self.headers)))
+        if self.path != "/version":  # the version handshake is not one of the calls the tests look at
+            self.server.requests.append(("GET", self.path, dict(self.headers)))
+        if api_refusal(self):
+            return
         self.send_response(200 if self.server.present else 404)
         self.end_headers()
         self.wfile.write(b"{}")
 
     def do_POST(self):  # noqa: N802
-        self.server.requests.append(("POST", self.path, dict(self.headers)))
+        if self.path != "/version":  # the version handshake is not one of the calls the tests look at
+            self.server.requests.append(("POST", self.path, dict(self.headers)))
+        if api_refusal(self):
+            return
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -75,8 +109,8 @@ def download(layer: str, parts: int = 4) -> list[dict]:
 def docker(tmp_path):
     servers = []
 
-    def start(steps, delay=0.05, present=False):
-        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", steps, delay, present)
+    def start(steps, delay=0.05, present=False, api=DOCKER_20):
+        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", steps, delay, present, api)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
@@ -105,7 +139,7 @@ def test_progress_shows_bytes_rate_and_layers_then_the_total(docker, tmp_path):
     result = pull(server, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "[node-2] pulling registry.example:5000/vllm:v1 (at most 60 s)"
+    assert lines[0] == "[node-2] pulling registry.example:5000/vllm:v1 (at most 60 s; Docker 20.10.24, Engine API 1.41)"
     progress = [line for line in lines if " of " in line]
     assert progress, lines
     assert all(line.startswith("[node-2] pulling registry.example:5000/vllm:v1: ") for line in progress)
@@ -177,3 +211,20 @@ def test_an_image_id_that_is_not_on_the_node_cannot_be_pulled(docker, tmp_path):
     result = pull(server, tmp_path, image="sha256:" + "34" * 32)
     assert result.returncode == 1 and [m for m, _, _ in server.requests] == ["GET"]
     assert "is an image id, which no registry serves: load or build it on this node" in result.stdout
+
+
+def test_a_docker_29_daemon_is_spoken_to_in_its_api_version(docker, tmp_path):
+    """Docker 29 refuses API 1.41 ("client version 1.41 is too old"): the version is negotiated."""
+    server = docker(download("aaa"), api=DOCKER_29)
+    result = pull(server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Docker 29.0.1, Engine API 1.52" in result.stdout
+    versioned = [path for _, path, _ in server.requests]
+    assert versioned and all(path.startswith("/v1.52/") for path in versioned)
+
+
+def test_the_api_version_is_never_below_what_the_daemon_accepts(docker, tmp_path):
+    server = docker(download("aaa"), api={"Version": "31.0.0", "ApiVersion": "1.60", "MinAPIVersion": "1.55"})
+    result = pull(server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert server.requests and all(path.startswith("/v1.55/") for _, path, _ in server.requests)
