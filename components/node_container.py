@@ -139,6 +139,9 @@ class NodeContainer(pulumi.ComponentResource):
                 parent=self,
                 provider=args.provider,
                 delete_before_replace=True,
+                # A changed bind (another model directory) is a new container: the provider would update
+                # the mount in its state only (a field inside a block of the set), the node keeping the old one.
+                replace_on_changes=["mounts"],
                 aliases=[pulumi.Alias(name=f"{name}-ray")],
                 additional_secret_outputs=["envs"],
                 depends_on=list(args.start_after),

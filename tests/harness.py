@@ -46,6 +46,7 @@ class Registration:
     dependencies: list[str]
     delete_before_replace: bool
     additional_secret_outputs: list[str]
+    replace_on_changes: list[str] = field(default_factory=list)
     id: Optional[str] = None
     outputs: dict[str, Any] = field(default_factory=dict)
 
@@ -113,6 +114,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             dependencies=list(request.dependencies),
             delete_before_replace=request.deleteBeforeReplace,
             additional_secret_outputs=list(request.additionalSecretOutputs),
+            replace_on_changes=list(request.replaceOnChanges),
         )
         args = ExtendedArgs(
             typ=request.type,

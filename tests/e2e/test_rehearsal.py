@@ -174,6 +174,28 @@ def test_a_max_model_len_edit_previews_exactly_the_serve_steps_and_keeps_every_r
     deployed["config"]["maxModelLen"] = 2048
 
 
+def test_another_model_directory_replaces_the_containers_and_the_new_one_is_served(sim_cluster, deployed, model_dir):
+    """The bind mount of the model is part of what a container is: a changed path makes new containers."""
+    stack = deployed["stack"]
+    moved = model_dir.parent / f"{model_dir.name}-moved"
+    shutil.copytree(model_dir, moved, dirs_exist_ok=True)
+    before = container_ids(sim_cluster)
+    stack.configure({**deployed["config"], "model": str(moved)}, deployed["secrets"])
+    preview = stack.preview()
+    assert preview.changed["node-1-container"] == "replace" and preview.changed["node-2-container"] == "replace"
+    assert not any(name.endswith(("-image", "-docker", "-pull")) for name in preview.changed)
+    run = stack.up()
+    after = container_ids(sim_cluster)
+    assert all(after[node] != before[node] for node in before)
+    for node in sim_cluster.nodes:
+        mounts = sim_cluster.docker(node, "inspect", "-f", "{{json .Mounts}}", f"spark-vllm-{node.name}").stdout
+        assert str(moved) in mounts and f'"{model_dir}"' not in mounts
+    status, models = request(f"{run.outputs['endpoint']}/models", deployed["secrets"]["apiKey"])
+    assert status == 200 and models["data"][0]["root"] == str(moved)
+    assert run.outputs["release"]["model"] == str(moved)
+    deployed["config"]["model"] = str(moved)
+
+
 def test_refresh_shows_a_container_removed_by_hand_and_the_next_up_repairs_it(sim_cluster, deployed):
     stack = deployed["stack"]
     worker = sim_cluster.nodes[1]

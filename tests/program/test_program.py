@@ -153,6 +153,7 @@ def test_node_containers_are_wired_to_the_fabric(run):
         assert inputs["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
         assert inputs["image"] == "sha256:" + "ab" * 32  # the pulled id, not the tag
         assert reg.delete_before_replace
+        assert reg.replace_on_changes == ["mounts"]  # another model directory is a new container
     # the main process is the supervisor, which keeps Ray (and on the head vLLM) running
     assert head.inputs["entrypoints"][:3] == ["python3", "-u", "-c"]
     assert "class Supervisor" in head.inputs["entrypoints"][3]

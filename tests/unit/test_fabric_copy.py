@@ -434,7 +434,10 @@ def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
     assert receiver.loads == [ARCHIVE] and IMAGE_ID in receiver.images
     assert receiver.tags == [{"image": IMAGE_ID, "repo": "registry.lan:5000/vllm", "tag": "gb10"}]
     assert summary == {"image_id": IMAGE_ID, "copied_bytes": len(ARCHIVE)}
-    assert f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.4 MB unpacked; Docker 20.10.24, Engine API 1.41)" in result.stdout
+    assert (
+        f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.4 MB unpacked; Docker 20.10.24, Engine API 1.41)"
+        in result.stdout
+    )
     assert "image: 9.4 MB of 9.4 MB (100%)" in result.stdout and "loaded, image id checked" in result.stdout
 
 
