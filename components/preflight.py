@@ -115,8 +115,13 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
 
 def weight_bytes(fingerprint: dict[str, Any]) -> int:
-    """The size of the model's weight files, from its fingerprint."""
-    return sum(size for path, size in fingerprint.get("files", {}).items() if path.lower().endswith(WEIGHT_SUFFIXES))
+    """The size of the weight files vLLM loads (the fingerprint's "weights": safetensors when there are
+    any, else .bin, never original/; components/scripts/vllm_weights.py), or of every weight file when
+    the fingerprint predates that list."""
+    files = fingerprint.get("files", {})
+    if "weights" in fingerprint:
+        return sum(files.get(path, 0) for path in fingerprint["weights"])
+    return sum(size for path, size in files.items() if path.lower().endswith(WEIGHT_SUFFIXES))
 
 
 def memory_plan(

@@ -282,9 +282,17 @@ def local_http_host(cfg: ClusterConfig) -> str:
     return "127.0.0.1" if str(cfg.vllm.host) == "0.0.0.0" else str(cfg.vllm.host)
 
 
+# Scripts that share code: what each needs is prepended to it (each still travels as one program).
+SCRIPT_HELPERS = {"model_fingerprint.py": ("vllm_weights.py",), "hf_download.py": ("vllm_weights.py",)}
+
+
 @functools.cache
 def script(name: str) -> str:
-    return resources.files("components.scripts").joinpath(name).read_text()
+    files = resources.files("components.scripts")
+    return (
+        "".join(files.joinpath(part).read_text() + "\n" for part in SCRIPT_HELPERS.get(name, ()))
+        + files.joinpath(name).read_text()
+    )
 
 
 def script_program(name: str, params: dict[str, Any]) -> str:

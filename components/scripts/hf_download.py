@@ -20,6 +20,9 @@ if P.get("token"):
     os.environ["HF_TOKEN"] = P["token"]
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx", ".npz")
+
+
 def say(message):
     print(f"[{P['node']}] {message}", flush=True)
 
@@ -55,7 +58,7 @@ def report(done, started):
 
 def main():
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, hf_hub_download, snapshot_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
     except ImportError as error:
         say(f"the image has no huggingface_hub ({error}): download the model to a directory and set model to it")
@@ -66,7 +69,24 @@ def main():
     threading.Thread(target=report, args=(done, started), daemon=True).start()
     say(f"downloading {P['repo']} into the Hugging Face cache ({P['host_cache']})")
     try:
-        snapshot = snapshot_download(P["repo"])
+        info = HfApi().model_info(P["repo"])
+        names = [sibling.rfilename for sibling in info.siblings or []]
+
+        def read_index(name):
+            try:
+                with open(hf_hub_download(P["repo"], name, revision=info.sha)) as handle:
+                    return index_files(handle.read())  # noqa: F821 - vllm_weights.py is prepended
+            except (OSError, ValueError):
+                return None
+
+        # Only the weights vLLM loads: not a .bin copy beside the safetensors, not Llama's original/.
+        weights = set(loaded_weight_files(names, read_index))  # noqa: F821 - vllm_weights.py is prepended
+        wanted = [name for name in names if name in weights or not name.lower().endswith(WEIGHT_SUFFIXES)]
+        left_out = sorted(set(names) - set(wanted))
+        if left_out:
+            shown = ", ".join(left_out[:5]) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
+            say(f"leaving out {len(left_out)} weight file(s) vLLM does not load: {shown}")
+        snapshot = snapshot_download(P["repo"], revision=info.sha, allow_patterns=wanted)
     except GatedRepoError:
         say(f"{P['repo']} is gated or private: set hfToken (`pulumi config set --secret hfToken …`) to a token "
             "that has been granted access")  # fmt: skip

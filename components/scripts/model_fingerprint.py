@@ -1,8 +1,9 @@
 # Runs on a node's HOST (its own python3, standard library only) as `python3 - MODEL_DIR` with this
 # script on stdin (see components.preflight.fingerprint_argv). Prints one JSON line:
 #   {"fingerprint": sha256 hex, "files": {relative path: size}, "metadata": {relative path: sha256},
-#    "broken": [relative paths of dangling symlinks], "config": {the KV-relevant keys of config.json}}
-# ("config" is not part of the fingerprint: the hash of config.json already is.)
+#    "broken": [relative paths of dangling symlinks], "config": {the KV-relevant keys of config.json},
+#    "weights": [the weight files vLLM loads, as vllm_weights.py (prepended) decides]}
+# ("config" and "weights" are not part of the fingerprint: the files and config.json already are.)
 # The fingerprint covers every file's name and size plus the sha256 of the small metadata files
 # (configs, tokenizer, chat template, remote code). Weights are only stat()ed, never read, so a
 # 120 GB model takes milliseconds. Symlinks are followed (a Hugging Face snapshot is symlinks into
@@ -110,7 +111,17 @@ def main(argv):
     body = {"files": files, "metadata": metadata, "broken": broken}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.sha256(canonical).hexdigest()
-    print(json.dumps({"fingerprint": digest, **body, "config": config_facts(root)}, sort_keys=True))
+
+    def read_index(name):
+        try:
+            with open(os.path.join(root, name)) as handle:
+                return index_files(handle.read())  # noqa: F821 - vllm_weights.py is prepended
+        except OSError:
+            return None
+
+    weights = loaded_weight_files(files, read_index)  # noqa: F821 - vllm_weights.py is prepended
+    facts = {"fingerprint": digest, **body, "config": config_facts(root), "weights": weights}
+    print(json.dumps(facts, sort_keys=True))
     return 0
 
 

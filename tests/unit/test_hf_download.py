@@ -22,6 +22,11 @@ def hub(tmp_path):
     (repo / "config.json").write_text('{"architectures": ["X"]}')
     (repo / "sub" / "tokenizer.json").write_text("{}")
     (repo / "model.safetensors").write_bytes(os.urandom(2 << 20))
+    # what vLLM does not load: the same weights as .bin beside the safetensors, Llama's original/ checkpoint
+    (repo / "pytorch_model.bin").write_bytes(os.urandom(3 << 20))
+    (repo / "original").mkdir()
+    (repo / "original" / "consolidated.00.pth").write_bytes(os.urandom(3 << 20))
+    (repo / "original" / "params.json").write_text('{"dim": 4096}')
     server = HubStandIn("127.0.0.1", {"org/tiny": Repo(repo, token="hf_right")}).start()
     yield server
     server.stop()
@@ -47,14 +52,21 @@ def test_a_gated_repo_is_downloaded_with_the_token_and_reports_the_host_path(hub
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     revision = summary["revision"]
     assert summary["snapshot"] == f"/data/hf/hub/models--org--tiny/snapshots/{revision}"
-    assert summary["files"] == 3 and summary["downloaded_bytes"] > 2 << 20
+    assert summary["files"] == 4 and (2 << 20) < summary["downloaded_bytes"] < (3 << 20)
+    assert "leaving out 2 weight file(s) vLLM does not load: original/consolidated.00.pth, pytorch_model.bin" in (
+        result.stdout
+    )
+    assert not (
+        tmp_path / "cache" / "hub" / "models--org--tiny" / "snapshots" / revision / "pytorch_model.bin"
+    ).exists()
     snapshot = tmp_path / "cache" / "hub" / "models--org--tiny" / "snapshots" / revision
     assert (snapshot / "config.json").read_text() == '{"architectures": ["X"]}'
     assert "hf_right" not in result.stdout + result.stderr
 
     again = download(hub, tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1])["downloaded_bytes"] == 0
-    assert sum(hub.downloads("org/tiny").values()) == 3  # each file fetched once, over both runs
+    fetched = hub.downloads("org/tiny")
+    assert sum(fetched.values()) == 4 and "pytorch_model.bin" not in fetched  # each file once, over both runs
 
 
 def test_without_the_right_token_a_gated_repo_names_the_fix(hub, tmp_path):

@@ -517,7 +517,7 @@ def _fingerprint(path) -> dict:
 
 def test_fingerprint_lists_sizes_and_hashes_only_metadata(tmp_path):
     result = _fingerprint(_model(tmp_path / "m"))
-    assert set(result) == {"fingerprint", "files", "metadata", "broken", "config"}
+    assert set(result) == {"fingerprint", "files", "metadata", "broken", "config", "weights"}
     assert result["config"] == {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096}  # for the memory plan
     assert len(result["fingerprint"]) == 64
     assert result["files"]["model-00001-of-00002.safetensors"] == 1000
@@ -618,3 +618,46 @@ def test_fingerprint_of_a_missing_directory_fails(tmp_path):
     )
     assert result.returncode == 1 and result.stdout == ""
     assert "is not a readable directory" in result.stderr
+
+
+# -- the weights vLLM loads (components/scripts/vllm_weights.py, as vLLM 0.25's default loader) --------
+
+from components.scripts.vllm_weights import loaded_weight_files  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "names, index, loaded",
+    [
+        # both formats side by side: safetensors only
+        (["model-1.safetensors", "model-2.safetensors", "pytorch_model-1.bin", "pytorch_model-2.bin"], None,
+         ["model-1.safetensors", "model-2.safetensors"]),
+        # Llama: the consolidated .pth of original/ is never read
+        (["model-00001.safetensors", "original/consolidated.00.pth", "original/params.json"], None,
+         ["model-00001.safetensors"]),
+        # only .bin: those, without training state
+        (["pytorch_model.bin", "training_args.bin", "optimizer.bin"], None, ["pytorch_model.bin"]),
+        # an index lists the shards: a consolidated copy beside them is left out
+        (["model-1.safetensors", "model-2.safetensors", "model.safetensors", "model.safetensors.index.json"],
+         {"model-1.safetensors", "model-2.safetensors"}, ["model-1.safetensors", "model-2.safetensors"]),
+        # Mistral's own format wins when present
+        (["consolidated.safetensors", "model-1.safetensors"], None, ["consolidated.safetensors"]),
+        (["model.pt"], None, ["model.pt"]),
+        (["config.json"], None, []),
+    ],
+    ids=["safetensors-beside-bin", "llama-original", "bin-only", "index", "mistral", "pt", "none"],
+)  # fmt: skip
+def test_the_weights_counted_are_those_vllm_loads(names, index, loaded):
+    assert loaded_weight_files(names, lambda name: index) == loaded
+
+
+def test_a_model_with_both_formats_and_original_counts_what_vllm_loads(tmp_path):
+    """The memory plan's weights: the safetensors shards, not the .bin copy nor original/."""
+    shards = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    model = _model(tmp_path / "m", **{"model.safetensors.index.json": json.dumps({"weight_map": shards})})
+    (model / "pytorch_model-00001-of-00002.bin").write_bytes(b"x" * 5000)
+    (model / "original").mkdir()
+    (model / "original" / "consolidated.00.pth").write_bytes(b"x" * 7000)
+    result = _fingerprint(model)
+    assert result["weights"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert preflight.weight_bytes(result) == sum(result["files"][name] for name in result["weights"])
+    assert preflight.weight_bytes({k: v for k, v in result.items() if k != "weights"}) > 12000  # counted it all
