@@ -118,6 +118,7 @@ class NodeMemory:
     gpus: int
     memory_bytes: int  # what vLLM's fraction is taken of, per GPU
     unified: bool  # shared with the operating system (GB10)
+    free_bytes: Optional[int] = None  # free now, per GPU (None: not known, or held by this stack's vLLM)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class NodePlan:
     headroom_gib: float  # budget − (weights + one sequence + allowance)
     os_left_gib: Optional[float]  # unified memory: what vLLM's fraction leaves the OS
     fits: bool
+    free_gib: Optional[float] = None  # free on the node now (vLLM's start-up check wants the budget free)
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,9 @@ def plan_memory(
         headroom = room - one_sequence
         os_left = node.memory_bytes * node.gpus * (1 - gpu_memory_utilization) if node.unified else None
         starved = os_left is not None and os_left < os_reserve_bytes
+        # vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): free memory at start must
+        # be at least gpuMemoryUtilization × total, or it exits ("Free memory on device … on startup …").
+        busy = node.free_bytes is not None and node.free_bytes < budget
         plan = NodePlan(
             node=node.name,
             memory_gib=_gib(node.memory_bytes),
@@ -201,7 +206,8 @@ def plan_memory(
             max_sequences=max(0, int(room // one_sequence)) if one_sequence > 0 else 0,
             headroom_gib=_gib(headroom),
             os_left_gib=None if os_left is None else _gib(os_left),
-            fits=headroom >= 0 and not starved,
+            fits=headroom >= 0 and not starved and not busy,
+            free_gib=None if node.free_bytes is None else _gib(node.free_bytes),
         )
         plans.append(plan)
         need = weights + one_sequence + allowance_bytes
@@ -210,6 +216,14 @@ def plan_memory(
                 f"{node.name}: needs {_gib(need)} GiB per GPU (weights {plan.weights_gib} + KV for one "
                 f"{length}-token sequence {plan.kv_one_sequence_gib} + allowance {plan.allowance_gib}), "
                 f"has {plan.budget_gib} GiB ({plan.memory_gib} GiB × gpuMemoryUtilization {gpu_memory_utilization})"
+            )
+        if busy:
+            where = "of its unified memory (MemAvailable)" if node.unified else "of GPU memory"
+            problems.append(
+                f"{node.name}: {plan.free_gib} GiB {where} is free now, and vLLM's start-up check needs "
+                f"gpuMemoryUtilization {gpu_memory_utilization} × {plan.memory_gib} GiB = {plan.budget_gib} GiB "
+                "free (something else holds it: `nvidia-smi` on the node shows what; stop it, or lower "
+                "vllm.gpuMemoryUtilization)"
             )
         if starved:
             problems.append(

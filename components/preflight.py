@@ -11,6 +11,7 @@ from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
 from components.memory import GIB, MIB, NodeMemory, Plan, kv_cache_dtype, model_shape, plan_memory
+from components.render import container_name
 
 MAX_DIFFERENCES = 5
 
@@ -33,6 +34,7 @@ def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> l
         f"FABRIC_ADDR={node.fabric_address}",
         f"PEERS={peers}",
         f"MODEL={model_path(model)}",
+        f"CONTAINER={container_name(node)}",
         "bash",
         "-s",
     ]
@@ -105,10 +107,19 @@ def node_memory(node: NodeConfig, stdout: str) -> NodeMemory:
     """The node's memory per GPU from the preflight's last line (see preflight_node.sh): the GPUs' own
     memory where nvidia-smi reports it, else the system memory the GPU shares (GB10), split over its GPUs."""
     facts = parse_fingerprint(stdout)
-    gpu_mib = [float(v) for v in facts.get("gpu_memory_mib") or [] if str(v).replace(".", "", 1).isdigit()]
+
+    def mib(key: str) -> list[float]:
+        return [float(v) for v in facts.get(key) or [] if str(v).replace(".", "", 1).isdigit()]
+
+    # What is free now, for vLLM's start-up check; not judged while this stack's own vLLM holds it.
+    judged = not facts.get("stack_running")
+    gpu_mib, free_mib = mib("gpu_memory_mib"), mib("gpu_free_mib")
     if gpu_mib:
-        return NodeMemory(node.name, node.gpus, int(min(gpu_mib) * MIB), unified=False)
-    return NodeMemory(node.name, node.gpus, int(facts.get("mem_total_bytes", 0)) // node.gpus, unified=True)
+        free = int(min(free_mib) * MIB) if free_mib and judged else None
+        return NodeMemory(node.name, node.gpus, int(min(gpu_mib) * MIB), unified=False, free_bytes=free)
+    available = facts.get("mem_available_bytes")
+    free = int(available) // node.gpus if available is not None and judged else None
+    return NodeMemory(node.name, node.gpus, int(facts.get("mem_total_bytes", 0)) // node.gpus, True, free)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")

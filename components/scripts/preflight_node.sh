@@ -5,11 +5,14 @@
 #   FABRIC_ADDR  this node's fabric IPv4 address
 #   PEERS        space-separated fabric addresses of the other nodes; NAME=ADDR names them in messages
 #   MODEL        absolute model path, or empty when the model is a repo id
+#   CONTAINER    this stack's container on the node (its vLLM holds the GPU while it runs)
 # Runs every check; each problem is one line on stderr, `preflight NODE: what is wrong — what to do`.
 # Exit 0 and `preflight NODE: ok` on stdout when all pass, 1 otherwise; then, on its own line, the
-# node's memory as JSON for the memory plan: {"mem_total_bytes": N, "gpu_memory_mib": [per GPU, or
-# "[N/A]" where the GPU shares system memory, as on a GB10]}. Needs bash, iproute2, coreutils; ping
-# (iputils) and nvidia-smi when present.
+# node's memory as JSON for the memory plan: {"mem_total_bytes": N, "mem_available_bytes": N,
+# "gpu_memory_mib": [per GPU, or "[N/A]" where the GPU shares system memory, as on a GB10],
+# "gpu_free_mib": [per GPU, likewise], "stack_running": whether CONTAINER runs (its vLLM's memory is not
+# free now, but will be when it is replaced)}. Needs bash, iproute2, coreutils; ping (iputils) and
+# nvidia-smi when present.
 set -u
 
 for var in NODE FABRIC_IF FABRIC_ADDR; do
@@ -145,16 +148,23 @@ fi
 
 if [[ $failed == 0 ]]; then
     echo "preflight $NODE: ok"
-    mem_kb=0
+    mem_kb=0 available_kb=0
     while read -r key value _; do
-        [[ $key == MemTotal: ]] && mem_kb=$value && break
+        [[ $key == MemTotal: ]] && mem_kb=$value
+        [[ $key == MemAvailable: ]] && available_kb=$value
     done < /proc/meminfo
-    gpus=""
+    gpus="" free=""
     if command -v nvidia-smi >/dev/null 2>&1; then
-        while read -r total; do
+        while IFS=, read -r total left; do
             gpus+="${gpus:+,}\"${total//[^0-9A-Za-z.\[\]\/]/}\""
-        done < <(timeout 30 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null)
+            free+="${free:+,}\"${left//[^0-9A-Za-z.\[\]\/]/}\""
+        done < <(timeout 30 nvidia-smi --query-gpu=memory.total,memory.free --format=csv,noheader,nounits 2>/dev/null)
     fi
-    printf '{"mem_total_bytes": %s, "gpu_memory_mib": [%s]}\n' "$(( mem_kb * 1024 ))" "$gpus"
+    running=false
+    if [[ -n ${CONTAINER:-} ]] && [[ $(docker inspect -f '{{.State.Running}}' "$CONTAINER" 2>/dev/null) == true ]]; then
+        running=true
+    fi
+    printf '{"mem_total_bytes": %s, "mem_available_bytes": %s, "gpu_memory_mib": [%s], "gpu_free_mib": [%s], "stack_running": %s}\n' \
+        "$(( mem_kb * 1024 ))" "$(( available_kb * 1024 ))" "$gpus" "$free" "$running"
 fi
 exit "$failed"

@@ -248,7 +248,10 @@ def bindir(tmp_path):
         path,
         "docker",
         'if [[ ${DOCKER_DOWN:-} ]]; then echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1; fi\n'
-        '[[ "$*" == "info --format {{.ServerVersion}}" ]] && echo 24.0.7',
+        '[[ "$*" == "info --format {{.ServerVersion}}" ]] && echo 24.0.7\n'
+        # this stack's container, running when STACK_RUNNING is set
+        '[[ "$*" == "inspect -f {{.State.Running}} spark-vllm-node-1" && ${STACK_RUNNING:-} ]] && echo true\n'
+        "exit 0",
     )
     return path
 
@@ -298,7 +301,9 @@ def test_preflight_ok_without_ping_checks_routes_and_warns(fabric, bindir, model
     assert ok == "preflight node-1: ok"
     # the node's memory for the memory plan: this machine's MemTotal, no nvidia-smi on the PATH
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
-    assert json.loads(memory) == {"mem_total_bytes": mem_kb * 1024, "gpu_memory_mib": []}
+    facts = json.loads(memory)
+    assert facts["mem_total_bytes"] == mem_kb * 1024 and 0 < facts["mem_available_bytes"] <= mem_kb * 1024
+    assert (facts["gpu_memory_mib"], facts["gpu_free_mib"], facts["stack_running"]) == ([], [], False)
     assert "warning: ping not found: checked only that the route to each peer leaves through fab0" in result.stderr
 
 
@@ -474,6 +479,7 @@ def test_preflight_argv_names_peers_and_passes_only_a_model_path():
         f"FABRIC_ADDR={node.fabric_address}",
         f"PEERS={peers}",
         "MODEL=/models/Qwen3",
+        f"CONTAINER=spark-vllm-{node.name}",
         "bash",
         "-s",
     ]
@@ -661,3 +667,38 @@ def test_a_model_with_both_formats_and_original_counts_what_vllm_loads(tmp_path)
     assert result["weights"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     assert preflight.weight_bytes(result) == sum(result["files"][name] for name in result["weights"])
     assert preflight.weight_bytes({k: v for k, v in result.items() if k != "weights"}) > 12000  # counted it all
+
+
+# -- vLLM's start-up check: the memory it asks for must be free when it starts ----------------------------
+
+
+@needs_netns
+@pytest.mark.parametrize("running", [False, True], ids=["nothing-of-this-stack", "this-stack-runs-there"])
+def test_preflight_reports_what_is_free_on_each_gpu_and_whether_this_stack_runs_there(fabric, bindir, running):
+    _fake_tool(bindir, "nvidia-smi", 'echo "143771, 10445"')  # an old vLLM holds most of an H200
+    env = {"CONTAINER": "spark-vllm-node-1", **({"STACK_RUNNING": "1"} if running else {})}
+    result, _ = _preflight(fabric[0], bindir, **env)
+    facts = json.loads(result.stdout.splitlines()[1])
+    assert (facts["gpu_memory_mib"], facts["gpu_free_mib"], facts["stack_running"]) == (["143771"], ["10445"], running)
+
+
+def test_a_gpu_held_by_something_else_refuses_the_deploy_with_vllms_own_check():
+    from components.config import load_cluster_config
+    from components.memory import GIB, ModelShape, NodeMemory, plan_memory
+    from tests.unit.test_config import config
+
+    node = load_cluster_config(config()).nodes[0]
+    line = '{"mem_total_bytes": 1, "gpu_memory_mib": ["143771"], "gpu_free_mib": ["10445"], "stack_running": %s}'
+    held = preflight.node_memory(node, line % "false")
+    assert held.free_bytes == 10445 * 2**20
+    assert preflight.node_memory(node, line % "true").free_bytes is None  # this stack's own vLLM: not judged
+    shape = ModelShape(layers=36, kv_layers=36, kv_heads=8, head_dim=128, dtype_bytes=2, max_position=40960)
+    plan = plan_memory([held], 16 * GIB, shape, 1, 1, 32768, 0.9, 8 * GIB)
+    assert not plan.fits
+    assert plan.problems == [
+        f"{node.name}: 10.2 GiB of GPU memory is free now, and vLLM's start-up check needs gpuMemoryUtilization 0.9 "
+        "× 140.4 GiB = 126.36 GiB free (something else holds it: `nvidia-smi` on the node shows what; stop it, or "
+        "lower vllm.gpuMemoryUtilization)"
+    ]
+    free = NodeMemory(node.name, 1, 143771 * 2**20, unified=False, free_bytes=143000 * 2**20)
+    assert plan_memory([free], 16 * GIB, shape, 1, 1, 32768, 0.9, 8 * GIB).fits
