@@ -15,7 +15,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig, NodeConfig
-from components.preflight import fingerprint_argv, model_path, node_memory, preflight_argv
+from components.preflight import fingerprint_argv, image_check_argv, model_path, node_memory, preflight_argv
 from components.render import script, shell_line, with_script
 
 
@@ -80,6 +80,16 @@ class NodeChecks(pulumi.ComponentResource):
                 **common,
             )
             self.fingerprint = fingerprint.stdout
+        # What the image holds (vLLM, Ray, the dashboard's packages), judged in the cluster's gate.
+        self.image = command.remote.Command(
+            f"{name}-image-check",
+            create=pulumi.Output.from_input(args.image_id).apply(
+                lambda image: with_script(shell_line(image_check_argv(image)), script("image_probe.py"))
+            ),
+            triggers=[args.image_id],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
+            **common,
+        )
         self.gpu = None
         if cfg.container.gpus:
             self.gpu = command.remote.Command(
@@ -92,5 +102,6 @@ class NodeChecks(pulumi.ComponentResource):
         self.passed = pulumi.Output.all(self.preflight.stdout, *([self.gpu.stdout] if self.gpu else [])).apply(
             lambda _: True
         )
+        self.image_facts = self.image.stdout
         self.memory = self.preflight.stdout.apply(lambda out: node_memory(node, out))
         self.register_outputs({"passed": self.passed})

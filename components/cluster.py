@@ -17,7 +17,7 @@ from components.memory import MemoryPlanError
 from components.memory import message as memory_message
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
-from components.preflight import compare_fingerprints, memory_plan, parse_fingerprint
+from components.preflight import compare_fingerprints, image_problems, memory_plan, parse_fingerprint
 from components.release import ReleaseSource, release_record
 from components.render import ray_address, shell_line
 from components.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
@@ -30,6 +30,18 @@ class ImageMismatchError(Exception):
 
 class PreflightError(Exception):
     pass
+
+
+class ImageCheckError(Exception):
+    """The image on one or more nodes lacks what the config needs; one line a problem, each with its fix."""
+
+
+def image_fit(cfg: ClusterConfig, stdouts_by_node: dict[str, str]) -> bool:
+    """True when every node's image holds what the config needs; ImageCheckError listing every problem."""
+    problems = [line for node in cfg.nodes for line in image_problems(cfg, node, stdouts_by_node[node.name])]
+    if problems:
+        raise ImageCheckError("\n".join(problems))
+    return True
 
 
 def same_model(stdouts_by_node: dict[str, str]) -> str:
@@ -341,7 +353,11 @@ class VllmCluster(pulumi.ComponentResource):
                 lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
         self.memory_plan = self._memory_plan(cfg, args, fingerprints)
-        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, *gates).apply(
+        node_names = [node.name for node in cfg.nodes]
+        images_fit = pulumi.Output.all(*[self.checks[n].image_facts for n in node_names]).apply(
+            lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
+        )
+        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(

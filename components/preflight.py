@@ -103,6 +103,58 @@ def compare_fingerprints(by_node: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
+def image_check_argv(image_id: str) -> list[str]:
+    """`docker run --rm -i … python3 -` of components/scripts/image_probe.py (fed on stdin) in `image_id`."""
+    return ["docker", "run", "--rm", "-i", "--network=none", "--entrypoint", "python3", image_id, "-"]
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for part in (version or "").split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+RAY_AUTH_SINCE = (2, 52)  # RAY_AUTH_MODE=token (older Ray ignores it and runs without authentication)
+
+
+def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[str]:
+    """What the image on `node` lacks for this config (image_probe.py's facts), one line each with the fix."""
+    try:
+        facts = parse_fingerprint(stdout)
+    except (ValueError, json.JSONDecodeError):
+        return [f"image check {node.name}: the image's python3 said nothing readable ({stdout.strip()[:200]!r})"]
+    where = f"image check {node.name}"
+    problems = []
+    if not facts.get("vllm"):
+        problems.append(f"{where}: the image has no vLLM (no `vllm` package or command) — set image to a vLLM image")
+    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.get("vllm_nnodes") is False:
+        problems.append(
+            f"{where}: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and the image's "
+            f"vLLM {facts['vllm']} has none — use executor: ray, or an image with a newer vLLM"
+        )
+    if cfg.executor == "ray":
+        ray = facts.get("ray")
+        if not ray:
+            problems.append(f"{where}: the image has no Ray — use executor: mp, or an image with Ray installed")
+        else:
+            if cfg.ray.auth == "token" and _release(ray)[:2] < RAY_AUTH_SINCE:
+                problems.append(
+                    f"{where}: ray.auth: token needs Ray 2.52 or later and the image has Ray {ray}, which ignores "
+                    "RAY_AUTH_MODE and would run without authentication — set ray.auth: none (with network.guard: "
+                    "true), or use an image with Ray 2.52 or later"
+                )
+            if cfg.ray.dashboard and facts.get("ray_dashboard") is False:
+                problems.append(
+                    f"{where}: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
+                    f"them ({facts.get('ray_dashboard_error', 'not importable')}): `ray start` would stop with "
+                    "'Cannot include dashboard with missing packages.' — set ray.dashboard: false, or use an image "
+                    "with ray[default]"
+                )
+    return problems
+
+
 def node_memory(node: NodeConfig, stdout: str) -> NodeMemory:
     """The node's memory per GPU from the preflight's last line (see preflight_node.sh): the GPUs' own
     memory where nvidia-smi reports it, else the system memory the GPU shares (GB10), split over its GPUs."""

@@ -141,6 +141,8 @@ class FakeCloud(pulumi.runtime.Mocks):
     """Answers like the providers would, without doing anything: ids and computed outputs."""
 
     memory_bytes = 125_000_000 * 1024  # a DGX Spark's unified memory, as /proc/meminfo says it
+    # what image_probe.py says of a vLLM image with Ray and its dashboard (a test may change it)
+    image_facts = {"python": "3.12.3", "vllm": "0.25.0", "vllm_nnodes": True, "ray": "2.60.0", "ray_dashboard": True}
 
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}
@@ -164,6 +166,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = f"preflight {args.name.removesuffix('-preflight')}: ok\n{memory}"
             elif args.name.endswith("-model-download"):
                 stdout = json.dumps({"snapshot": f"{HF_CACHE}/hub/models--Qwen--Qwen3-0.6B/snapshots/{'c' * 40}"})
+            elif args.name.endswith("-image-check"):
+                stdout = json.dumps(self.image_facts)
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             outputs.update(stdout=stdout, stderr="")

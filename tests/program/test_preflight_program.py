@@ -153,3 +153,42 @@ def test_dropping_the_page_cache_runs_on_every_node_just_before_vllm_starts():
     assert not any(
         r.name.endswith("-drop-page-cache") for r in run_program(prod(), SECRETS, stack="prod").registrations
     )
+
+
+def test_the_image_is_checked_on_every_node_in_a_throwaway_container():
+    run = run_program(prod(), SECRETS, stack="prod")
+    for node in ("spark-01", "spark-02"):
+        check = run.named(f"{node}-image-check")
+        assert check.inputs["create"].startswith(
+            "docker run --rm -i --network=none --entrypoint python3 sha256:"
+            + "ab" * 32
+            + " - <<'SPARK_VLLM_SCRIPT_END'"
+        )
+        assert "ray.dashboard.optional_deps" in check.inputs["create"]  # what `ray start` imports for the dashboard
+        assert check.urn in run.named("spark-vllm-checks-passed").dependencies
+
+
+@pytest.mark.parametrize(
+    "facts, config, message",
+    [
+        ({"vllm_nnodes": False, "vllm": "0.9.2"}, {"executor": "mp"},
+         "image check spark-01: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and "
+         "the image's vLLM 0.9.2 has none — use executor: ray, or an image with a newer vLLM"),
+        ({"ray": "2.49.2"}, {},
+         "image check spark-01: ray.auth: token needs Ray 2.52 or later and the image has Ray 2.49.2, which ignores "
+         "RAY_AUTH_MODE and would run without authentication"),
+        ({"ray_dashboard": False, "ray_dashboard_error": "No module named 'aiohttp_cors'"}, {"ray": {"dashboard": True}},
+         "image check spark-01: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
+         "them (No module named 'aiohttp_cors')"),
+        ({"vllm": None, "vllm_nnodes": None}, {}, "image check spark-01: the image has no vLLM"),
+    ],
+    ids=["mp-without-nnodes", "ray-auth-on-old-ray", "dashboard-without-its-packages", "no-vllm"],
+)  # fmt: skip
+def test_an_image_that_cannot_work_stops_every_container_naming_each_node_and_the_fix(facts, config, message):
+    cloud = FakeCloud()
+    cloud.image_facts = {**FakeCloud.image_facts, **facts}
+    with pytest.raises(Exception) as caught:
+        run_program(prod(**config), SECRETS, stack="prod", mocks=cloud)
+    assert message in str(caught.value)
+    assert message.replace("spark-01", "spark-02") in str(caught.value)  # every node, in the one message
+    assert set(cloud.containers) <= GUARDS_ONLY

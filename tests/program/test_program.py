@@ -368,7 +368,17 @@ def test_adding_a_node_touches_that_node_and_the_serve():
     assert set(spark03.values()) == {"create"}
     assert set(spark03) == {
         f"spark-03-{r}"
-        for r in ("docker", "pull", "image", "container", "joined", "preflight", "model-fingerprint", "gpu-check")
+        for r in (
+            "docker",
+            "pull",
+            "image",
+            "container",
+            "joined",
+            "preflight",
+            "model-fingerprint",
+            "gpu-check",
+            "image-check",
+        )
         + ("guard-host", "guard", "guard-ready")  # network.guard is on in the prod stack
     }
     others = {k: v for k, v in result.items() if not k.startswith("spark-03")}
