@@ -118,7 +118,7 @@ class VllmCluster(pulumi.ComponentResource):
                 connections={name: host.connection for name, host in self.hosts.items()},
                 api_key=secrets.get("apiKey"),
                 # with Ray: every worker joined; with mp: every container runs
-                depends_on=[n.joined or n.container for n in self.nodes.values()],
+                depends_on=[n.joined or n.supervisor for n in self.nodes.values()],
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -26,6 +26,7 @@ from components.render import (
     HF_CACHE_VOLUME,
     container_name,
     exec_python,
+    install_supervisor_argv,
     node_env,
     ray_address,
     script,
@@ -86,8 +87,25 @@ class NodeContainer(pulumi.ComponentResource):
         self.is_head = node.name == cfg.head_node.name
         self.container_name = container_name(node)
         self.container = self._create_container(name, args)
+        self.supervisor = self._install_supervisor(name, args)
         self.joined = None if self.is_head or cfg.executor != "ray" else self._create_join_wait(name, args)
         self.register_outputs({"container_name": self.container_name, "container_id": self.container.id})
+
+    def _install_supervisor(self, name: str, args: NodeContainerArgs) -> command.remote.Command:
+        """The supervisor's source into the container (where supervisor_boot.py waits for it): again for
+        a new container, and whenever the source changed (it then runs from the container's next start)."""
+        return command.remote.Command(
+            f"{name}-supervisor",
+            connection=args.connection,
+            create=with_log_tail_on_failure(
+                install_supervisor_argv(self.container_name), args.node, self.container_name
+            ),
+            stdin=script("supervisor.py"),  # a new version is a changed stdin: written again, container kept
+            triggers=[self.container.id],
+            add_previous_output_in_env=False,
+            # Nothing to undo: the file goes with the container.
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
         cfg, node = args.config, args.node
@@ -109,9 +127,10 @@ class NodeContainer(pulumi.ComponentResource):
             f"{name}-container",
             name=self.container_name,
             image=args.image_id,
-            # The supervisor as the main process: Python is in every vLLM image; its source travels in
-            # the container's definition, so nothing has to be put on the node first.
-            entrypoints=["python3", "-u", "-c", script("supervisor.py")],
+            # The supervisor as the main process: Python is in every vLLM image. The container holds only
+            # its small bootstrap; the supervisor itself is installed by `<node>-supervisor`, so a new
+            # version of it replaces no container.
+            entrypoints=["python3", "-u", "-c", script("supervisor_boot.py")],
             command=[json.dumps(supervisor_params(cfg, node), sort_keys=True)],
             envs=envs,
             network_mode="host",  # Ray, NCCL and vLLM must see the fabric interface itself
@@ -161,6 +180,7 @@ class NodeContainer(pulumi.ComponentResource):
         }
         return command.remote.Command(
             f"{name}-joined",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.supervisor]),
             connection=args.connection,
             create=with_log_tail_on_failure(
                 exec_python(self.container_name, cfg.ray.join_timeout_seconds + 60), node, self.container_name
@@ -169,5 +189,4 @@ class NodeContainer(pulumi.ComponentResource):
             # A new container must join again; a read-only wait has nothing to undo, hence no delete.
             triggers=[self.container.id],
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self),
         )

@@ -24,6 +24,7 @@ GUARD_VOLUME = "spark-vllm-guard"
 GUARD_MARKER_DIR_IN_NODE = "/run/spark-vllm-guard"
 GUARD_MARKER_IN_NODE = f"{GUARD_MARKER_DIR_IN_NODE}/applied.json"
 RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
+SUPERVISOR_IN_CONTAINER = "/opt/spark-vllm/supervisor.py"  # supervisor_boot.py runs what is installed here
 VLLM_LOG = f"{RUN_DIR}/vllm.log"
 STATUS_FILE = f"{RUN_DIR}/status.json"
 # Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
@@ -315,6 +316,24 @@ def exec_python(container: str, timeout_seconds: int | None = None) -> list[str]
 
 def shell_line(argv: list[str]) -> str:
     return shlex.join(argv)
+
+
+INSTALL_SUPERVISOR = (
+    "import hashlib, os, sys\n"
+    "path = {path!r}\n"
+    "code = sys.stdin.read()\n"
+    "os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+    "with open(path + '.tmp', 'w') as handle:\n"
+    "    handle.write(code)\n"
+    "os.replace(path + '.tmp', path)\n"
+    "print('supervisor ' + hashlib.sha256(code.encode()).hexdigest()[:12] + ' installed; it runs from the '\n"
+    "      'next start of the container (its first, a restart, a reboot)')\n"
+)
+
+
+def install_supervisor_argv(container: str) -> list[str]:
+    """`docker exec -i CONTAINER python3 -c …`: writes the supervisor (on stdin) where supervisor_boot.py finds it."""
+    return ["docker", "exec", "-i", container, "python3", "-c", INSTALL_SUPERVISOR.format(path=SUPERVISOR_IN_CONTAINER)]
 
 
 def with_log_tail_on_failure(command: list[str], node: NodeConfig, container: str, lines: int = 60) -> str:

@@ -27,8 +27,15 @@ def registry(tmp_path_factory):
         yield created
 
 
+# The fabric interface is named differently on node-2, as when one box names its port enp1s0f1np1 and the
+# other not: every setting that carries an interface must reach each node with that node's own name.
+FABRIC_INTERFACES = ("fab0", "enp1s0f1np1")
+
+
 def _cluster(count, registry, tmp_path_factory):
-    with simnodes.simulated_nodes(count, tmp_path_factory.mktemp("simnodes"), registry=registry) as cluster:
+    with simnodes.simulated_nodes(
+        count, tmp_path_factory.mktemp("simnodes"), registry=registry, fabric_interfaces=FABRIC_INTERFACES
+    ) as cluster:
         yield cluster
 
 

@@ -844,6 +844,7 @@ def create_cluster(
     timeout: float = 90,
     registry: SimRegistry | None = None,
     registry_storage: Path | None = None,
+    fabric_interfaces: tuple[str, ...] = (),
 ) -> SimCluster:
     """Bring up ``count`` nodes; on any failure tear down what was built and re-raise.
 
@@ -851,6 +852,7 @@ def create_cluster(
     a real node (nothing is forwarded beyond the bridge). ``registry``: the registry the nodes
     pull from (shared with other clusters); without one the cluster brings its own, which keeps
     its images in ``registry_storage`` (default: the cluster's state directory).
+    ``fabric_interfaces``: the fabric interface's name on each node, in order (default fab0 on all).
     """
     if count < 1 or count > 200:
         raise ValueError("count must be between 1 and 200")
@@ -867,6 +869,7 @@ def create_cluster(
             mgmt_ip=f"{MGMT_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
             fabric_ip=f"{FABRIC_PREFIX}.{k}.{NODE_HOST_OFFSET + i}",
             state_dir=cluster.workdir / f"{cid}-n{i}",
+            fabric_interface=fabric_interfaces[i - 1] if len(fabric_interfaces) >= i else "fab0",
         )
         for i in range(1, count + 1)
     ]

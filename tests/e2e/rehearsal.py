@@ -99,6 +99,8 @@ def rehearsal_config(
                 "user": "root",
                 "fabricAddress": node.fabric_ip,
                 "fabricInterface": node.fabric_interface,
+                # an RDMA device named on the head only (NCCL over IB is off: the simulated links have none)
+                **({"rdmaDevices": ["rocep1s0f1"]} if node.index == 1 else {}),
                 **({"hostKey": node.host_key} if pin_host_keys else {}),
             }
             for node in cluster.nodes
@@ -112,6 +114,7 @@ def rehearsal_config(
         # which root cannot raise here (no CAP_SYS_RESOURCE).
         "container": {"gpus": False, "ulimits": sandbox_ulimits()},
         "ray": {"dashboard": False, "joinTimeoutSeconds": 120},
+        "nccl": {"ibDisable": True},
         # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGiB).
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},

@@ -7,8 +7,10 @@ from a fresh clone; then a bad config and node faults on the same nodes.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -109,6 +111,28 @@ def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_o
     log = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
     for node in sim_cluster.nodes:
         assert node.fabric_ip in log  # one actor per GPU bundle, reported with its node's address
+
+
+def test_each_ray_worker_keeps_its_own_nodes_interface_and_hca_names(sim_cluster, deployed):
+    """node-2 names its fabric interface enp1s0f1np1 and has no RDMA device; the head names fab0 and
+    rocep1s0f1. vLLM's Ray executor hands the driver's environment to every worker unless a name is in
+    ray_non_carry_over_env_vars.json (vLLM 0.25; the stand-in does the same): listed, each keeps its own."""
+    head, worker = sim_cluster.nodes
+    log = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    ranks = {}
+    for line in log.splitlines():
+        match = re.search(r"rank \d+: node_id=\S+ node_ip=(\S+) .* env=(\{.*\})$", line)
+        if match:
+            ranks[match.group(1)] = ast.literal_eval(match.group(2))
+    assert ranks[head.fabric_ip]["NCCL_SOCKET_IFNAME"] == "fab0"
+    assert ranks[head.fabric_ip]["NCCL_IB_HCA"] == "rocep1s0f1"
+    assert ranks[worker.fabric_ip]["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert ranks[worker.fabric_ip]["UCX_NET_DEVICES"] == "enp1s0f1np1"
+    assert ranks[worker.fabric_ip]["NCCL_IB_HCA"] is None  # not the head's HCA
+    listed = sim_cluster.docker(
+        head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm-config/ray_non_carry_over_env_vars.json"
+    ).stdout
+    assert json.loads(listed) == ["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES"]
 
 
 def test_ray_refuses_a_client_without_the_token(sim_cluster, deployed):

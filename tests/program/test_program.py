@@ -156,7 +156,11 @@ def test_node_containers_are_wired_to_the_fabric(run):
         assert reg.replace_on_changes == ["mounts"]  # another model directory is a new container
     # the main process is the supervisor, which keeps Ray (and on the head vLLM) running
     assert head.inputs["entrypoints"][:3] == ["python3", "-u", "-c"]
-    assert "class Supervisor" in head.inputs["entrypoints"][3]
+    assert "/opt/spark-vllm/supervisor.py" in head.inputs["entrypoints"][3]  # the bootstrap, not the supervisor
+    installed = run.named("spark-01-supervisor")
+    assert "class Supervisor" in installed.inputs["stdin"]
+    assert installed.inputs["create"].startswith("docker exec -i spark-vllm-spark-01 python3 -c")
+    assert installed.inputs["triggers"] == [head.id]
     on_head, on_worker = supervisor_of(head), supervisor_of(worker)
     assert on_head["ray_argv"][:2] == ["ray", "start"] and "--head" in on_head["ray_argv"]
     assert "--dashboard-host=127.0.0.1" in on_head["ray_argv"]
@@ -378,6 +382,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
             "model-fingerprint",
             "gpu-check",
             "image-check",
+            "supervisor",
         )
         + ("guard-host", "guard", "guard-ready")  # network.guard is on in the prod stack
     }
@@ -471,3 +476,18 @@ def test_a_key_and_a_live_agent_together_are_fine_and_the_key_wins():
     run_ = run_program(prod(), SECRETS, stack="prod")  # the fixture's agent holds a key
     opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
     assert "IdentitiesOnly=yes" in opts  # ssh offers only the key; pulumi-command tries it before the agent
+
+
+def test_a_new_version_of_the_supervisor_replaces_no_container_and_is_written_into_them(monkeypatch):
+    """An upgrade of this program (here: the supervisor's source edited) changes the install step only:
+    the containers, and the models they serve, stay; the new supervisor runs from their next start."""
+    from components import node_container, render
+
+    before = run_program(prod(), SECRETS, stack="prod")
+    edited = render.script("supervisor.py") + "\n# a comment\n"
+    monkeypatch.setattr(
+        node_container, "script", lambda name: edited if name == "supervisor.py" else render.script(name)
+    )
+    after = run_program(prod(), SECRETS, stack="prod")
+    result = changed_inputs(before, after)
+    assert result == {"spark-01-supervisor": {"stdin"}, "spark-02-supervisor": {"stdin"}}, result

@@ -22,11 +22,19 @@ from .args import ServeConfig, StandinError
 WHERE_UTILS = "ray_utils.py:323"
 WHERE_EXEC = "ray_distributed_executor.py:218"
 
-# What vLLM forwards to its Ray workers (never VLLM_HOST_IP, which each node sets itself).
-FORWARDED_PREFIXES = ("VLLM_", "NCCL_", "UCX_", "HF_")
-NOT_FORWARDED = frozenset({"VLLM_HOST_IP", "VLLM_API_KEY"})
+# What vLLM 0.25's Ray executor (RayExecutorV2, its default: VLLM_USE_RAY_V2_EXECUTOR_BACKEND=1) gives its
+# workers of the driver's environment (v1/executor/ray_env_utils.py get_driver_env_vars): all of it but the
+# worker-specific names (v1/executor/ray_utils.py WORKER_SPECIFIC_ENV_VARS) and those listed in
+# VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/ray_env.py), applied with setdefault:
+# a worker keeps what its node sets, and takes the driver's value for what its node does not.
+WORKER_SPECIFIC = frozenset(
+    {"VLLM_HOST_IP", "VLLM_HOST_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
+     "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+)  # fmt: skip
+NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 # Shown per rank so that rehearsals can see what each node's container provides.
-REPORTED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES")
+REPORTED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+                "UCX_NET_DEVICES")  # fmt: skip
 
 
 def default_route_ip() -> str:
@@ -66,8 +74,23 @@ def vllm_host_ip(environ=os.environ) -> str:
     return ip
 
 
+def non_carry_over(environ=os.environ) -> set[str]:
+    """The names vLLM's config file says not to copy to the workers (none when it is absent)."""
+    import json
+
+    root = environ.get("VLLM_CONFIG_ROOT") or os.path.join(
+        environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "vllm"
+    )
+    try:
+        with open(os.path.join(root, NON_CARRY_OVER_FILE)) as handle:
+            return set(json.load(handle))
+    except (OSError, ValueError):
+        return set()
+
+
 def forwarded_env(environ=os.environ) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) and k not in NOT_FORWARDED}
+    excluded = WORKER_SPECIFIC | non_carry_over(environ)
+    return {k: v for k, v in environ.items() if k not in excluded}
 
 
 @dataclass(frozen=True)
@@ -89,8 +112,11 @@ def _worker_class():
         """One per GPU rank, like vLLM's RayWorkerWrapper; holds no model, but the GPU Ray gave it
         (the lock of core.py), until the actor ends: Ray ends it once its driver, the engine core, is gone."""
 
-        def __init__(self, utilization: float):
+        def __init__(self, utilization: float, driver_env: dict):
             from vllm_standin.core import GpuLock
+
+            for key, value in driver_env.items():
+                os.environ.setdefault(key, value)  # the node's own values win
 
             ids = ray.get_gpu_ids()
             self.gpu = GpuLock(int(float(ids[0])) if ids else 0, utilization)
@@ -221,12 +247,9 @@ class RayEngine:
 
         cls = _worker_class()
         env = forwarded_env(self.environ)
-        opts = {"runtime_env": {"env_vars": env}} if env else {}
         for i in range(world):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
-            self.workers.append(
-                cls.options(scheduling_strategy=strategy, **opts).remote(self.cfg.gpu_memory_utilization)
-            )
+            self.workers.append(cls.options(scheduling_strategy=strategy).remote(self.cfg.gpu_memory_utilization, env))
         try:
             infos = ray.get([w.info.remote() for w in self.workers], timeout=120)
         except Exception as e:
