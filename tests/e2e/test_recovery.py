@@ -149,11 +149,16 @@ def test_switching_to_ray_is_one_up_and_its_preview_says_what_is_replaced(sim_cl
 
 
 def test_ray_a_killed_vllm_recovers_by_itself(sim_cluster, stack):
+    """A SIGKILL of vLLM's API server alone, as the OOM killer sends it: its engine core (the stand-in's,
+    like real vLLM's) lives on holding the GPU, and a restart works only once the supervisor ended it."""
     head = sim_cluster.nodes[0]
     before = vllm_pids(sim_cluster, [head])
     started = kill_vllm(sim_cluster, head)
     seconds = recovered(sim_cluster, stack, [head], before, started)
     print(f"\nRECOVERY ray, vLLM killed on the head: serving again after {seconds:.1f} s")
+    log = sim_cluster.docker(head, "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log").stdout
+    ended = [line for line in log.splitlines() if "ending what it left running" in line]
+    assert ended and "VLLM::EngineCor" in ended[-1]
 
 
 def test_ray_a_worker_whose_dockerd_restarts_rejoins_by_itself(sim_cluster, stack):
