@@ -136,13 +136,14 @@ def test_ray_two_nodes_and_standin_serving(image, daemon):
             "ray start --head --node-ip-address=127.0.0.1 --port=6379 --num-gpus=1 "
             "--include-dashboard=false --disable-usage-stats > /tmp/ray-head.log 2>&1",
         )
-        # the worker node's raylet (and so its workers) get their own VLLM_HOST_IP, like a second container
+        # the worker node's raylet (and so its workers) get their own VLLM_HOST_IP and their own GPU (the
+        # stand-in's GPU locks), like a second container
         _sh(
             daemon,
             name,
             "ray start --address=127.0.0.1:6379 --node-ip-address=127.0.0.2 --num-gpus=1 "
             "--disable-usage-stats > /tmp/ray-worker.log 2>&1",
-            env=["VLLM_HOST_IP=127.0.0.2"],
+            env=["VLLM_HOST_IP=127.0.0.2", "STANDIN_GPU_DIR=/run/vllm-standin-gpus-of-node-2"],
         )
         _sh(daemon, name, "mkdir -p /models/m && echo '{\"num_attention_heads\": 16}' > /models/m/config.json")
         deadline = time.monotonic() + 60
