@@ -284,7 +284,12 @@ def local_http_host(cfg: ClusterConfig) -> str:
 
 
 # Scripts that share code: what each needs is prepended to it (each still travels as one program).
-SCRIPT_HELPERS = {"model_fingerprint.py": ("vllm_weights.py",), "hf_download.py": ("vllm_weights.py",)}
+SCRIPT_HELPERS = {
+    "model_fingerprint.py": ("vllm_weights.py",),
+    "hf_download.py": ("vllm_weights.py",),
+    "image_pull.py": ("docker_api.py",),
+    "fabric_copy.py": ("docker_api.py",),
+}
 
 
 @functools.cache

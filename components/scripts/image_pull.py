@@ -30,56 +30,8 @@ def human(count):
         count /= 1000.0
 
 
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-        self.raw = self.sock  # kept: http.client drops `sock` once a response reads to the end
-
-
-def socket_path():
-    host = os.environ.get("DOCKER_HOST", "")
-    return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
-
-
-# The newest Docker Engine API these calls were checked against (Docker 29 speaks 1.52 and refuses clients
-# below 1.44; Docker 20.10 speaks 1.41): the version is negotiated as the Docker SDKs do (docker-py
-# `version="auto"`, the Go client's NegotiateAPIVersion): ask the unversioned GET /version, then speak
-# min(its ApiVersion, NEWEST_API), never below its MinAPIVersion.
-NEWEST_API = (1, 52)
-_negotiated = {}
-
-
-def _version(text):
-    major, minor = str(text).split(".")[:2]
-    return int(major), int(minor)
-
-
-def api_prefix():
-    """`/v1.NN`, negotiated once with the daemon."""
-    if "prefix" not in _negotiated:
-        connection = UnixConnection(socket_path(), 30)
-        try:
-            connection.request("GET", "/version")
-            response = connection.getresponse()
-            facts = json.loads(response.read() or b"{}") if response.status == 200 else {}
-        finally:
-            connection.close()
-        daemon = _version(facts.get("ApiVersion") or "1.24")
-        lowest = _version(facts.get("MinAPIVersion") or "1.12")
-        major, minor = max(min(daemon, NEWEST_API), lowest)
-        _negotiated["prefix"] = f"/v{major}.{minor}"
-        _negotiated["said"] = f"Docker {facts.get('Version', '?')}, Engine API {major}.{minor}"
-    return _negotiated["prefix"]
-
-
 def request(method, path, headers=None, timeout=60):
-    connection = UnixConnection(socket_path(), timeout)
+    connection = UnixConnection(docker_socket(), timeout)
     connection.request(method, api_prefix() + path, headers=headers or {})
     return connection, connection.getresponse()
 
@@ -246,7 +198,7 @@ def main():
         say(f"pulling {P['image']} (at most {P['timeout_seconds']} s; {_negotiated['said']})")
         code = pull_with_cli(deadline) if helper else pull_with_api(repository, reference, auth, deadline)
     except OSError as error:
-        say(f"cannot reach the Docker daemon at {socket_path()}: {error}")
+        say(f"cannot reach the Docker daemon at {docker_socket()}: {error}")
         return 1
     if code == 0 and not present(P["image"]):
         say(f"the pull ended but {P['image']} is not on this node")

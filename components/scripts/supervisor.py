@@ -182,30 +182,27 @@ class Tree:
             except ProcessLookupError:
                 pass
 
+    def gone_within(self, seconds, reap=None):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if reap:
+                reap()  # our own child must be waited for, or it lingers as a zombie
+            if not self.alive():
+                return True
+            time.sleep(0.2)
+        return False
+
     def end(self, grace, reap=None):
         """SIGTERM to all of it, up to `grace` seconds, SIGKILL to what is left; True once all is gone."""
         if not self.alive():
             return True
         self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if reap:
-                reap()
-            if not self.alive():
-                return True
-            time.sleep(0.2)
+        if self.gone_within(grace, reap):
+            return True
         left = sorted(self.alive())
-        if left:
-            say(f"SIGKILL to what is left of vLLM after {grace:g} s: {', '.join(describe(pid) for pid in left)}")
+        say(f"SIGKILL to what is left of vLLM after {grace:g} s: {', '.join(describe(pid) for pid in left)}")
         self.signal(signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if reap:
-                reap()
-            if not self.alive():
-                return True
-            time.sleep(0.2)
-        return False
+        return self.gone_within(10, reap)
 
 
 def stop_group(process, grace):
