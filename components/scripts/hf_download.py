@@ -86,7 +86,9 @@ def main():
         if left_out:
             shown = ", ".join(left_out[:5]) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
             say(f"leaving out {len(left_out)} weight file(s) vLLM does not load: {shown}")
-        snapshot = snapshot_download(P["repo"], revision=info.sha, allow_patterns=wanted)
+        # No revision: huggingface_hub writes refs/main only for a branch name, and vLLM offline
+        # (HF_HUB_OFFLINE=1 on every node) finds the snapshot through refs/main.
+        snapshot = snapshot_download(P["repo"], allow_patterns=wanted)
     except GatedRepoError:
         say(f"{P['repo']} is gated or private: set hfToken (`pulumi config set --secret hfToken …`) to a token "
             "that has been granted access")  # fmt: skip

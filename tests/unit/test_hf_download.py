@@ -61,6 +61,8 @@ def test_a_gated_repo_is_downloaded_with_the_token_and_reports_the_host_path(hub
     ).exists()
     snapshot = tmp_path / "cache" / "hub" / "models--org--tiny" / "snapshots" / revision
     assert (snapshot / "config.json").read_text() == '{"architectures": ["X"]}'
+    # what vLLM offline resolves the repo id by
+    assert (tmp_path / "cache" / "hub" / "models--org--tiny" / "refs" / "main").read_text() == revision
     assert "hf_right" not in result.stdout + result.stderr
 
     again = download(hub, tmp_path)
