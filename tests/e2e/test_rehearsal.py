@@ -431,8 +431,11 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
     preview = stack.preview()
     assert {name for name in preview.changed if name.startswith("node-3-")} == {
         f"node-3-{r}"
-        for r in ("host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "container", "joined")
-    }
+        for r in (
+            "host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "image-check", "container",
+            "supervisor", "joined",
+        )
+    }  # fmt: skip
     # the head and node-2 keep their containers and images: nothing of theirs shows as replaced
     assert not {"node-1-container", "node-2-container", "node-1-image", "node-2-image", "node-1-docker"} & set(
         preview.changed
