@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import lane
+from tests.gpu.model import SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "e2e" / "standin"
@@ -35,7 +36,7 @@ def standin_bin(tmp_path: Path) -> Path:
 def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with_the_standin(tmp_path):
     models = tmp_path / "models" / "qwen3-8b"
     models.mkdir(parents=True)
-    (models / "config.json").write_text(json.dumps(__import__("tests.gpu.model").gpu.model.SHAPES["qwen3-8b"][0]))
+    (models / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"][0]))
     bin_dir = standin_bin(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
