@@ -307,7 +307,7 @@ class RecoveryConfig(_Model):
     )
     window_seconds: PositiveInt = Field(600, description="The window maxRestarts counts in.")
     backoff_seconds: PositiveInt = Field(
-        5, description="Wait before restarting vLLM after it exited; doubles each time up to maxBackoffSeconds."
+        2, description="Wait before restarting vLLM after it exited; doubles each time up to maxBackoffSeconds."
     )
     max_backoff_seconds: PositiveInt = Field(60, description="The longest wait between two restarts.")
     gpu_wait_seconds: PositiveInt = Field(

@@ -35,6 +35,7 @@
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,11 +53,11 @@ SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 DEFAULT_RECOVERY = {
     "max_restarts": 5,
     "window_seconds": 600,
-    "backoff_seconds": 5,
+    "backoff_seconds": 2,
     "max_backoff_seconds": 60,
     "gpu_wait_seconds": 180,
 }
-LEFTOVER_GRACE_SECONDS = 5  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
+LEFTOVER_GRACE_SECONDS = 2  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
 # vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): the GPU lacks what it asks for.
 GPU_BUSY_MESSAGE = "on startup is less than desired GPU memory utilization"
 RAY_CHECK = """
@@ -82,21 +83,36 @@ def read_spec():
         return None
 
 
-def last_error(lines=200):
-    try:
-        with open(LOG, errors="replace") as handle:
-            tail = handle.readlines()[-lines:]
-    except OSError:
-        return ""
+# vLLM's own log lines carry their level ("(APIServer pid=7) WARNING 12-01 20:42:04 [...]"): a warning
+# that mentions an error (its ulimit notice names OSError) is not why vLLM exited.
+NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def error_line(text, lines=200):
+    """The last error-like line of vLLM's output (since its start), or ""."""
+    tail = [line for line in text.splitlines()[-lines:] if line.strip() and "=== spark-vllm:" not in line]
     for line in reversed(tail):
-        if "=== spark-vllm:" in line:
+        if NOT_AN_ERROR.search(line):
             continue
         if any(word in line for word in ("Error", "ERROR", "error:", "Traceback", "unrecognized")):
             return line.strip()[:300]
-    for line in reversed(tail):
-        if line.strip() and "=== spark-vllm:" not in line:
-            return line.strip()[:300]
     return ""
+
+
+def exit_reason(code, text):
+    """Why vLLM exited, as far as it shows: the signal that ended it, else its last error line (or
+    its last line when none looks like an error)."""
+    error = error_line(text)
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (f"; its log's last error: {error}" if error else "")
+    if error:
+        return error
+    lines = [line for line in text.splitlines() if line.strip() and "=== spark-vllm:" not in line]
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def proc_stat(pid):
@@ -477,10 +493,11 @@ class Supervisor:
         self.end_leftovers()
         # A node of the group may be what went away: the next start waits for Ray to be whole again.
         self.ray_ready = False
-        error = last_error()
+        output = self.output_since_start()
+        error = exit_reason(code, output)
         self.last_exit = {"code": code, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": error}
         recovery = self.recovery
-        if GPU_BUSY_MESSAGE in self.output_since_start():
+        if GPU_BUSY_MESSAGE in output:
             # Not a crash: the GPU was not free yet (a process still releasing it). Wait and try again.
             self.next_start = now + recovery["backoff_seconds"]
             self.gpu_busy = f"vLLM refused to start: {error}"
@@ -550,11 +567,14 @@ class Supervisor:
         elif self.vllm is not None and now >= self.next_remember:
             self.tree.remember()  # so that a SIGKILLed API server's children are still known
             self.next_remember = now + (0.5 if now - self.started_at < 60 else 2)
-        if spec and self.vllm is None and not self.failed and now >= self.next_start:
-            if not self.cluster_formed(now):
-                self.state = "waiting for Ray"
-            elif self.gpu_ready(spec, now):
-                self.start_vllm(spec, now)
+        if spec and self.vllm is None and not self.failed:
+            formed = self.cluster_formed(now)  # asked during the backoff too: the query overlaps the wait
+            now = time.monotonic()
+            if now >= self.next_start:
+                if not formed:
+                    self.state = "waiting for Ray"
+                elif self.gpu_ready(spec, now):
+                    self.start_vllm(spec, now)
         if self.vllm is not None and not (spec or {}).get("health_url") and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)

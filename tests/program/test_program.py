@@ -203,7 +203,7 @@ def test_serve_hands_vllm_its_settings_in_the_head_container_with_the_key_off_th
     assert params["spec"]["ray_ready"] == {"address": "192.168.200.12:6379", "nodes": 2, "gpus": 2}
     assert params["spec"]["health_url"] == "http://127.0.0.1:30000/health"
     assert params["spec"]["recovery"] == {
-        "max_restarts": 5, "window_seconds": 600, "backoff_seconds": 5, "max_backoff_seconds": 60, "gpu_wait_seconds": 180
+        "max_restarts": 5, "window_seconds": 600, "backoff_seconds": 2, "max_backoff_seconds": 60, "gpu_wait_seconds": 180
     }  # fmt: skip
     assert params["argv"][:3] == ["vllm", "serve", "/models/Qwen3.5-122B-A10B-FP8"]
     assert "--distributed-executor-backend=ray" in params["argv"] and "--tensor-parallel-size=2" in params["argv"]

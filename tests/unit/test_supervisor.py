@@ -34,6 +34,10 @@ if os.environ.get("FAKE_VLLM_GPU_BUSY"):
           flush=True)
     sys.exit(1)
 print("fake vllm", sys.argv[1:], "key set" if os.environ.get("VLLM_API_KEY") else "no key", flush=True)
+# what vLLM 0.25 prints at every start on a host with a low fd limit: a warning, not why it exits
+print("(APIServer pid=1) WARNING 12-01 20:42:04 [system_utils.py:299] Found ulimit of 20000 and failed to "
+      "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+      "like `OSError: [Errno 24] Too many open files`.", flush=True)
 if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
     time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
     print("ERROR EngineCore failed: out of memory", flush=True)
@@ -310,6 +314,7 @@ def test_a_sigkilled_vllm_leaves_nothing_behind_before_it_starts_again(node, tmp
     assert not alive(core)
     assert "ending what it left running: pid" in node.log()
     assert node.status()["restarts_total"] == 1
+    assert node.status()["last_exit"]["error"] == "killed by SIGKILL"  # not the warning vLLM printed
 
 
 def test_a_start_waits_until_the_gpu_has_what_vllm_asks_for_and_names_what_holds_it(node, tmp_path):
