@@ -15,8 +15,9 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig, NodeConfig
+from components.fabric import gate_params
 from components.preflight import fingerprint_argv, image_check_argv, model_path, node_memory, preflight_argv
-from components.render import script, shell_line, with_script
+from components.render import script, script_program, shell_line, with_script
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class NodeChecksArgs:
     node: NodeConfig
     connection: command.remote.ConnectionArgs
     image_id: pulumi.Input[str]  # this node's pulled image, for the GPU check
+    image_ref: pulumi.Input[str]  # the release's image as named (known before any pull): the fabric gate's trigger
     model: pulumi.Input[str]
     after: Sequence[pulumi.Resource] = ()  # every node's fabric network, when managed; its model copy
     reread: Sequence[pulumi.Input] = ()  # values whose change means the model must be checked again
@@ -55,6 +57,19 @@ class NodeChecks(pulumi.ComponentResource):
         common = dict(connection=args.connection, add_previous_output_in_env=False)
         # Read-only checks have nothing to undo, hence no delete. They run again when the release
         # (model or image) changes, i.e. whenever the Ray containers would be recreated.
+        # The fabric gate's probe runs on every node at once (the bandwidth test needs the peers' probes
+        # listening), as soon as the node is reachable: it waits for nothing but the fabric networks.
+        self.fabric_gate = None
+        if cfg.fabric.gate != "off":
+            self.fabric_gate = command.remote.Command(
+                f"{name}-fabric-gate",
+                create=with_script(
+                    shell_line(["python3", "-"]), script_program("fabric_gate.py", gate_params(cfg, node))
+                ),
+                triggers=[args.image_ref, model, *args.reread],  # a new release runs on a freshly checked fabric
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+                **common,
+            )
         self.preflight = command.remote.Command(
             f"{name}-preflight",
             create=model.apply(

@@ -8,6 +8,7 @@ from typing import Optional
 import pulumi
 import pulumi_command as command
 
+from components import fabric
 from components.checks import NodeChecks, NodeChecksArgs
 from components.config import ClusterConfig, NodeConfig
 from components.depot import Depot, DepotArgs, download_model, snapshot_of, sync_model
@@ -152,6 +153,7 @@ class VllmCluster(pulumi.ComponentResource):
                 "smoke": self.smoke,
                 "release": self.release,
                 "memory_plan": self.memory_plan,
+                "fabric": self.fabric,
                 "status_command": self.status_command,
             }
         )
@@ -283,8 +285,8 @@ class VllmCluster(pulumi.ComponentResource):
         for an image no registry holds, by id; validated once the smoke test passed."""
         validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
         pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
-        return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated).apply(
-            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin)
+        return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated, self.fabric).apply(
+            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin, fabric=p[4])
         )
 
     def _create_checks(
@@ -333,6 +335,7 @@ class VllmCluster(pulumi.ComponentResource):
                     node=node,
                     connection=self.hosts[node.name].connection,
                     image_id=images[node.name].image_id,
+                    image_ref=args.release.image,
                     model=local_model,
                     after=after,
                     reread=reread,
@@ -353,11 +356,12 @@ class VllmCluster(pulumi.ComponentResource):
                 lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
         self.memory_plan = self._memory_plan(cfg, args, fingerprints)
+        self.fabric = self._fabric_gate(cfg)
         node_names = [node.name for node in cfg.nodes]
         images_fit = pulumi.Output.all(*[self.checks[n].image_facts for n in node_names]).apply(
             lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
         )
-        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, *gates).apply(
+        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, self.fabric, images_fit, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(
@@ -365,6 +369,33 @@ class VllmCluster(pulumi.ComponentResource):
             create=verdict,
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    def _fabric_gate(self, cfg: ClusterConfig) -> pulumi.Output:
+        """Every node's fabric probe judged together; with fabric.gate enforce, an error (before any
+        container) listing every problem; the figures otherwise (the `fabric` output)."""
+        if cfg.fabric.gate == "off":
+            return pulumi.Output.from_input({"checked": False, "reason": "fabric.gate: off"})
+        names = [node.name for node in cfg.nodes]
+
+        def judge(outs: list[str]) -> dict:
+            facts = {}
+            for name, out in zip(names, outs, strict=True):
+                try:
+                    facts[name] = parse_fingerprint(out)
+                except ValueError as error:
+                    facts[name] = {"error": f"{error}: {out.strip()[:200]!r}"}
+            problems, figures = fabric.judge(cfg, facts)
+            if problems and cfg.fabric.gate == "enforce":
+                raise fabric.FabricGateError(fabric.message(problems))
+            if problems:
+                pulumi.log.warn(
+                    fabric.message(problems).replace(
+                        "(fabric.gate: enforce); nothing was started", "(fabric.gate: warn)"
+                    )
+                )
+            return {**figures, "problems": problems}
+
+        return pulumi.Output.all(*[self.checks[n].fabric_gate.stdout for n in names]).apply(judge)
 
     def _memory_plan(self, cfg: ClusterConfig, args: VllmClusterArgs, fingerprints: dict) -> pulumi.Output:
         """The memory plan from the head's model fingerprint and every node's memory; with

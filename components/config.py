@@ -268,6 +268,32 @@ class NetworkConfig(_Model):
     )
 
 
+class FabricConfig(_Model):
+    gate: Literal["enforce", "warn", "off"] = Field(
+        "enforce",
+        description="The fabric gate, on every node before any container: the fabric interface (up, carrier, MTU, "
+        "speed), its RDMA devices (ACTIVE, RoCE v2 GID) against rdmaDevices, every peer reached over the fabric with "
+        "a full-size packet, a short bandwidth test per pair. enforce stops the deploy on a problem, warn reports it.",
+    )
+    bandwidth_test: Literal["tcp", "off"] = Field(
+        "tcp", description="The bandwidth test between the nodes: a short TCP test over the fabric addresses."
+    )
+    min_bandwidth_gbps: Optional[float] = Field(
+        None,
+        gt=0,
+        description="Floor of the bandwidth test (Gb/s); below it is a problem. Default: 5 % of the slower link's "
+        "speed (a coarse floor for one process's TCP streams: it catches a fabric that is not the fabric).",
+    )
+    bandwidth_seconds: float = Field(1.0, ge=0.2, le=30, description="How long each pair's test sends.")
+    min_link_speed_gbps: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Speed every fabric interface must run at (e.g. 200 on a DGX Spark). Default: only that the nodes "
+        "agree.",
+    )
+    test_port: Port = Field(29660, description="TCP port of the bandwidth test on every node's fabric address.")
+
+
 class UlimitsConfig(_Model):
     memlock: int = Field(
         -1, ge=-1, description="Locked-memory limit in bytes; -1 = unlimited (RDMA registers GPU memory)."
@@ -400,6 +426,7 @@ class ClusterConfig(_Model):
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster settings.")
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description="The fabric gate: the link checked first.")
     container: ContainerConfig = Field(default_factory=ContainerConfig, description="The node containers' settings.")
     memory_check: Literal["enforce", "warn", "off"] = Field(
         "enforce",
@@ -778,6 +805,10 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
             add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port,
                 default=workers)  # fmt: skip
         add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
+    fabric = cfg.fabric
+    if fabric is not INVALID and len(cfg.nodes) > 1 and fabric.gate != "off" and fabric.bandwidth_test == "tcp":
+        add("fabric.testPort", "fabric gate's bandwidth test, during the checks", fabric.test_port,
+            default=single(FabricConfig, "test_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
     if copying and copy is not INVALID and len(cfg.nodes) > 1:

@@ -35,6 +35,7 @@ def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> l
         f"PEERS={peers}",
         f"MODEL={model_path(model)}",
         f"CONTAINER={container_name(node)}",
+        f"FABRIC_CHECKS={0 if cfg.fabric.gate != 'off' else 1}",  # the fabric gate checks the link, in full
         "bash",
         "-s",
     ]

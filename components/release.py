@@ -12,6 +12,7 @@ from typing import Any
 import pulumi
 
 from components.config import ClusterConfig
+from components.fabric import describe as describe_fabric
 from components.render import engine_settings, fingerprint
 
 REQUIRED_FIELDS = ("image", "model", "validated")
@@ -79,7 +80,9 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
     pinned = cfg.promote_fingerprint
     copies = cfg.image_transfer.method == "copy"
     release = (
-        pulumi.StackReference(stack).get_output("release").apply(lambda r: check_promotable(r, stack, pinned, copies))
+        pulumi.StackReference(stack)
+        .get_output("release")
+        .apply(lambda r: _announce(stack, check_promotable(r, stack, pinned, copies)))
     )
     defaults = engine_settings(cfg)
     return ReleaseSource(
@@ -90,6 +93,15 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
     )
 
 
+def _announce(stack: str, release: dict[str, Any]) -> dict[str, Any]:
+    """Says (in preview and up) which release is promoted and the fabric it was validated on."""
+    pulumi.log.info(
+        f"promoteFrom {stack!r}: release {release.get('fingerprint')}, validated on the fabric: "
+        f"{describe_fabric(release.get('fabric') or {})}"
+    )
+    return release
+
+
 def _engine(defaults: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
     """The promoted engine settings over this stack's; numbers come back from state as floats."""
     engine = {**defaults, **promoted}
@@ -98,6 +110,13 @@ def _engine(defaults: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any
     return engine
 
 
-def release_record(image: str, model: str, engine: dict, validated: bool, origin: str) -> dict[str, Any]:
+def release_record(
+    image: str, model: str, engine: dict, validated: bool, origin: str, fabric: dict | None = None
+) -> dict[str, Any]:
+    """What this stack runs and whether it was validated; `fabric`: the fabric gate's figures on this
+    stack's nodes (what the release ran on; not part of the fingerprint, which is what it is)."""
     body = {"image": image, "model": model, "engine": engine}
-    return {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
+    record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
+    if fabric is not None:
+        record["fabric"] = {key: fabric.get(key) for key in ("checked", "links", "bandwidthGbps", "floorGbps")}
+    return record

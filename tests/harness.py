@@ -137,6 +137,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 HF_CACHE = "/srv/hf"  # the container.hfCacheDir the program tests use
 
 
+def gate_params_of(create: str) -> dict[str, Any]:
+    """The PARAMS a fabric gate command carries (script_program's first line)."""
+    line = next(line for line in create.splitlines() if line.startswith("PARAMS = "))
+    return json.loads(json.loads(line.removeprefix("PARAMS = ")))
+
+
 class FakeCloud(pulumi.runtime.Mocks):
     """Answers like the providers would, without doing anything: ids and computed outputs."""
 
@@ -168,6 +174,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = json.dumps({"snapshot": f"{HF_CACHE}/hub/models--Qwen--Qwen3-0.6B/snapshots/{'c' * 40}"})
             elif args.name.endswith("-image-check"):
                 stdout = json.dumps(self.image_facts)
+            elif args.name.endswith("-fabric-gate") and "create" in args.inputs:
+                stdout = json.dumps(self.fabric_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             outputs.update(stdout=stdout, stderr="")
@@ -175,6 +183,56 @@ class FakeCloud(pulumi.runtime.Mocks):
             stack = args.inputs["name"]
             outputs.update(outputs=self.stack_outputs.get(stack, {}), secretOutputNames=[])
         return f"{args.name}-id", outputs
+
+    def fabric_facts(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What fabric_gate.py reports of a good DGX Spark fabric: the interface up at 200 Gb/s with MTU
+        9000, both RoCE twins ACTIVE (the fabric one with a RoCE v2 GID), every peer answering full-size
+        packets, ~23 Gb/s to each target."""
+        interface, address = params["interface"], params["address"]
+        bandwidth = params.get("bandwidth") or {}
+        return {
+            "node": params["node"],
+            "interface": {
+                "exists": True,
+                "operstate": "up",
+                "up": True,
+                "carrier": 1,
+                "mtu": 9000,
+                "speed_mbps": 200000,
+                "addresses": [address],
+            },  # fmt: skip
+            "address_on": [interface],
+            "rdma": [
+                {
+                    "device": "rocep1s0f1",
+                    "port": 1,
+                    "state": "ACTIVE",
+                    "link_layer": "Ethernet",
+                    "netdev": interface,
+                    "rocev2_gid_index": 3,
+                },  # fmt: skip
+                {
+                    "device": "roceP2p1s0f1",
+                    "port": 1,
+                    "state": "ACTIVE",
+                    "link_layer": "Ethernet",
+                    "netdev": "enP2p1s0f1np1",
+                    "rocev2_gid_index": None,
+                },  # fmt: skip
+            ],
+            "ping": True,
+            "peers": {
+                peer["name"]: {"address": peer["address"], "route_dev": interface, "reach": True, "full_size": True}
+                for peer in params["peers"]
+            },
+            "bandwidth": {
+                name: {"gbps": 23.5, "bytes": 2_937_500_000, "seconds": 1.0, "streams": 4}
+                for name in bandwidth.get("targets", [])
+            },  # fmt: skip
+            "served": sorted(bandwidth.get("expect", [])),
+            "not_served": [],
+            "seconds": 1.4,
+        }
 
     def fingerprint(self, node: str) -> dict[str, Any]:
         """What model_fingerprint.py prints for the same model on every node: the seed model's shape

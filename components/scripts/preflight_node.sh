@@ -6,6 +6,8 @@
 #   PEERS        space-separated fabric addresses of the other nodes; NAME=ADDR names them in messages
 #   MODEL        absolute model path, or empty when the model is a repo id
 #   CONTAINER    this stack's container on the node (its vLLM holds the GPU while it runs)
+#   FABRIC_CHECKS 0 when the fabric gate (fabric_gate.py) checks the link instead: the interface and
+#                the peers are then left to it; 1 (the default) checks them here
 # Runs every check; each problem is one line on stderr, `preflight NODE: what is wrong — what to do`.
 # Exit 0 and `preflight NODE: ok` on stdout when all pass, 1 otherwise; then, on its own line, the
 # node's memory as JSON for the memory plan: {"mem_total_bytes": N, "mem_available_bytes": N,
@@ -23,6 +25,7 @@ for var in NODE FABRIC_IF FABRIC_ADDR; do
 done
 PEERS=${PEERS:-}
 MODEL=${MODEL:-}
+FABRIC_CHECKS=${FABRIC_CHECKS:-1}
 failed=0
 
 fail() {
@@ -44,6 +47,7 @@ interfaces_with_address() {
 }
 
 # --- the fabric interface: exists, up, carries the fabric address ---------------------------------
+if [[ $FABRIC_CHECKS == 1 ]]; then
 link=$(ip -o link show dev "$FABRIC_IF" 2>/dev/null) || link=""
 elsewhere=$(ip -o -4 addr show 2>/dev/null | interfaces_with_address)
 elsewhere=${elsewhere//$'\n'/, }
@@ -110,6 +114,7 @@ for token in $PEERS; do
             "check the cable, that $FABRIC_IF is up on both nodes and the peer's fabricAddress (or a firewall dropping ICMP)"
     fi
 done
+fi
 
 # --- Docker answers -------------------------------------------------------------------------------
 if ! command -v docker >/dev/null 2>&1; then

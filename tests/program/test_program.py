@@ -378,6 +378,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
             "image",
             "container",
             "joined",
+            "fabric-gate",
             "preflight",
             "model-fingerprint",
             "gpu-check",
@@ -387,11 +388,14 @@ def test_adding_a_node_touches_that_node_and_the_serve():
         + ("guard-host", "guard", "guard-ready")  # network.guard is on in the prod stack
     }
     others = {k: v for k, v in result.items() if not k.startswith("spark-03")}
-    # The existing nodes' preflight runs again because their peer list grew (can they reach spark-03?),
-    # and their guard lets the new peer in; no provider, image or Ray container of theirs is touched.
+    # The existing nodes' preflight and fabric gate run again because their peer list grew (can they
+    # reach spark-03, how fast?), and their guard lets the new peer in (and its test port); no provider,
+    # image or Ray container of theirs is touched.
     assert others == {
         "spark-01-preflight": {"create"},
         "spark-02-preflight": {"create"},
+        "spark-01-fabric-gate": {"create"},
+        "spark-02-fabric-gate": {"create"},
         **{f"{node}-guard": {"entrypoints"} for node in ("spark-01", "spark-02")},
         **{f"{node}-guard-host": {"create", "delete"} for node in ("spark-01", "spark-02")},
         **{f"{node}-guard-ready": {"stdin"} for node in ("spark-01", "spark-02")},

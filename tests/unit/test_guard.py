@@ -28,7 +28,14 @@ def test_the_head_guards_every_ray_port_and_leaves_ssh_and_the_api_alone():
     cfg = load_cluster_config(config(network={"guard": True}))
     spec = guard.guard_spec(cfg, cfg.nodes[0])
     assert spec["peers"] == ["10.9.0.2"] and spec["interface"] == "enp1s0f1np1"
-    assert spec["guarded"] == [[6379, 6379], [8265, 8265], [10001, 10001], [10002, 19999], [32768, 60999]]
+    assert spec["guarded"] == [
+        [6379, 6379],
+        [8265, 8265],
+        [10001, 10001],
+        [10002, 19999],
+        [29660, 29660],
+        [32768, 60999],
+    ]  # fmt: skip  (29660: the fabric gate's bandwidth test)
     assert spec["public"] == [22, 8000] and spec["ephemeral"] is True and spec["api"] is None
 
 
@@ -42,8 +49,8 @@ def test_a_worker_guards_its_own_ray_ports_and_the_depot_is_guarded_on_the_sourc
 
 def test_with_mp_the_master_port_is_guarded_and_ray_has_no_ports():
     cfg = load_cluster_config(config(executor="mp", network={"guard": True}))
-    assert guard.guard_spec(cfg, cfg.nodes[0])["guarded"] == [[29501, 29501]]
-    assert guard.guard_spec(cfg, cfg.nodes[1])["guarded"] == []
+    assert guard.guard_spec(cfg, cfg.nodes[0])["guarded"] == [[29501, 29501], [29660, 29660]]
+    assert guard.guard_spec(cfg, cfg.nodes[1])["guarded"] == [[29660, 29660]]  # the fabric gate's test port
 
 
 def test_api_sources_limit_the_api_on_the_head_only():
