@@ -26,7 +26,6 @@ class NodeChecksArgs:
     node: NodeConfig
     connection: command.remote.ConnectionArgs
     image_id: pulumi.Input[str]  # this node's pulled image, for the GPU check
-    image_ref: pulumi.Input[str]  # the release's image as named (known before any pull): the fabric gate's trigger
     model: pulumi.Input[str]
     after: Sequence[pulumi.Resource] = ()  # every node's fabric network, when managed; its model copy
     reread: Sequence[pulumi.Input] = ()  # values whose change means the model must be checked again
@@ -45,6 +44,27 @@ def gpu_check(node: NodeConfig, image_id: str) -> str:
     return f"{shell_line(probe)} || {{ {hint} >&2; exit 1; }}"
 
 
+def fabric_gate_probe(
+    cfg: ClusterConfig,
+    node: NodeConfig,
+    connection: command.remote.ConnectionArgs,
+    triggers: Sequence[pulumi.Input],
+    after: Sequence[pulumi.Resource],
+    parent: pulumi.Resource,
+) -> command.remote.Command:
+    """`<node>-fabric-gate`: components/scripts/fabric_gate.py on the node's host. Every node's runs at
+    once (the bandwidth test needs the peers' probes listening) as soon as the node is reachable: it
+    waits for nothing but the fabric networks. Read-only; runs again when `triggers` change."""
+    return command.remote.Command(
+        f"{node.name}-fabric-gate",
+        create=with_script(shell_line(["python3", "-"]), script_program("fabric_gate.py", gate_params(cfg, node))),
+        triggers=list(triggers),
+        connection=connection,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(after)),
+    )
+
+
 class NodeChecks(pulumi.ComponentResource):
     preflight: command.remote.Command
     fingerprint: Optional[pulumi.Output[str]]
@@ -57,19 +77,6 @@ class NodeChecks(pulumi.ComponentResource):
         common = dict(connection=args.connection, add_previous_output_in_env=False)
         # Read-only checks have nothing to undo, hence no delete. They run again when the release
         # (model or image) changes, i.e. whenever the Ray containers would be recreated.
-        # The fabric gate's probe runs on every node at once (the bandwidth test needs the peers' probes
-        # listening), as soon as the node is reachable: it waits for nothing but the fabric networks.
-        self.fabric_gate = None
-        if cfg.fabric.gate != "off":
-            self.fabric_gate = command.remote.Command(
-                f"{name}-fabric-gate",
-                create=with_script(
-                    shell_line(["python3", "-"]), script_program("fabric_gate.py", gate_params(cfg, node))
-                ),
-                triggers=[args.image_ref, model, *args.reread],  # a new release runs on a freshly checked fabric
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
-                **common,
-            )
         self.preflight = command.remote.Command(
             f"{name}-preflight",
             create=model.apply(

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_command as command
 
 from components import fabric
-from components.checks import NodeChecks, NodeChecksArgs
+from components.checks import NodeChecks, NodeChecksArgs, fabric_gate_probe
 from components.config import ClusterConfig, NodeConfig
 from components.depot import Depot, DepotArgs, download_model, snapshot_of, sync_model
 from components.guard import NodeGuard, NodeGuardArgs
@@ -309,8 +309,11 @@ class VllmCluster(pulumi.ComponentResource):
         local_model = args.release.model
         if self.download is not None:
             local_model = self.download.stdout.apply(snapshot_of)
+        self.fabric, fabric_passed = self._fabric_gate(cfg, args, networks, local_model)
         for node in [source, *(n for n in cfg.nodes if n.name != source.name)]:
             after: list[pulumi.Resource] = list(networks)  # peers must have their fabric address before we ping them
+            if fabric_passed is not None:
+                after.append(fabric_passed)  # nothing else runs on a node (no check container) on a bad fabric
             reread: list[pulumi.Input] = []
             if node is source and self.download is not None:
                 after.append(self.download)
@@ -335,7 +338,6 @@ class VllmCluster(pulumi.ComponentResource):
                     node=node,
                     connection=self.hosts[node.name].connection,
                     image_id=images[node.name].image_id,
-                    image_ref=args.release.image,
                     model=local_model,
                     after=after,
                     reread=reread,
@@ -356,12 +358,11 @@ class VllmCluster(pulumi.ComponentResource):
                 lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
         self.memory_plan = self._memory_plan(cfg, args, fingerprints)
-        self.fabric = self._fabric_gate(cfg)
         node_names = [node.name for node in cfg.nodes]
         images_fit = pulumi.Output.all(*[self.checks[n].image_facts for n in node_names]).apply(
             lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
         )
-        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, self.fabric, images_fit, *gates).apply(
+        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(
@@ -370,12 +371,21 @@ class VllmCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _fabric_gate(self, cfg: ClusterConfig) -> pulumi.Output:
-        """Every node's fabric probe judged together; with fabric.gate enforce, an error (before any
-        container) listing every problem; the figures otherwise (the `fabric` output)."""
+    def _fabric_gate(
+        self, cfg: ClusterConfig, args: VllmClusterArgs, networks: list, model: pulumi.Input[str]
+    ) -> tuple[pulumi.Output, Optional[command.local.Command]]:
+        """Every node's fabric probe, judged together by `spark-vllm-fabric-passed`: with fabric.gate
+        enforce its input fails listing every problem, so it never exists and nothing after it (the
+        checks, the containers) runs. (The figures, the resource or None when the gate is off.)"""
         if cfg.fabric.gate == "off":
-            return pulumi.Output.from_input({"checked": False, "reason": "fabric.gate: off"})
+            return pulumi.Output.from_input({"checked": False, "reason": "fabric.gate: off"}), None
         names = [node.name for node in cfg.nodes]
+        # a new release runs on a freshly checked fabric; the image as named is known before any pull
+        triggers = [args.release.image, model]
+        probes = [
+            fabric_gate_probe(cfg, node, self.hosts[node.name].connection, triggers, networks, self)
+            for node in cfg.nodes
+        ]
 
         def judge(outs: list[str]) -> dict:
             facts = {}
@@ -395,7 +405,13 @@ class VllmCluster(pulumi.ComponentResource):
                 )
             return {**figures, "problems": problems}
 
-        return pulumi.Output.all(*[self.checks[n].fabric_gate.stdout for n in names]).apply(judge)
+        figures = pulumi.Output.all(*[probe.stdout for probe in probes]).apply(judge)
+        passed = command.local.Command(
+            "spark-vllm-fabric-passed",
+            create=figures.apply(lambda f: shell_line(["echo", f"fabric: {fabric.describe(f)}"])),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return figures, passed
 
     def _memory_plan(self, cfg: ClusterConfig, args: VllmClusterArgs, fingerprints: dict) -> pulumi.Output:
         """The memory plan from the head's model fingerprint and every node's memory; with

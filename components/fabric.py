@@ -111,7 +111,7 @@ def _node_problems(cfg: ClusterConfig, node: NodeConfig, facts: dict[str, Any]) 
             f"{where}: the link runs at {found}, fabric.minLinkSpeedGbps is {floor} — reseat or replace the cable, "
             f"check both ports (`ethtool {interface}` shows the speed it negotiated)"
         )
-    if facts.get("listen_error"):
+    if facts.get("listen_error") and str(node.fabric_address) in (link.get("addresses") or []):
         problems.append(f"{where}: {facts['listen_error']} — free fabric.testPort or set it to a free port")
     if not cfg.nccl.ib_disable:
         problems += _rdma_problems(node, facts.get("rdma") or [], where)
@@ -235,6 +235,8 @@ def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]])
                     "the same MTU everywhere on the path"
                 )
         for peer, result in (facts.get("bandwidth") or {}).items():
+            if "skipped" in result:
+                continue  # the peer did not answer: said above
             if "error" in result:
                 problems.append(
                     f"{where}: the bandwidth test to {peer} failed: {result['error']} — the gate runs on every node at "

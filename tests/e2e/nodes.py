@@ -401,6 +401,29 @@ class SimCluster:
         finally:
             _run([*enter, "umount", str(path)], check=False)
 
+    @contextlib.contextmanager
+    def node_rdma_view(self, ref: SimNode | str, infiniband: Path) -> Iterator[None]:
+        """Show ``infiniband`` as /sys/class/infiniband to this node's SSH sessions (a simulated node has
+        no RDMA device; the fabric gate reads this tree). /sys/class cannot gain an entry, so a directory
+        of our own is bound over it, holding the node's real /sys/class/net and the fake tree; only in
+        the mount namespace of the node's sshd (see node_local_view). Undone on exit."""
+        node = self.node(ref)
+        if node._sshd is None or _exited(node._sshd):
+            raise SimNodeError(f"{node.name}: sshd is not running")
+        enter = ["nsenter", f"--target={node._sshd.pid}", "--mount"]
+        view = node.state_dir / "sys-class"
+        (view / "net").mkdir(parents=True, exist_ok=True)
+        (view / "infiniband").mkdir(exist_ok=True)
+        _run([*enter, "mount", "--bind", "/sys/class/net", str(view / "net")])
+        _run([*enter, "mount", "--bind", str(infiniband), str(view / "infiniband")])
+        _run([*enter, "mount", "--rbind", str(view), "/sys/class"])
+        try:
+            yield
+        finally:
+            _run([*enter, "umount", "-R", "/sys/class"], check=False)
+            for sub in ("infiniband", "net"):
+                _run([*enter, "umount", str(view / sub)], check=False)
+
     # teardown --------------------------------------------------------------------------------
     def close(self) -> None:
         """Tear everything down; idempotent. Raises SimNodeError listing what could not be removed."""

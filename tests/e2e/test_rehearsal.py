@@ -8,6 +8,7 @@ from a fresh clone; then a bad config and node faults on the same nodes.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from tests.e2e.rehearsal import chat, rehearsal_config, request
 from tests.e2e.stack import StackError
+from tests.fake_sysfs import add_device
 
 pytestmark = pytest.mark.e2e
 
@@ -83,6 +85,17 @@ def test_the_memory_plan_is_an_output(deployed):
     assert plan["checked"] is True and plan["fits"] is True and plan["maxModelLen"] == 4096
     assert set(plan["nodes"]) == {"node-1", "node-2"}
     assert plan["nodes"]["node-1"]["kv_per_token_mib"] > 0
+
+
+def test_the_fabric_gate_passed_and_its_figures_are_an_output_and_in_the_release(sim_cluster, deployed):
+    fabric = deployed["run"].outputs["fabric"]
+    assert fabric["checked"] is True and fabric["problems"] == []
+    for node in sim_cluster.nodes:
+        link = fabric["links"][node.name]
+        assert link["interface"] == node.fabric_interface and link["mtu"] == 1500 and link["speedGbps"] == 10.0
+    assert fabric["floorGbps"] == 0.5  # 5 % of the veth's 10 Gb/s
+    assert fabric["bandwidthGbps"]["node-1->node-2"] > fabric["floorGbps"]
+    assert deployed["run"].outputs["release"]["fabric"]["bandwidthGbps"] == fabric["bandwidthGbps"]
 
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
@@ -308,8 +321,71 @@ def test_a_fabric_address_not_on_the_node_is_caught_before_any_container(sim_clu
     wrong = sim_cluster.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".99"
     config["nodes"][1]["fabricAddress"] = wrong
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
-    assert "preflight node-" in message
-    assert wrong in message
+    assert f"fabric gate node-2 (enp1s0f1np1): fabricAddress {wrong} is not on the interface" in message
+
+
+@contextlib.contextmanager
+def fabric_fault(cluster, node, *commands):
+    """Run `commands` (argv lists, `{if}` the node's fabric interface) in the node's namespace; undo with
+    the same commands' `undo` counterparts on exit."""
+    done = []
+    try:
+        for do, undo in commands:
+            cluster.run_in(node, [part.format(IF=node.fabric_interface) for part in do])
+            done.append(undo)
+        yield
+    finally:
+        for undo in reversed(done):
+            cluster.run_in(node, [part.format(IF=node.fabric_interface) for part in undo], check=False)
+
+
+def test_the_fabric_gate_refuses_an_mtu_mismatch_before_any_container(sim_cluster, image, model_dir, new_stack):
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    node2 = sim_cluster.nodes[1]
+    mtu = (["ip", "link", "set", "dev", "{IF}", "mtu", "1400"], ["ip", "link", "set", "dev", "{IF}", "mtu", "1500"])
+    with fabric_fault(sim_cluster, node2, mtu):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "the MTU differs between the nodes (node-1 fab0 1500, node-2 enp1s0f1np1 1400)" in message
+    assert "fabric gate node-1 (fab0): a full-size packet (1500 bytes, don't fragment) does not reach node-2" in message
+
+
+def test_the_fabric_gate_refuses_a_fabric_interface_down_naming_both_nodes(sim_cluster, image, model_dir, new_stack):
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    node2 = sim_cluster.nodes[1]
+    down = (["ip", "link", "set", "dev", "{IF}", "down"], ["ip", "link", "set", "dev", "{IF}", "up"])
+    with fabric_fault(sim_cluster, node2, down):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "fabric gate node-2 (enp1s0f1np1): the interface is down — `ip link set dev enp1s0f1np1 up`" in message
+    assert "fabric gate node-1 (fab0): node-2 (" in message and "does not answer a ping over the fabric" in message
+
+
+def test_the_fabric_gate_refuses_a_throttled_link_with_the_figure(sim_cluster, image, model_dir, new_stack):
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    node1 = sim_cluster.nodes[0]  # it measures towards node-2: its sending side is throttled
+    tbf = ["tc", "qdisc", "add", "dev", "{IF}", "root", "tbf", "rate", "40mbit", "burst", "64kbit", "latency", "50ms"]
+    with fabric_fault(sim_cluster, node1, (tbf, ["tc", "qdisc", "del", "dev", "{IF}", "root"])):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    found = re.search(r"fabric gate node-1 \(fab0\): ([0-9.]+) Gb/s to node-2 over the fabric, below the floor of "
+                      r"0.5 Gb/s \(5% of the link speed\)", message)  # fmt: skip
+    assert found and float(found.group(1)) < 0.1, message
+
+
+def test_the_fabric_gate_refuses_a_node_without_an_rdma_device_on_its_fabric(
+    sim_cluster, image, model_dir, new_stack, tmp_path
+):
+    config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    config["nccl"] = {"ibDisable": False}  # NCCL over RDMA: the gate looks at the RDMA devices
+    node1, node2 = sim_cluster.nodes
+    good, other = tmp_path / "node-1", tmp_path / "node-2"
+    add_device(good, "rocep1s0f1", node1.fabric_interface, node1.fabric_ip)  # rdmaDevices [rocep1s0f1], as named
+    add_device(other, "mlx5_0", "eth9", "10.0.0.9")  # an RDMA device, but on no fabric interface
+    with sim_cluster.node_rdma_view(node1, good), sim_cluster.node_rdma_view(node2, other):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert (
+        "fabric gate node-2 (enp1s0f1np1): no RDMA device sits on the interface (present: mlx5_0 on eth9), so NCCL "
+        "would fall back to TCP sockets (slow)" in message
+    )
+    assert "fabric gate node-1" not in message  # its device: ACTIVE, on fab0, with the RoCE v2 GID of its address
 
 
 def test_a_model_too_big_for_the_nodes_memory_stops_the_deploy_with_the_numbers(

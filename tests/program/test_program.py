@@ -70,7 +70,11 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
         node = reg.name.split("-image")[0].split("-container")[0].split("-guard")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
     # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
-    assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {"ray-auth-token", "spark-vllm-checks-passed"}
+    assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {
+        "ray-auth-token",
+        "spark-vllm-fabric-passed",
+        "spark-vllm-checks-passed",
+    }
 
 
 def test_without_spark_vllm_home_the_key_file_is_named_from_home_as_ssh_expands_it(monkeypatch, tmp_path):
@@ -400,6 +404,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
         **{f"{node}-guard-host": {"create", "delete"} for node in ("spark-01", "spark-02")},
         **{f"{node}-guard-ready": {"stdin"} for node in ("spark-01", "spark-02")},
         "spark-vllm-checks-passed": {"create"},  # the gate records three nodes now
+        "spark-vllm-fabric-passed": {"create"},  # and the fabric gate three nodes' figures
         "spark-vllm-cluster-ready": {"stdin", "triggers"},  # its triggers list every Ray container
         "spark-vllm-serve": {"stdin"},
         "spark-vllm-ready": {"triggers"},

@@ -9,13 +9,13 @@ import json
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from components import fabric
 from components.config import load_cluster_config as parse_config
 from components.render import script_program
+from tests.fake_sysfs import add_device
 
 PYTHON = sys.executable
 
@@ -288,19 +288,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def fake_rdma(root: Path, device: str, netdev: str, gid: str, kind: str = "RoCE v2", state: str = "4: ACTIVE"):
-    port = root / device / "ports" / "1"
-    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
-        (port / sub).mkdir(parents=True, exist_ok=True)
-    (port / "state").write_text(state + "\n")
-    (port / "link_layer").write_text("Ethernet\n")
-    for index, (value, gid_kind) in enumerate([("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
-                                               (gid, kind)]):  # fmt: skip
-        (port / "gids" / str(index)).write_text(value + "\n")
-        (port / "gid_attrs" / "types" / str(index)).write_text(gid_kind + "\n")
-        (port / "gid_attrs" / "ndevs" / str(index)).write_text(netdev + "\n")
-
-
 def _start(params: dict) -> subprocess.Popen:
     process = subprocess.Popen([PYTHON, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     process.stdin.write(script_program("fabric_gate.py", params))
@@ -317,8 +304,8 @@ def facts_of(process: subprocess.Popen) -> dict:
 def test_the_probe_measures_between_two_nodes_at_once_and_reads_the_rdma_tree(tmp_path):
     port = free_port()
     root = tmp_path / "infiniband"
-    fake_rdma(root, "rocep1s0f1", "lo", "0000:0000:0000:0000:0000:ffff:7f00:0001")
-    fake_rdma(root, "mlx5_9", "eth9", "0000:0000:0000:0000:0000:ffff:0a00:0009", state="1: DOWN")
+    add_device(root, "rocep1s0f1", "lo", "127.0.0.1")
+    add_device(root, "mlx5_9", "eth9", "10.0.0.9", state="1: DOWN")
     common = {"interface": "lo", "rdma_root": str(root)}
     bandwidth = {"port": port, "seconds": 0.3, "streams": 2, "wait_seconds": 10}
     one = {**common, "node": "a", "address": "127.0.0.1", "peers": [{"name": "b", "address": "127.0.0.2"}],
