@@ -148,7 +148,7 @@ class Listener:
     """Counts what each connecting node sends; answers each stream with its bytes and seconds."""
 
     def __init__(self, address, port, expect):
-        self.expect, self.done, self.lock = set(expect), {}, threading.Lock()
+        self.expect, self.done, self.finished, self.lock = set(expect), {}, {}, threading.Lock()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((address, port))
@@ -189,9 +189,11 @@ class Listener:
                 received += len(data)
             seconds = (last - first) if first is not None else 0.0
             conn.sendall(json.dumps({"bytes": received, "seconds": seconds}).encode() + b"\n")
-            with self.lock:
-                if hello.get("last"):
-                    self.done[hello.get("from")] = True
+            with self.lock:  # a peer is done once all its streams are (they end in any order)
+                sender = hello.get("from")
+                self.finished[sender] = self.finished.get(sender, 0) + 1
+                if self.finished[sender] >= hello.get("streams", 1):
+                    self.done[sender] = True
 
     def wait(self, deadline):
         while time.monotonic() < deadline:
@@ -236,8 +238,7 @@ def measure(peer, bandwidth, source, deadline, me):
     def send(index, sock):
         try:
             sock.settimeout(30)
-            last = index == streams - 1
-            sock.sendall(json.dumps({"from": me, "stream": index, "last": last}).encode() + b"\n")
+            sock.sendall(json.dumps({"from": me, "stream": index, "streams": streams}).encode() + b"\n")
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 sock.sendall(CHUNK)

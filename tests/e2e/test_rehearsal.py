@@ -508,8 +508,8 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
     assert {name for name in preview.changed if name.startswith("node-3-")} == {
         f"node-3-{r}"
         for r in (
-            "host-key", "docker", "pull", "image", "preflight", "model-fingerprint", "image-check", "container",
-            "supervisor", "joined",
+            "host-key", "docker", "pull", "image", "fabric-gate", "preflight", "model-fingerprint", "image-check",
+            "container", "supervisor", "joined",
         )
     }  # fmt: skip
     # the head and node-2 keep their containers and images: nothing of theirs shows as replaced
