@@ -47,14 +47,17 @@ def measure(count: int, previews: int, workdir: Path, registry) -> dict:
             assert all(run.changed == {} for run in runs), "a preview with nothing changed showed changes"
         finally:
             destroyed = stack.destroy()
-    slowest = sorted(
-        (
-            (e.finished - e.started, e.name)
-            for e in up.resources.values()
-            if e.finished is not None and not e.type.startswith("spark-vllm:")  # components do no work
-        ),
-        reverse=True,
-    )[:5]
+    slowest, slowest_deletes = (
+        sorted(
+            (
+                (e.finished - e.started, e.name)
+                for e in run.resources.values()
+                if e.finished is not None and not e.type.startswith("spark-vllm:")  # components do no work
+            ),
+            reverse=True,
+        )[:5]
+        for run in (up, destroyed)
+    )
     return {
         "nodes": count,
         "resources": len(up.resources),
@@ -63,6 +66,7 @@ def measure(count: int, previews: int, workdir: Path, registry) -> dict:
         "previews": runs,
         "destroy": destroyed,
         "slowest": slowest,
+        "slowest_deletes": slowest_deletes,
     }
 
 
@@ -82,7 +86,13 @@ def report(result: dict) -> None:
         f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)   "
         f"engine median {statistics.median(engines) if engines else float('nan'):5.1f} s"
     )
-    print(f"  pulumi destroy                 wall {result['destroy'].seconds:6.1f} s")
+    destroy = result["destroy"].seconds
+    ratio = destroy / up.seconds
+    print(
+        f"  pulumi destroy                 wall {destroy:6.1f} s   {ratio:.2f} of the up "
+        f"(target at most 0.5: {'met' if ratio <= 0.5 else 'MISSED'})"
+    )
+    print("    slowest deletes: " + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in result["slowest_deletes"]))
 
 
 def main(argv: list[str] | None = None) -> int:

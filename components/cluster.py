@@ -167,6 +167,7 @@ class VllmCluster(pulumi.ComponentResource):
                     ssh_access=args.ssh_access,
                     private_key=secrets.get("sshPrivateKey"),
                     network=cfg.network,
+                    dial_error_limit=cfg.ssh.dial_error_limit,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

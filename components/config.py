@@ -394,6 +394,17 @@ class MemoryConfig(_Model):
     )
 
 
+class SshConfig(_Model):
+    dial_error_limit: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Failed SSH dials each remote command retries before it fails (pulumi-command's "
+        "dialErrorLimit; the wait between dials grows to 5 s): 20 is about a minute, through a reboot or a busy sshd. "
+        "Lower it to fail fast on a node that is down.",
+    )
+
+
 class SecurityConfig(_Model):
     require_host_keys: bool = Field(False, description="Refuse nodes without hostKey instead of warning.")
 
@@ -446,6 +457,7 @@ class ClusterConfig(_Model):
     fabric_copy: FabricCopyConfig = Field(
         default_factory=FabricCopyConfig, description="Where copies over the fabric come from."
     )
+    ssh: SshConfig = Field(default_factory=SshConfig, description="How the remote commands reach the nodes.")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."

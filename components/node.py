@@ -21,6 +21,7 @@ class NodeHostArgs:
     ssh_access: SshAccess
     private_key: Optional[pulumi.Input[str]]  # secret; None: ssh-agent (SSH_AUTH_SOCK)
     network: NetworkConfig
+    dial_error_limit: int = 20  # ssh.dialErrorLimit
 
 
 class NodeHost(pulumi.ComponentResource):
@@ -52,8 +53,8 @@ class NodeHost(pulumi.ComponentResource):
             user=node.user,
             private_key=args.private_key,
             host_key=self.host_key,
-            # A reboot or a busy sshd should not fail the whole deployment at once.
-            dial_error_limit=20,
+            # A reboot or a busy sshd should not fail the whole deployment at once (ssh.dialErrorLimit).
+            dial_error_limit=args.dial_error_limit,
         )
         self.fabric_network = self._create_fabric_network(name, args) if args.network.manage else None
         self.docker_host = pulumi.Output.from_input(docker_host_url(node))

@@ -449,6 +449,7 @@ def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
 ):
     stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    config["ssh"] = {"dialErrorLimit": 3}  # the default 20 retries for about a minute first
     stack.configure(config, secrets)
     getattr(sim_cluster, f"stop_{daemon}")("node-2")
     try:
@@ -461,21 +462,22 @@ def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
     finally:
         stack.destroy()
     message, worker = str(caught.value), sim_cluster.nodes[1]
-    # the first step on the node, its image pull, names it and the cause
-    assert "(node-2-pull): error:" in message
+    # the first steps on the node (its image pull; with no sshd its fabric gate as well) name it and the cause
+    assert "(node-2-pull): error:" in message or (daemon == "sshd" and "(node-2-fabric-gate): error:" in message)
     if daemon == "dockerd":
         assert "[node-2] cannot reach the Docker daemon at unix://" not in message  # the socket path, not the URL
         assert f"[node-2] cannot reach the Docker daemon at {worker.docker_socket}" in message
-    else:  # pulumi-command retries the dial 20 times (about a minute), then gives up
-        assert f"after 20 failed attempts: dial tcp {worker.mgmt_ip}:22: connect: connection refused" in message
+    else:  # pulumi-command retries the dial ssh.dialErrorLimit times, then gives up
+        assert f"after 3 failed attempts: dial tcp {worker.mgmt_ip}:22: connect: connection refused" in message
 
 
 def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_dir, new_stack):
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     config["nodes"][1]["hostKey"] = sim_cluster.nodes[0].host_key  # not node-2's key
+    config["ssh"] = {"dialErrorLimit": 3}  # the default 20 retries for about a minute first
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
-    # the first step on the node: pulumi-command retries, then names the mismatch (about a minute)
-    assert "(node-2-pull): error: after 20 failed attempts: ssh: handshake failed: ssh: host key mismatch" in message
+    # the first step on the node: pulumi-command retries, then names the mismatch
+    assert "error: after 3 failed attempts: ssh: handshake failed: ssh: host key mismatch" in message
 
 
 def vllm_pid(cluster) -> str:

@@ -94,6 +94,12 @@ def test_remote_commands_pin_the_same_host_key(run):
         assert "connection" in reg.secret_paths()
 
 
+def test_remote_commands_retry_the_dial_as_ssh_dial_error_limit_says(run):
+    assert {reg.inputs["connection"]["dialErrorLimit"] for reg in run.of_type(REMOTE_COMMAND)} == {20}
+    fast = run_program(prod(ssh={"dialErrorLimit": 3}), SECRETS, stack="prod")
+    assert {reg.inputs["connection"]["dialErrorLimit"] for reg in fast.of_type(REMOTE_COMMAND)} == {3}
+
+
 def test_each_node_pulls_the_image_with_progress_and_a_timeout_and_keeps_it(run):
     images = run.of_type(IMAGE)
     assert {r.name for r in images} == {"spark-01-image", "spark-02-image"}
