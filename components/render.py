@@ -366,10 +366,11 @@ def with_script(command: str, script_text: str) -> str:
     return f"{command} <<'{HEREDOC_MARKER}'\n{body}{HEREDOC_MARKER}"
 
 
-def if_container_exists(container: str, command: list[str]) -> str:
-    """A delete that succeeds when the container is already gone (destroy must be safe to repeat)."""
+def if_container_running(container: str, command: list[str]) -> str:
+    """A delete that succeeds when the container is gone or stopped (then nothing runs in it to stop)."""
     quoted = shlex.quote(container)
-    return f"if docker inspect --type container {quoted} >/dev/null 2>&1; then {shell_line(command)}; fi"
+    running = f"docker inspect --type container --format '{{{{.State.Running}}}}' {quoted} 2>/dev/null"
+    return f'if [ "$({running})" = true ]; then {shell_line(command)}; fi'
 
 
 def fingerprint(value: Any) -> str:

@@ -31,7 +31,7 @@ from components.render import (
     exec_python,
     fingerprint,
     handover_params,
-    if_container_exists,
+    if_container_running,
     ready_params,
     script,
     script_program,
@@ -185,7 +185,8 @@ class VllmServer(pulumi.ComponentResource):
             return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key))
 
         stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
-        delete = with_script(if_container_exists(container, stop), script("serve_stop.py"))
+        # a stopped head (crashed, stopped by hand) has no vLLM to stop: destroy goes on
+        delete = with_script(if_container_running(container, stop), script("serve_stop.py"))
         return self._node_command(
             node,
             resource_name,

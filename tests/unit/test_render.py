@@ -150,17 +150,23 @@ def test_remote_command_lines_run_hostile_words_as_data(tmp_path, word, cfg):
     assert not (tmp_path / "pwned").exists()
 
 
-def test_delete_is_safe_when_the_container_is_gone(tmp_path):
+@pytest.mark.parametrize("answer, runs", [("exit 1", False), ("echo false", False), ("echo true", True)])
+def test_delete_runs_only_in_a_running_container(tmp_path, answer, runs):
+    """Gone (inspect fails) or stopped (crashed, stopped by hand): nothing to stop, and destroy goes on."""
     record = tmp_path / "argv.jsonl"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "docker").write_text('#!/bin/sh\necho "$@" >> "$RECORD"\n[ "$1" = inspect ] && exit 1\nexit 0\n')
+    (bin_dir / "docker").write_text(
+        f'#!/bin/sh\necho "$@" >> "$RECORD"\nif [ "$1" = inspect ]; then {answer}; fi\nexit 0\n'
+    )
     (bin_dir / "docker").chmod(0o755)
-    line = render.if_container_exists("gone", ["docker", "exec", "gone", "true"])
+    line = render.if_container_running("head", ["docker", "exec", "head", "true"])
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
     result = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True)
     assert result.returncode == 0
-    assert record.read_text().splitlines() == ["inspect --type container gone"]
+    calls = record.read_text().splitlines()
+    assert calls[0] == "inspect --type container --format {{.State.Running}} head"
+    assert calls[1:] == (["exec head true"] if runs else [])
 
 
 def test_docker_host_url():

@@ -49,7 +49,9 @@ else:
 time.sleep(600)
 """
 FAKE_RAY = """
-import os, sys, time
+import os, signal, sys, time
+if os.environ.get("FAKE_RAY_IGNORE_TERM"):  # as a Ray head draining for up to 30 s
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(os.environ["RAY_STARTS"], "a").write(" ".join(sys.argv[1:]) + "\\n")
 time.sleep(float(os.environ.get("FAKE_RAY_LIVES", "600")))
 sys.exit(3)
@@ -109,9 +111,9 @@ def node(tmp_path, monkeypatch):
         run_dir = tmp_path / "run"
         health_url = f"http://127.0.0.1:{server.server_address[1]}/health"
 
-        def start(self, ray_argv=None, guard_marker=None, **extra_env):
+        def start(self, ray_argv=None, guard_marker=None, stop_grace=2, **extra_env):
             params = {"node": "node-1", "executor": "ray" if ray_argv else "mp", "run_dir": str(self.run_dir),
-                      "ray_argv": ray_argv, "stop_grace_seconds": 2}  # fmt: skip
+                      "ray_argv": ray_argv, "stop_grace_seconds": stop_grace}  # fmt: skip
             if guard_marker:
                 params["guard_marker"] = str(guard_marker)
             state["process"] = subprocess.Popen(
@@ -280,6 +282,17 @@ def test_ray_is_kept_running_and_the_head_waits_for_the_cluster(node, tmp_path):
     process.send_signal(signal.SIGTERM)  # docker stop
     assert process.wait(timeout=30) == 0
     assert node.status()["state"] == "stopped"
+
+
+def test_a_stop_gives_ray_a_short_grace_not_vllms(node, tmp_path):
+    process = node.start(ray_argv=["ray", "start", "--block", "--head"], stop_grace=30, FAKE_RAY_IGNORE_TERM="1")
+    assert wait_for(lambda: (tmp_path / "ray-starts").exists(), 10)
+    time.sleep(0.5)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)  # docker stop
+    assert process.wait(timeout=20) == 0
+    assert time.monotonic() - started < 10  # 5 s for Ray, not vLLM's 30
+    assert "Ray did not stop within 5 s of SIGTERM: SIGKILL to its processes" in node.log()
 
 
 def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boot(node, tmp_path):
