@@ -9,19 +9,24 @@ SPARK_VLLM_HARDWARE_STACK names a stack of this project that is configured for r
 
 `destroy` runs only with SPARK_VLLM_HARDWARE_DESTROY=1, so a shared stack is not torn down by
 accident. The test itself talks to no host: Pulumi does, and the program's own readiness wait and
-smoke test prove the endpoint serves.
+smoke test prove the endpoint serves. The figures the stack measured there (the fabric gate's links and
+bandwidth, the memory plan, the smoke test) are kept in tests/hardware/results/<date>-<stack>.json.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.harness import ROOT
 
 STACK = os.environ.get("SPARK_VLLM_HARDWARE_STACK")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 pytestmark = [
     pytest.mark.hardware,
@@ -40,6 +45,20 @@ def stack():
     return auto.select_stack(stack_name=STACK, work_dir=str(ROOT))
 
 
+def record_figures(outputs: dict) -> Path:
+    """What the stack measured on this hardware (the fabric gate's links and bandwidth, the memory plan,
+    the smoke test), kept in tests/hardware/results/<date>-<stack>.json and printed."""
+    from components.fabric import describe
+
+    fabric = outputs.get("fabric") or {}
+    print(f"fabric gate: {describe(fabric)}")
+    path = RESULTS / f"{time.strftime('%Y-%m-%d')}-{STACK}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keep = {key: outputs.get(key) for key in ("fabric", "memoryPlan", "smoke", "executor", "headNode")}
+    path.write_text(json.dumps(keep, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def test_up_serves_and_a_second_preview_changes_nothing(stack):
     stack.preview(diff=True, on_output=print)
     result = stack.up(on_output=print)
@@ -47,6 +66,7 @@ def test_up_serves_and_a_second_preview_changes_nothing(stack):
     assert outputs["endpoint"].endswith("/v1")
     smoke_off = getattr(stack.get_all_config().get("spark-vllm:smokeTest"), "value", "true") == "false"
     assert outputs["release"]["validated"] is True or smoke_off
+    record_figures(outputs)
     again = stack.preview(on_output=print)
     changed = {op: n for op, n in again.change_summary.items() if op != "same" and n}
     assert changed == {}, f"a second preview wants to change: {changed}"
