@@ -16,81 +16,38 @@ from components import fabric
 from components.config import load_cluster_config as parse_config
 from components.render import script_program
 from tests.fake_sysfs import add_device
+from tests.harness import FakeCloud
 
 PYTHON = sys.executable
 
 
+def _raw():
+    return {
+        "nodes": [
+            {"name": "node-1", "host": "10.0.0.1", "fabricAddress": "10.1.0.1", "fabricInterface": "fab0"},
+            {"name": "node-2", "host": "10.0.0.2", "fabricAddress": "10.1.0.2", "fabricInterface": "fab0"},
+        ],
+        "image": "vllm/vllm-openai:v0.25.0",
+        "model": "/models/m",
+        "tensorParallelSize": 2,
+        "apiKey": "k",
+    }
+
+
 def config(**fabric_settings):
-    return parse_config(
-        {
-            "nodes": [
-                {
-                    "name": "node-1",
-                    "host": "10.0.0.1",
-                    "fabricAddress": "10.1.0.1",
-                    "fabricInterface": "fab0",
-                    "rdmaDevices": ["rocep1s0f1", "roceP2p1s0f1"],
-                },  # fmt: skip
-                {"name": "node-2", "host": "10.0.0.2", "fabricAddress": "10.1.0.2", "fabricInterface": "fab0"},
-            ],
-            "image": "vllm/vllm-openai:v0.25.0",
-            "model": "/models/m",
-            "tensorParallelSize": 2,
-            "apiKey": "k",
-            **({"fabric": fabric_settings} if fabric_settings else {}),
-        }
-    )
+    """Two nodes; node-1 names both RoCE twins in rdmaDevices."""
+    raw = _raw()
+    raw["nodes"][0]["rdmaDevices"] = ["rocep1s0f1", "roceP2p1s0f1"]
+    return parse_config({**raw, **({"fabric": fabric_settings} if fabric_settings else {})})
 
 
 def good(cfg) -> dict[str, dict]:
-    """Facts as the probe reports a good fabric: MTU 9000, 200 Gb/s, both twins on node-1, ~20 Gb/s."""
-    facts = {}
-    for node in cfg.nodes:
-        other = next(o for o in cfg.nodes if o.name != node.name)
-        facts[node.name] = {
-            "node": node.name,
-            "interface": {
-                "exists": True,
-                "operstate": "up",
-                "up": True,
-                "carrier": 1,
-                "mtu": 9000,
-                "speed_mbps": 200000,
-                "addresses": [str(node.fabric_address)],
-            },  # fmt: skip
-            "address_on": ["fab0"],
-            "rdma": [
-                {
-                    "device": "rocep1s0f1",
-                    "port": 1,
-                    "state": "ACTIVE",
-                    "link_layer": "Ethernet",
-                    "netdev": "fab0",
-                    "rocev2_gid_index": 3,
-                },  # fmt: skip
-                {
-                    "device": "roceP2p1s0f1",
-                    "port": 1,
-                    "state": "ACTIVE",
-                    "link_layer": "Ethernet",
-                    "netdev": "enP2p1s0f1np1",
-                    "rocev2_gid_index": None,
-                },  # fmt: skip
-            ],
-            "ping": True,
-            "peers": {
-                other.name: {
-                    "address": str(other.fabric_address),
-                    "route_dev": "fab0",
-                    "reach": True,
-                    "full_size": True,
-                }
-            },  # fmt: skip
-            "bandwidth": {"node-2": {"gbps": 21.0}} if node.name == "node-1" else {},
-            "served": [] if node.name == "node-1" else ["node-1"],
-            "not_served": [],
-            "seconds": 1.3,
-        }
+    """Facts as the probe reports a good fabric (the program tests' FakeCloud.fabric_facts: MTU 9000,
+    200 Gb/s, both twins ACTIVE), with node-1 measuring 21 Gb/s to node-2 in a 1.3 s probe."""
+    facts = {node.name: FakeCloud().fabric_facts(fabric.gate_params(cfg, node)) for node in cfg.nodes}
+    facts["node-1"]["bandwidth"]["node-2"] = {"gbps": 21.0}
+    for node in facts.values():
+        node["seconds"] = 1.3
     return facts
 
 
@@ -129,19 +86,6 @@ def test_a_network_mtu_the_interface_does_not_have_says_the_command():
     cfg = parse_config({**json.loads(json.dumps(_raw())), "network": {"mtu": 9000}})
     problems = problems_with(cfg, lambda f: [f[n]["interface"].update(mtu=1500) for n in f])
     assert any("MTU 1500, network.mtu says 9000 — `ip link set dev fab0 mtu 9000`" in p for p in problems)
-
-
-def _raw():
-    return {
-        "nodes": [
-            {"name": "node-1", "host": "10.0.0.1", "fabricAddress": "10.1.0.1", "fabricInterface": "fab0"},
-            {"name": "node-2", "host": "10.0.0.2", "fabricAddress": "10.1.0.2", "fabricInterface": "fab0"},
-        ],
-        "image": "vllm/vllm-openai:v0.25.0",
-        "model": "/models/m",
-        "tensorParallelSize": 2,
-        "apiKey": "k",
-    }
 
 
 @pytest.mark.parametrize(
