@@ -529,3 +529,67 @@ def test_with_a_reasoning_parser_a_short_answer_is_all_reasoning_as_vllm_0_25_gi
     assert long["choices"][0]["message"]["content"] == "standin reply: ready word: single the with Reply"
     plain = api.chat_completion(body, cfg(), 1)[1]["choices"][0]["message"]
     assert plain["content"].startswith("standin reply:") and plain["reasoning"] is None
+
+
+# -- /v1/completions, the pace of generation, /metrics --------------------------------------------
+
+
+def test_completion_of_token_ids_with_ignore_eos_gives_exactly_max_tokens():
+    status, answer = api.completion({"prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True}, cfg(), 1)
+    assert status == 200 and answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 40, "total_tokens": 43}
+    assert answer["choices"][0]["finish_reason"] == "length" and answer["object"] == "text_completion"
+    status, short = api.completion({"prompt": "two words"}, cfg(), 1)
+    assert short["choices"][0]["text"] == " standin completion: words two" and short["choices"][0]["finish_reason"] == "stop"
+    assert api.completion({"prompt": " ".join(["w"] * 30)}, cfg(), 1)[1]["usage"]["completion_tokens"] == 16
+
+
+def test_completion_refuses_what_vllm_refuses():
+    vocab = cfg(vocab_size=1000)
+    status, answer = api.completion({"prompt": [1, 1000]}, vocab, 1)
+    assert status == 400 and answer["error"]["message"] == "Token id 1000 is out of vocabulary"
+    assert api.completion({"prompt": [999]}, vocab, 1)[0] == 200
+    assert api.completion({"prompt": [1], "max_tokens": 0}, vocab, 1)[0] == 400
+    assert api.completion({"prompt": [1] * 10, "max_tokens": 4096}, cfg(max_model_len=4096), 1)[0] == 400
+    assert api.completion({"prompt": {"no": 1}}, vocab, 1)[0] == 400
+    assert api.completion({"prompt": [1], "model": "other"}, vocab, 1)[0] == 404
+
+
+def test_token_delays_follow_the_pace():
+    pace = api.Pace(tokens_per_second=50, prefill_tokens_per_second=1000)
+    result = api.completion({"prompt": [1] * 100, "max_tokens": 4, "ignore_eos": True}, cfg(), 1)[1]
+    chunks = api.completion_stream_chunks(result, include_usage=True)
+    delays = api.token_delays(chunks, 100, pace)
+    assert delays == pytest.approx([0.1 + 0.02, 0.02, 0.02, 0.02, 0.0])
+    chat = api.chat_completion({"messages": [{"role": "user", "content": "a b"}]}, cfg(), 1)[1]
+    chat_delays = api.token_delays(api.stream_chunks(chat, include_usage=False), 2, pace)
+    # the role chunk is the first token's (what vllm bench serve times), then one step per word, the finish at once
+    assert chat_delays == pytest.approx([0.002 + 0.02, 0.02, 0.02, 0.02, 0.02, 0.0])
+
+
+def test_streaming_sends_each_token_when_it_is_generated_and_metrics_count_it():
+    state = api.ServerState(cfg(), api.Pace(tokens_per_second=20, prefill_tokens_per_second=1e6))
+    server = api.make_server(state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        body = {"prompt": [1, 2], "max_tokens": 10, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        request = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
+                                         data=json.dumps(body).encode())  # fmt: skip
+        start, arrivals, usage = time.monotonic(), [], None
+        with urllib.request.urlopen(request, timeout=10) as response:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk["choices"]:
+                        arrivals.append(time.monotonic() - start)
+                    usage = chunk.get("usage") or usage
+        assert len(arrivals) == 10 and usage["completion_tokens"] == 10
+        assert arrivals[0] >= 0.05 and arrivals[-1] - arrivals[0] >= 9 * 0.05 * 0.9  # spread out, not one burst
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics").read().decode()
+        assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 10.0' in metrics
+        assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 1.0' in metrics
+        assert 'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 1.0' in metrics
+        assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 9.0' in metrics
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -12,15 +12,19 @@ behaves like ``vllm serve`` where the deployment can observe it:
   running Ray cluster (``ray.init(address="auto")``), checks ``VLLM_HOST_IP``
   against the alive Ray nodes, reserves ``[{"GPU": 1}] * (TP*PP)`` in a
   placement group and keeps one GPU actor per rank alive while serving;
-* the HTTP server: ``/health``, ``/version``, ``/metrics``, ``/v1/models`` and a
-  deterministic ``/v1/chat/completions``, with the ``--api-key``/``VLLM_API_KEY``
-  guard on ``/v1`` paths only; the port opens only after simulated weight
-  loading, as the real server's does.
+* the HTTP server: ``/health``, ``/version``, ``/metrics`` (vLLM's metric names:
+  requests running, tokens, TTFT / inter-token / end-to-end histograms), ``/v1/models``
+  and a deterministic ``/v1/chat/completions`` and ``/v1/completions`` (a prompt of
+  text or token ids, ``ignore_eos``), streamed token by token at a set pace, with the
+  ``--api-key``/``VLLM_API_KEY`` guard on ``/v1`` paths only; the port opens only
+  after simulated weight loading, as the real server's does.
 
 No model is loaded and no GPU is used. Environment variables read:
 ``VLLM_HOST_IP``, ``VLLM_API_KEY``, ``VLLM_PLACEMENT_TIMEOUT_S`` (default 60),
 ``STANDIN_LOAD_SECONDS`` (default 2), ``STANDIN_LOCAL_GPUS`` (default 1),
 ``STANDIN_PING_TIMEOUT_S`` (default 5), ``STANDIN_DEAD_LINGER_S`` (default 2),
+``STANDIN_TOKENS_PER_SECOND`` (default 100, each request's decode rate),
+``STANDIN_PREFILL_TOKENS_PER_SECOND`` (default 10000),
 ``RAY_ADDRESS`` (through Ray).
 
 Everything except ``engine.py`` is pure standard library; ``ray`` is imported

@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -67,6 +68,24 @@ def reasoning_words() -> list[str]:
     return "Okay, the user asks me to reply, so I will think about it first and then answer with the words reversed".split()
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How fast the stand-in "generates": a request's first token comes after its prefill (prompt tokens at
+    ``prefill_tokens_per_second``) and one decode step; every further token one step
+    (1 / ``tokens_per_second``) later, each in a chunk of its own when streaming. Every request decodes at
+    that rate however many run at once, so a benchmark measures the stand-in's pace, not a model's."""
+
+    tokens_per_second: float = 100.0
+    prefill_tokens_per_second: float = 10000.0
+
+    @property
+    def step_seconds(self) -> float:
+        return 1.0 / self.tokens_per_second
+
+    def first_token_seconds(self, prompt_tokens: int) -> float:
+        return prompt_tokens / self.prefill_tokens_per_second + self.step_seconds
+
+
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -101,18 +120,14 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return 400, error_body("'messages' must be a non-empty list", "BadRequestError", 400, "messages")
+    problem = _max_tokens_problem(body)
+    if problem:
+        return problem
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        return 400, error_body("max_tokens must be a positive integer", "BadRequestError", 400, "max_tokens")
     prompt_tokens = sum(count_tokens(message_text(m.get("content"))) for m in messages if isinstance(m, dict))
-    if prompt_tokens + (max_tokens or 0) > cfg.max_model_len:
-        return 400, error_body(
-            f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
-            f"{prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens or 0} in the completion). Please reduce the length of the messages or completion.",
-            "BadRequestError",
-            400,
-        )
+    problem = _context_problem(cfg, prompt_tokens, max_tokens or 0)
+    if problem:
+        return problem
     words = chat_reply(messages).split()
     thinking = reasoning_words() if cfg.reasoning_parser else []
     finish = "stop"
@@ -146,6 +161,111 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     }
 
 
+def _max_tokens_problem(body: dict) -> tuple[int, dict] | None:
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        return 400, error_body("max_tokens must be a positive integer", "BadRequestError", 400, "max_tokens")
+    return None
+
+
+def _context_problem(cfg: ServeConfig, prompt_tokens: int, max_tokens: int) -> tuple[int, dict] | None:
+    if prompt_tokens + max_tokens > cfg.max_model_len:
+        return 400, error_body(
+            f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+            "BadRequestError",
+            400,
+        )
+    return None
+
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+
+
+def completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
+    """(status, JSON) for ``POST /v1/completions``: ``prompt`` a string or a list of token ids (what
+    ``vllm bench serve``'s random dataset and spark-vllm's benchmark send), ``max_tokens`` (default 16)
+    and vLLM's ``ignore_eos`` (then exactly max_tokens tokens). A single prompt only: a batch of prompts
+    is refused (vLLM would take it; nothing here sends one)."""
+    if not isinstance(body, dict):
+        return 400, error_body("request body must be a JSON object", "BadRequestError", 400)
+    model = body.get("model")
+    if model is not None and model not in cfg.served_model_names:
+        return 404, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+    model = model or cfg.served_model_names[0]
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompt_tokens, prompt_words = count_tokens(prompt), prompt.split()
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0 or (cfg.vocab_size is not None and max(prompt) >= cfg.vocab_size):
+            bad = min(prompt) if min(prompt) < 0 else max(prompt)
+            return 400, error_body(f"Token id {bad} is out of vocabulary", "BadRequestError", 400)
+        prompt_tokens, prompt_words = len(prompt), [f"t{t}" for t in prompt]
+    else:
+        return 400, error_body(
+            "stand-in: 'prompt' must be a string or a non-empty list of token ids", "BadRequestError", 400, "prompt"
+        )
+    problem = _max_tokens_problem(body)
+    if problem:
+        return problem
+    max_tokens = body.get("max_tokens") or COMPLETION_DEFAULT_MAX_TOKENS
+    problem = _context_problem(cfg, prompt_tokens, max_tokens)
+    if problem:
+        return problem
+    words = ["standin", "completion:", *reversed(prompt_words)]
+    if body.get("ignore_eos") is True:
+        words += ["more"] * max(0, max_tokens - len(words))
+    finish = "length" if len(words) >= max_tokens else "stop"
+    words = words[:max_tokens]
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+    return 200, {
+        "id": f"cmpl-{digest}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "text": " " + " ".join(words), "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                  "total_tokens": prompt_tokens + len(words)},
+    }  # fmt: skip
+
+
+def completion_stream_chunks(result: dict, include_usage: bool) -> list[dict]:
+    """A completed ``/v1/completions`` result as vLLM's streamed ``text_completion`` chunks: one a token,
+    the last one with the finish reason, then the usage when asked for."""
+    base = {"id": result["id"], "object": "text_completion", "created": result["created"], "model": result["model"]}
+    choice = result["choices"][0]
+    words = choice["text"].split()
+    chunks = []
+    for i, word in enumerate(words):
+        finish = choice["finish_reason"] if i == len(words) - 1 else None
+        chunks.append(dict(base, choices=[{"index": 0, "text": " " + word, "logprobs": None,
+                                           "finish_reason": finish, "stop_reason": None}]))  # fmt: skip
+    if include_usage:
+        chunks.append(dict(base, choices=[], usage=result["usage"]))
+    return chunks
+
+
+def token_delays(chunks: list[dict], prompt_tokens: int, pace: Pace) -> list[float]:
+    """How long before each chunk is sent: the first one that carries choices after the first token's
+    time, each further one that carries text one decode step later, the rest at once."""
+    delays, first = [], True
+    for chunk in chunks:
+        choices = chunk.get("choices") or []
+        if not choices:
+            delays.append(0.0)
+        elif first:
+            delays.append(pace.first_token_seconds(prompt_tokens))
+            first = False
+        else:
+            delta = choices[0].get("delta") or {}
+            piece = choices[0].get("text", delta.get("content") or delta.get("reasoning"))
+            delays.append(pace.step_seconds if piece else 0.0)
+    return delays
+
+
 def stream_chunks(result: dict, include_usage: bool) -> list[dict]:
     """Turn a completed chat completion into OpenAI ``chat.completion.chunk`` events."""
     base = {
@@ -155,58 +275,105 @@ def stream_chunks(result: dict, include_usage: bool) -> list[dict]:
         "model": result["model"],
     }
     choice = result["choices"][0]
-    words = (choice["message"]["content"] or "").split()
     chunks = [dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
-    for i, w in enumerate(words):
-        piece = w if i == 0 else " " + w
-        chunks.append(dict(base, choices=[{"index": 0, "delta": {"content": piece}, "finish_reason": None}]))
+    for field in ("reasoning", "content"):  # vLLM 0.25 streams a reasoning parser's thinking as `reasoning`
+        for i, w in enumerate((choice["message"][field] or "").split()):
+            piece = w if i == 0 else " " + w
+            chunks.append(dict(base, choices=[{"index": 0, "delta": {field: piece}, "finish_reason": None}]))
     chunks.append(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]))
     if include_usage:
         chunks.append(dict(base, choices=[], usage=result["usage"]))
     return chunks
 
 
-class ServerState:
-    """Shared between the HTTP threads and the engine monitor."""
+# vLLM's buckets (vllm/v1/metrics/loggers.py) for the histograms the stand-in keeps.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)  # fmt: skip
 
-    def __init__(self, cfg: ServeConfig):
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, metric: str, labels: str) -> list[str]:
+        inner = labels[1:-1]
+        rows = [f'{metric}_bucket{{{inner},le="{bound}"}} {float(n)}' for bound, n in zip(self.buckets, self.counts)]
+        rows.append(f'{metric}_bucket{{{inner},le="+Inf"}} {float(self.count)}')
+        return [*rows, f"{metric}_count{labels} {float(self.count)}", f"{metric}_sum{labels} {self.sum}"]
+
+
+class ServerState:
+    """Shared between the HTTP threads and the engine monitor; counts what vLLM's /metrics counts, under
+    vLLM's metric names (vllm/v1/metrics/loggers.py)."""
+
+    def __init__(self, cfg: ServeConfig, pace: Pace | None = None):
         self.cfg = cfg
+        self.pace = pace or Pace()
         self.created = int(time.time())
         self.engine_alive = True
         self.lock = threading.Lock()
-        self.requests_total = 0
+        self.running = 0
+        self.requests_total: dict[str, int] = {}  # by finished_reason
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+
+    def finished(self, usage: dict, finish: str, ttft: float, itls: list[float], e2e: float) -> None:
+        with self.lock:
+            self.requests_total[finish] = self.requests_total.get(finish, 0) + 1
+            self.prompt_tokens_total += usage["prompt_tokens"]
+            self.generation_tokens_total += usage["completion_tokens"]
+            self.ttft.observe(ttft)
+            for gap in itls:
+                self.itl.observe(gap)
+            self.e2e.observe(e2e)
 
     def metrics_text(self) -> str:
         name = self.cfg.served_model_names[0]
         lbl = f'{{engine="0",model_name="{name}"}}'
+        out: list[str] = []
+
+        def head(metric: str, kind: str, help_: str) -> None:
+            out.extend([f"# HELP {metric} {help_}", f"# TYPE {metric} {kind}"])
+
         with self.lock:
-            rows = [
-                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", 0),
-                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
-                (
-                    "vllm:request_success_total",
-                    "counter",
-                    "Count of successfully processed requests.",
-                    self.requests_total,
-                ),
-                (
-                    "vllm:prompt_tokens_total",
-                    "counter",
-                    "Number of prefill tokens processed.",
-                    self.prompt_tokens_total,
-                ),
-                (
-                    "vllm:generation_tokens_total",
-                    "counter",
-                    "Number of generation tokens processed.",
-                    self.generation_tokens_total,
-                ),
-            ]
-        out = []
-        for metric, kind, help_, value in rows:
-            out += [f"# HELP {metric} {help_}", f"# TYPE {metric} {kind}", f"{metric}{lbl} {float(value)}"]
+            head("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
+            out.append(f"vllm:num_requests_running{lbl} {float(self.running)}")
+            head("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
+            out.append(f"vllm:num_requests_waiting{lbl} 0.0")
+            head("vllm:request_success_total", "counter", "Count of successfully processed requests.")
+            for reason in sorted({"stop", "length", *self.requests_total}):
+                out.append(
+                    f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{name}"}} '
+                    f"{float(self.requests_total.get(reason, 0))}"
+                )
+            head("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
+            out.append(f"vllm:prompt_tokens_total{lbl} {float(self.prompt_tokens_total)}")
+            head("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.")
+            out.append(f"vllm:generation_tokens_total{lbl} {float(self.generation_tokens_total)}")
+            for metric, hist, help_ in (
+                ("vllm:time_to_first_token_seconds", self.ttft, "Histogram of time to first token in seconds."),
+                ("vllm:inter_token_latency_seconds", self.itl, "Histogram of inter-token latency in seconds."),
+                ("vllm:e2e_request_latency_seconds", self.e2e, "Histogram of e2e request latency in seconds."),
+            ):
+                head(metric, "histogram", help_)
+                out.extend(hist.lines(metric, lbl))
         return "\n".join(out) + "\n"
 
 
@@ -270,13 +437,28 @@ def make_handler(state: ServerState):
             else:
                 self._json(404, {"detail": "Not Found"})
 
+        def _stream(self, chunks: list[dict], delays: list[float]) -> None:
+            """Server-sent events, each chunk sent when its time comes (chunked, as uvicorn sends them)."""
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for event, delay in [*zip([json.dumps(c) for c in chunks], delays), ("[DONE]", 0.0)]:
+                if delay:
+                    time.sleep(delay)
+                data = b"data: " + event.encode() + b"\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            log.uvicorn('%s:%s - "POST %s HTTP/1.1" 200 OK', self.client_address[0], self.client_address[1], self.path)
+
         def do_POST(self):  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self._authorized():
                 return
-            if path != "/v1/chat/completions":
+            if path not in ("/v1/chat/completions", "/v1/completions"):
                 if path in ("/health", "/version", "/metrics", "/v1/models"):
                     self._json(405, {"detail": "Method Not Allowed"})
                 else:
@@ -297,21 +479,29 @@ def make_handler(state: ServerState):
             except ValueError as e:
                 self._json(400, error_body(f"invalid JSON body: {e}", "BadRequestError", 400))
                 return
-            status, result = chat_completion(body, cfg, int(time.time()))
-            if status == 200:
-                with state.lock:
-                    state.requests_total += 1
-                    state.prompt_tokens_total += result["usage"]["prompt_tokens"]
-                    state.generation_tokens_total += result["usage"]["completion_tokens"]
-            if status != 200 or not body.get("stream"):
+            chat = path == "/v1/chat/completions"
+            status, result = (chat_completion if chat else completion)(body, cfg, int(time.time()))
+            if status != 200:
                 self._json(status, result)
                 return
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            payload = (
-                b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in stream_chunks(result, include_usage))
-                + b"data: [DONE]\n\n"
-            )
-            self._send(200, payload, "text/event-stream; charset=utf-8")
+            chunks = (stream_chunks if chat else completion_stream_chunks)(result, include_usage)
+            delays = token_delays(chunks, result["usage"]["prompt_tokens"], state.pace)
+            began = time.monotonic()
+            with state.lock:
+                state.running += 1
+            try:
+                if body.get("stream"):
+                    self._stream(chunks, delays)
+                else:
+                    time.sleep(sum(delays))
+                    self._json(200, result)
+            finally:
+                with state.lock:
+                    state.running -= 1
+            timed = [d for d in delays if d]
+            finish = result["choices"][0]["finish_reason"]
+            state.finished(result["usage"], finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
 
     return Handler
 

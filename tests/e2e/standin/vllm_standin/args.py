@@ -192,6 +192,7 @@ class ServeConfig:
     headless: bool = False
     gpu_memory_utilization: float = 0.9
     reasoning_parser: str | None = None
+    vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
 
     @property
     def world_size(self) -> int:
@@ -316,6 +317,7 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         headless=ns.headless,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         reasoning_parser=ns.reasoning_parser,
+        vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 
 from . import __version__, log
-from .api import ServerState, make_server
+from .api import Pace, ServerState, make_server
 from .args import StandinError, parse_cli, redacted_args, validate
 from .core import EngineCoreClient
 
@@ -61,6 +61,12 @@ def _main(argv: list[str] | None, environ) -> int:
         cfg = validate(ns, environ)
         linger_s = _env_float(environ, "STANDIN_DEAD_LINGER_S", 2.0)
         local_gpus = int(_env_float(environ, "STANDIN_LOCAL_GPUS", 1))
+        pace = Pace(
+            _env_float(environ, "STANDIN_TOKENS_PER_SECOND", Pace.tokens_per_second),
+            _env_float(environ, "STANDIN_PREFILL_TOKENS_PER_SECOND", Pace.prefill_tokens_per_second),
+        )
+        if min(pace.tokens_per_second, pace.prefill_tokens_per_second) <= 0:
+            raise StandinError("STANDIN_TOKENS_PER_SECOND and STANDIN_PREFILL_TOKENS_PER_SECOND must be above 0")
         _check_world(cfg, local_gpus)
     except StandinError as e:
         return _fail(str(e))
@@ -90,7 +96,7 @@ def _main(argv: list[str] | None, environ) -> int:
     if cfg.headless:
         return _headless(core, stop)
 
-    state = ServerState(cfg)
+    state = ServerState(cfg, pace)
     try:
         server = make_server(state)
     except OSError as e:
@@ -102,7 +108,7 @@ def _main(argv: list[str] | None, environ) -> int:
 
     log.info(WHERE_API, "Starting vLLM API server 0 on http://%s:%d", cfg.host, cfg.port)
     log.info(
-        "launcher.py:29", "Available routes are: /health, /ping, /version, /metrics, /v1/models, /v1/chat/completions"
+        "launcher.py:29", "Available routes are: /health, /ping, /version, /metrics, /v1/models, /v1/chat/completions, /v1/completions"
     )
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True).start()
     log.uvicorn("Started server process [%d]", os.getpid())
