@@ -539,7 +539,10 @@ def test_completion_of_token_ids_with_ignore_eos_gives_exactly_max_tokens():
     assert status == 200 and answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 40, "total_tokens": 43}
     assert answer["choices"][0]["finish_reason"] == "length" and answer["object"] == "text_completion"
     status, short = api.completion({"prompt": "two words"}, cfg(), 1)
-    assert short["choices"][0]["text"] == " standin completion: words two" and short["choices"][0]["finish_reason"] == "stop"
+    assert (
+        short["choices"][0]["text"] == " standin completion: words two"
+        and short["choices"][0]["finish_reason"] == "stop"
+    )
     assert api.completion({"prompt": " ".join(["w"] * 30)}, cfg(), 1)[1]["usage"]["completion_tokens"] == 16
 
 

@@ -311,7 +311,10 @@ class Histogram:
 
     def lines(self, metric: str, labels: str) -> list[str]:
         inner = labels[1:-1]
-        rows = [f'{metric}_bucket{{{inner},le="{bound}"}} {float(n)}' for bound, n in zip(self.buckets, self.counts)]
+        rows = [
+            f'{metric}_bucket{{{inner},le="{bound}"}} {float(n)}'
+            for bound, n in zip(self.buckets, self.counts, strict=True)
+        ]
         rows.append(f'{metric}_bucket{{{inner},le="+Inf"}} {float(self.count)}')
         return [*rows, f"{metric}_count{labels} {float(self.count)}", f"{metric}_sum{labels} {self.sum}"]
 
@@ -443,7 +446,7 @@ def make_handler(state: ServerState):
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for event, delay in [*zip([json.dumps(c) for c in chunks], delays), ("[DONE]", 0.0)]:
+            for event, delay in [*zip([json.dumps(c) for c in chunks], delays, strict=True), ("[DONE]", 0.0)]:
                 if delay:
                     time.sleep(delay)
                 data = b"data: " + event.encode() + b"\n\n"

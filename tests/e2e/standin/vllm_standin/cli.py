@@ -108,7 +108,8 @@ def _main(argv: list[str] | None, environ) -> int:
 
     log.info(WHERE_API, "Starting vLLM API server 0 on http://%s:%d", cfg.host, cfg.port)
     log.info(
-        "launcher.py:29", "Available routes are: /health, /ping, /version, /metrics, /v1/models, /v1/chat/completions, /v1/completions"
+        "launcher.py:29",
+        "Available routes are: /health, /ping, /version, /metrics, /v1/models, /v1/chat/completions, /v1/completions",
     )
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True).start()
     log.uvicorn("Started server process [%d]", os.getpid())
