@@ -16,6 +16,7 @@ from components.guard import NodeGuard, NodeGuardArgs
 from components.image import CopyFrom, NodeImage, NodeImageArgs
 from components.memory import MemoryPlanError
 from components.memory import message as memory_message
+from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
 from components.preflight import compare_fingerprints, image_problems, memory_plan, parse_fingerprint
@@ -140,7 +141,16 @@ class VllmCluster(pulumi.ComponentResource):
             }
         self.status_command = status_command(cfg, self.containers)
         self.smoke = self.server.smoke_result
+        self.benchmark = self.server.benchmark_result
         self.release = self._release(args, images[cfg.copy_source.name], same_image_id)
+        api_key = secrets.get("apiKey")
+        self.prometheus_config = (
+            pulumi.Output.secret(api_key.apply(lambda key: prometheus_config(cfg, key)))
+            if api_key
+            else prometheus_config(cfg, None)
+        )
+        self.metrics = {"targets": targets(cfg), "prometheus": prometheus_url(cfg)}
+        self.prometheus = self._create_prometheus(cfg)
         self.memory_plan_output = self.memory_plan
         self.register_outputs(
             {
@@ -151,7 +161,9 @@ class VllmCluster(pulumi.ComponentResource):
                 "containers": self.containers,
                 "log_commands": self.log_commands,
                 "smoke": self.smoke,
+                "benchmark": self.benchmark,
                 "release": self.release,
+                "metrics": self.metrics,
                 "memory_plan": self.memory_plan,
                 "fabric": self.fabric,
                 "status_command": self.status_command,
@@ -283,11 +295,31 @@ class VllmCluster(pulumi.ComponentResource):
 
     def _release(self, args: VllmClusterArgs, head_image: NodeImage, image_id: pulumi.Output) -> pulumi.Output:
         """What this stack runs, pinned by digest (the pulling node's; with a copy, the source's) or,
-        for an image no registry holds, by id; validated once the smoke test passed."""
-        validated = self.server.smoke.stdout.apply(lambda _: True) if self.server.smoke else False
+        for an image no registry holds, by id; validated once the smoke test (and, when enabled, the
+        benchmark) passed; the benchmark's figures and the fabric's go with it."""
+        steps = [step for step in (self.server.smoke, self.server.benchmark) if step is not None]
+        validated = (
+            pulumi.Output.all(*[step.stdout for step in steps]).apply(lambda _: True) if self.server.smoke else False
+        )
         pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
-        return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated, self.fabric).apply(
-            lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin, fabric=p[4])
+        return pulumi.Output.all(
+            pinned, args.release.model, args.release.engine, validated, self.fabric, self.benchmark
+        ).apply(lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin, fabric=p[4], benchmark=p[5]))
+
+    def _create_prometheus(self, cfg: ClusterConfig) -> Optional[Prometheus]:
+        """metrics.prometheusNode: its Prometheus starts once the node's guard holds (Ray's ports are
+        fenced before anything scrapes them) and the nodes passed their checks."""
+        name = cfg.metrics.prometheus_node
+        if name is None:
+            return None
+        guard = self.guards.get(name)
+        return Prometheus(
+            f"{name}-metrics",
+            cfg,
+            self.hosts[name].provider,
+            self.prometheus_config,
+            depends_on=[guard.ready if guard else self.checks_passed],
+            opts=pulumi.ResourceOptions(parent=self),
         )
 
     def _create_checks(

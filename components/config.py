@@ -243,6 +243,11 @@ class RayConfig(_Model):
     dashboard_port: Port = Field(8265, description="Ray dashboard on the head, on 127.0.0.1 (`--dashboard-port`).")
     min_worker_port: Port = Field(10002, description="First port of the range Ray's worker processes listen on.")
     max_worker_port: Port = Field(19999, description="Last port of the range Ray's worker processes listen on.")
+    metrics_export_port: Optional[Port] = Field(
+        None,
+        description="Ray's metrics on every node (`ray start --metrics-export-port`), scraped by the metrics "
+        "config; needs the image's Ray with its dashboard agent (ray[default]). Unset: Ray's metrics are not scraped.",
+    )
 
 
 class NcclConfig(_Model):
@@ -405,6 +410,47 @@ class SshConfig(_Model):
     )
 
 
+class BenchmarkConfig(_Model):
+    enabled: bool = Field(
+        False,
+        description="After the smoke test, a short fixed load against the endpoint from the head; its figures "
+        "become the `benchmark` output and part of the release (off in dev, on in staging and prod).",
+    )
+    tool: Literal["auto", "vllm", "spark-vllm"] = Field(
+        "auto",
+        description="`vllm`: the image's `vllm bench serve` (random dataset); `spark-vllm`: the project's own "
+        "load script; `auto`: vllm when the image's `vllm bench serve --help` works.",
+    )
+    concurrency: int = Field(4, ge=1, le=1024, description="Requests in flight at once.")
+    requests: int = Field(32, ge=1, le=100000, description="Requests in all.")
+    prompt_tokens: int = Field(256, ge=1, description="Prompt length of every request, in tokens.")
+    output_tokens: int = Field(128, ge=1, description="Tokens every request generates (ignore_eos).")
+    max_errors: int = Field(0, ge=0, description="Failed requests allowed before the benchmark fails the deploy.")
+    timeout_seconds: PositiveInt = Field(600, description="How long the whole benchmark may take.")
+
+
+class ReleaseConfig(_Model):
+    min_output_tokens_per_second: Optional[float] = Field(
+        None, gt=0, description="With promoteFrom: refuse a release whose benchmark made fewer output tokens/s."
+    )
+    max_p99_ttft_ms: Optional[float] = Field(
+        None, gt=0, description="With promoteFrom: refuse a release whose benchmark's p99 time to first token was "
+        "higher (ms).",
+    )  # fmt: skip
+
+
+class MetricsConfig(_Model):
+    prometheus_node: Optional[DnsLabel] = Field(
+        None,
+        description="A node that runs Prometheus (container spark-vllm.prometheus, data on the volume "
+        "spark-vllm-prometheus) scraping every target of the `prometheusConfig` output.",
+    )
+    prometheus_image: ImageRef = Field("prom/prometheus:v3.5.0", description="Image of that Prometheus.")
+    prometheus_port: Port = Field(9090, description="Port of that Prometheus's web UI and API.")
+    scrape_interval_seconds: int = Field(15, ge=1, le=3600, description="How often every target is scraped.")
+    retention_days: PositiveInt = Field(15, description="How long Prometheus keeps its samples.")
+
+
 class SecurityConfig(_Model):
     require_host_keys: bool = Field(False, description="Refuse nodes without hostKey instead of warning.")
 
@@ -458,6 +504,9 @@ class ClusterConfig(_Model):
         default_factory=FabricCopyConfig, description="Where copies over the fabric come from."
     )
     ssh: SshConfig = Field(default_factory=SshConfig, description="How the remote commands reach the nodes.")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig, description="How fast it serves, after deploy.")
+    release: ReleaseConfig = Field(default_factory=ReleaseConfig, description="Floors a promoted release must meet.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus targets, and a Prometheus.")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
@@ -713,6 +762,15 @@ def _serving_problems(cfg: Any) -> list[str]:
                 )
     if cfg.promote_fingerprint not in (None, INVALID) and cfg.promote_from is None:
         problems.append(_problem("promoteFingerprint", cfg.promote_fingerprint, "promoteFrom beside it (or remove it)"))
+    release = cfg.release
+    if release is not INVALID and cfg.promote_from is None:
+        for key, value in (("minOutputTokensPerSecond", release.min_output_tokens_per_second),
+                           ("maxP99TtftMs", release.max_p99_ttft_ms)):  # fmt: skip
+            if value not in (None, INVALID):
+                problems.append(
+                    _problem(f"release.{key}", value, "promoteFrom beside it: a floor for the promoted release")
+                )
+    problems += _benchmark_problems(cfg)
     if cfg.vllm is INVALID:
         return problems
     if cfg.vllm.enable_auto_tool_choice is True and cfg.vllm.tool_call_parser is None:
@@ -734,6 +792,54 @@ def _serving_problems(cfg: Any) -> list[str]:
         if flag in MANAGED_VLLM_FLAGS:
             problems.append(
                 _problem(f"vllm.extraArgs[{index}]", arg, "a flag the program does not set itself: use its own key")
+            )
+    return problems
+
+
+def _benchmark_problems(cfg: Any) -> list[str]:
+    """The benchmark's requests fit the context; the metrics' Prometheus names a node the guard lets in."""
+    problems: list[str] = []
+    bench = cfg.benchmark
+    if bench is not INVALID and bench.enabled is True and isinstance(cfg.max_model_len, int):
+        if INVALID not in (bench.prompt_tokens, bench.output_tokens):
+            total = bench.prompt_tokens + bench.output_tokens
+            if total > cfg.max_model_len:
+                problems.append(
+                    _problem(
+                        "benchmark.promptTokens + benchmark.outputTokens",
+                        total,
+                        f"at most maxModelLen ({cfg.max_model_len}): vLLM refuses longer requests",
+                    )
+                )
+    metrics = cfg.metrics
+    if metrics is INVALID or metrics.prometheus_node in (None, INVALID) or cfg.nodes is INVALID:
+        return problems
+    names = [node.name for node in cfg.nodes if node is not INVALID]
+    if metrics.prometheus_node not in names:
+        problems.append(_problem("metrics.prometheusNode", metrics.prometheus_node, f"one of the nodes {names}"))
+        return problems
+    node = next(n for n in cfg.nodes if n is not INVALID and n.name == metrics.prometheus_node)
+    head = cfg.head if cfg.head not in (None, INVALID) else cfg.nodes[0].name
+    vllm = cfg.vllm
+    if node.name != head and vllm is not INVALID and vllm.host is not INVALID and vllm.host.is_loopback:
+        problems.append(
+            _problem(
+                "metrics.prometheusNode",
+                node.name,
+                f"the head ({head}): vLLM binds {vllm.host} (vllm.host), which only the head itself reaches",
+            )
+        )
+    network = cfg.network
+    sources = [] if network is INVALID or network.api_sources is INVALID else network.api_sources
+    if node.name != head and sources and node.fabric_address is not INVALID:
+        if not any(node.fabric_address in source for source in sources):
+            problems.append(
+                _problem(
+                    "network.apiSources",
+                    [str(source) for source in sources],
+                    f"a network holding {node.fabric_address}, metrics.prometheusNode {node.name}'s fabric address: "
+                    "its Prometheus scrapes vLLM's /metrics on the head",
+                )
             )
     return problems
 
@@ -816,11 +922,17 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
             workers = (_default(RayConfig, "min_worker_port"), _default(RayConfig, "max_worker_port"))
             add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port,
                 default=workers)  # fmt: skip
+        if ray.metrics_export_port is not None:
+            add("ray.metricsExportPort", "Ray's metrics", ray.metrics_export_port)
         add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
     fabric = cfg.fabric
     if fabric is not INVALID and len(cfg.nodes) > 1 and fabric.gate != "off" and fabric.bandwidth_test == "tcp":
         add("fabric.testPort", "fabric gate's bandwidth test, during the checks", fabric.test_port,
             default=single(FabricConfig, "test_port"))  # fmt: skip
+    metrics = cfg.metrics
+    if metrics is not INVALID and metrics.prometheus_node == node.name:
+        add("metrics.prometheusPort", "Prometheus", metrics.prometheus_port,
+            default=single(MetricsConfig, "prometheus_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = (transfer is not INVALID and transfer.method == "copy") or (sync is not INVALID and sync.enabled is True)
     if copying and copy is not INVALID and len(cfg.nodes) > 1:

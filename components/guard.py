@@ -40,7 +40,7 @@ MARKER_NAME = "applied.json"
 HOST_ROOT = "/host"  # the host's /usr and /etc, read-only
 CHECK_SECONDS = 10
 READY_TIMEOUT_SECONDS = 90
-PUBLIC_KEYS = ("vllm.port",)  # with every node's sshPort: never matched
+PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort")  # with every node's sshPort: never matched
 
 
 def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:

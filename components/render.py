@@ -135,6 +135,8 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
         f"--min-worker-port={ray.min_worker_port}",
         f"--max-worker-port={ray.max_worker_port}",
     ]
+    if ray.metrics_export_port is not None:
+        common.append(f"--metrics-export-port={ray.metrics_export_port}")
     if node.name != cfg.head_node.name:
         return [*common, f"--address={ray_address(cfg)}"]
     dashboard = (
@@ -263,6 +265,26 @@ def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         "prompt": SMOKE_PROMPT,
         "max_tokens": SMOKE_MAX_TOKENS,
         "timeout_seconds": SMOKE_TIMEOUT_SECONDS,
+    }
+
+
+def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str | None) -> dict[str, Any]:
+    """benchmark.py on the head: the configured load against the served model (`model`: what vLLM
+    loaded, the tokenizer `vllm bench serve` needs)."""
+    bench = cfg.benchmark
+    return {
+        "base_url": http_base(cfg),
+        "model": served,
+        "model_path": model,
+        "api_key": api_key,
+        "tool": bench.tool,
+        "concurrency": bench.concurrency,
+        "requests": bench.requests,
+        "prompt_tokens": bench.prompt_tokens,
+        "output_tokens": bench.output_tokens,
+        "max_errors": bench.max_errors,
+        "timeout_seconds": bench.timeout_seconds,
+        "trust_remote_code": cfg.vllm.trust_remote_code,
     }
 
 

@@ -27,6 +27,7 @@ from components.render import (
     STATUS_FILE,
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
+    benchmark_params,
     cluster_wait_params,
     exec_python,
     fingerprint,
@@ -67,6 +68,11 @@ def started(serve: command.remote.Command) -> pulumi.Output:
     return serve.stdout.apply(last_json_line)
 
 
+def benchmark_figures(stdout: str) -> dict[str, Any]:
+    """benchmark.py's figures (its last JSON line)."""
+    return last_json_line(stdout)
+
+
 def smoke_summary(stdout: str) -> dict[str, Any]:
     result = last_json_line(stdout)
     return {
@@ -94,7 +100,11 @@ class VllmServer(pulumi.ComponentResource):
         self.smoke = self._create_smoke_test(name, argv_fingerprint) if cfg.smoke_test else None
         smoke_result = self.smoke.stdout.apply(smoke_summary) if self.smoke else pulumi.Output.from_input({})
         self.smoke_result = smoke_result
-        self.register_outputs({"argv": self.argv, "smoke_result": smoke_result})
+        self.benchmark = self._create_benchmark(name, argv_fingerprint) if cfg.benchmark.enabled else None
+        self.benchmark_result = (
+            self.benchmark.stdout.apply(benchmark_figures) if self.benchmark else pulumi.Output.from_input(None)
+        )
+        self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
 
     def _head_command(self, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs) -> command.remote.Command:
         return self._node_command(self._args.config.head_node, name, timeout, stdin, **kwargs)
@@ -236,6 +246,25 @@ class VllmServer(pulumi.ComponentResource):
             pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
             triggers=[self.ready.id, argv_fingerprint],
             opts=pulumi.ResourceOptions(depends_on=[self.ready]),
+        )
+
+    def _create_benchmark(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
+        """benchmark.enabled: the configured load after the smoke test (components/scripts/benchmark.py).
+        Runs again when vLLM started anew or the benchmark's settings changed; read-only, no delete."""
+        cfg = self._args.config
+
+        def program(parts: list) -> str:
+            served, model, api_key = parts
+            return script_program("benchmark.py", benchmark_params(cfg, served, model, api_key))
+
+        settings = fingerprint(cfg.benchmark.model_dump(mode="json"))
+        after = self.smoke or self.ready
+        return self._head_command(
+            f"{name}-benchmark",
+            cfg.benchmark.timeout_seconds + 360,  # a `vllm bench serve --help` probe, then the load
+            pulumi.Output.all(self.served_model_name, self._args.model, self._args.api_key).apply(program),
+            triggers=[after.id, argv_fingerprint, settings],
+            opts=pulumi.ResourceOptions(depends_on=[after], additional_secret_outputs=["stdin"]),
         )
 
 

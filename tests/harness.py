@@ -7,6 +7,7 @@ and the rehearsal engine (tests/e2e) can carry each registration out for real.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import runpy
 import threading
@@ -178,11 +179,33 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = json.dumps(self.fabric_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
+            elif args.name.endswith("-benchmark"):
+                stdout = json.dumps(self.benchmark_figures(args.inputs.get("stdin", "")))
             outputs.update(stdout=stdout, stderr="")
         elif args.typ == "pulumi:pulumi:StackReference":
             stack = args.inputs["name"]
             outputs.update(outputs=self.stack_outputs.get(stack, {}), secretOutputNames=[])
         return f"{args.name}-id", outputs
+
+    benchmark_output_tokens_per_second = 412.5
+
+    def benchmark_figures(self, stdin: str) -> dict[str, Any]:
+        """What benchmark.py prints for its PARAMS (the program's, read back from the command's stdin)."""
+        params = json.loads(json.loads(stdin.split("\n", 1)[0].split("=", 1)[1])) if stdin else {}
+        return {
+            "tool": "spark-vllm",
+            "durationSeconds": 9.9,
+            "completed": params.get("requests"),
+            "errors": 0,
+            "errorSamples": [],
+            "outputTokens": 4096,
+            "outputTokensPerSecond": self.benchmark_output_tokens_per_second,
+            "requestsPerSecond": 3.2,
+            "ttftMs": {"p50": 48.0, "p99": 91.5},
+            "itlMs": {"p50": 9.1, "p99": 12.4},
+            "settings": {"concurrency": params.get("concurrency"), "requests": params.get("requests"),
+                         "promptTokens": params.get("prompt_tokens"), "outputTokens": params.get("output_tokens")},
+        }  # fmt: skip
 
     def fabric_facts(self, params: dict[str, Any]) -> dict[str, Any]:
         """What fabric_gate.py reports of a good DGX Spark fabric: the interface up at 200 Gb/s with MTU
@@ -266,6 +289,11 @@ class FakeCloud(pulumi.runtime.Mocks):
 class ProgramRun:
     registrations: list[Registration]
     exports: dict[str, Any]
+    secret_exports: set[str] = field(default_factory=set)  # exported as Pulumi secrets
+
+    def plain_exports(self) -> dict[str, Any]:
+        """The stack outputs `pulumi stack output` shows without --show-secrets."""
+        return {name: value for name, value in self.exports.items() if name not in self.secret_exports}
 
     def of_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
@@ -319,6 +347,7 @@ def run_program(
     pulumi.runtime.set_all_config(stack_config({**config, **secrets}), [f"{PROJECT}:{key}" for key in secrets])
     exports: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
+    secret: set[str] = set()
     real_export = pulumi.export
 
     def capture(name: str, value: Any) -> None:
@@ -329,9 +358,16 @@ def run_program(
     def program():
         with mock.patch.object(pulumi, "export", capture):
             runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
-        return pulumi.Output.all(**exports).apply(resolved.update)
+
+        async def secretness() -> set[str]:
+            return {name for name, value in exports.items() if await pulumi.Output.from_input(value).is_secret()}
+
+        flags = pulumi.Output.from_input(asyncio.ensure_future(secretness()))
+        return pulumi.Output.all(pulumi.Output.all(**exports), flags).apply(
+            lambda parts: (resolved.update(parts[0]), secret.update(parts[1]))
+        )
 
     program()
     if on_exports:
         on_exports(resolved)
-    return ProgramRun(registrations=list(monitor.registrations), exports=resolved)
+    return ProgramRun(registrations=list(monitor.registrations), exports=resolved, secret_exports=secret)

@@ -100,7 +100,8 @@ def test_a_vllm_change_touches_no_guard_and_no_container():
     result = changed_inputs(
         run_program(guarded(), SECRETS, stack="prod"), run_program(guarded(maxModelLen=16384), SECRETS, stack="prod")
     )
-    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
+    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-benchmark",
+                           "spark-vllm-cluster-ready"}  # fmt: skip
 
 
 def test_a_node_added_updates_every_guard_and_no_ray_container():

@@ -264,7 +264,8 @@ def test_the_status_command_asks_every_node_its_supervisor(run):
 
 
 def test_no_secret_appears_in_plain_inputs_or_outputs(run):
-    plain = json.dumps([strip_secrets(r.wire) for r in run.registrations]) + json.dumps(run.exports)
+    plain = json.dumps([strip_secrets(r.wire) for r in run.registrations]) + json.dumps(run.plain_exports())
+    assert run.secret_exports == {"prometheusConfig"}  # it holds the API key (vLLM's bearer token)
     for name, value in SECRETS.items():
         assert value not in plain, name
         assert "PRIVATEKEYBODY" not in plain
@@ -355,13 +356,15 @@ def test_nothing_changed_means_nothing_to_do():
 )
 def test_a_vllm_only_change_touches_only_the_serve_steps(change):
     result = changes(prod(), prod(**change))
-    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-cluster-ready"}
+    assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-benchmark",
+                           "spark-vllm-cluster-ready"}  # fmt: skip
     assert result["spark-vllm-serve"] == {"stdin"}  # new arguments, same triggers: restarted in place
 
 
 def test_with_mp_a_vllm_only_change_touches_only_every_node_s_serve_step():
     result = changes(prod(executor="mp"), prod(executor="mp", maxModelLen=16384))
-    assert set(result) <= {"spark-vllm-serve", "spark-02-serve", "spark-vllm-ready", "spark-vllm-smoke"}
+    assert set(result) <= {"spark-vllm-serve", "spark-02-serve", "spark-vllm-ready", "spark-vllm-smoke",
+                           "spark-vllm-benchmark"}  # fmt: skip
     assert result["spark-vllm-serve"] == result["spark-02-serve"] == {"stdin"}
 
 
@@ -415,6 +418,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
         "spark-vllm-serve": {"stdin"},
         "spark-vllm-ready": {"triggers"},
         "spark-vllm-smoke": {"triggers"},
+        "spark-vllm-benchmark": {"triggers"},
     }
 
 

@@ -93,6 +93,7 @@ def test_promoting_a_new_release_changes_exactly_what_it_changes():
         "spark-vllm-serve": {"stdin"},
         "spark-vllm-ready": {"triggers"},
         "spark-vllm-smoke": {"triggers"},
+        "spark-vllm-benchmark": {"triggers"},
     }
     rollback = run_promoted(release(image="hellohal2064/vllm-qwen3.5-gb10@sha256:" + "34" * 32))
     changed = changed_inputs(first, rollback)

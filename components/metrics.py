@@ -1,0 +1,143 @@
+"""Metrics: what a Prometheus scrapes, and (metrics.prometheusNode) a Prometheus of the stack's own.
+
+Targets, on the addresses network.guard lets the nodes reach: vLLM's `/metrics` on the head (rank 0
+with executor mp; the API key as a bearer token when one is set, although vLLM leaves /metrics open)
+and, with `ray.metricsExportPort`, Ray's metrics on every node's fabric address. The
+`prometheusConfig` output is a Prometheus configuration (JSON, which is YAML) a user's Prometheus
+can load as it is; a secret when it holds the API key. With metrics.prometheusNode, that node runs
+the container `spark-vllm.prometheus` (host network, `metrics.prometheusImage`) with this
+configuration and its samples on the volume `spark-vllm-prometheus`, kept when the stack goes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import pulumi
+import pulumi_docker as docker
+
+from components.config import ClusterConfig, NodeConfig
+from components.render import shell_line
+
+PROMETHEUS_CONTAINER = "spark-vllm.prometheus"  # a dot: no node's container (spark-vllm-<DNS label>) has it
+PROMETHEUS_VOLUME = "spark-vllm-prometheus"
+PROMETHEUS_DATA = "/prometheus"
+PROMETHEUS_CONFIG_FILE = "/tmp/spark-vllm-prometheus.yml"
+CONFIG_ENV = "SPARK_VLLM_PROMETHEUS_CONFIG"
+
+
+def vllm_target(cfg: ClusterConfig) -> str:
+    """vLLM's address as the nodes reach it: the head's fabric address when vLLM binds every address."""
+    host = cfg.vllm.host
+    address = cfg.head_node.fabric_address if host.is_unspecified else host
+    return f"{address}:{cfg.vllm.port}"
+
+
+def targets(cfg: ClusterConfig) -> dict[str, list[str]]:
+    found = {"vllm": [vllm_target(cfg)]}
+    if cfg.executor == "ray" and cfg.ray.metrics_export_port is not None:
+        found["ray"] = [f"{node.fabric_address}:{cfg.ray.metrics_export_port}" for node in cfg.nodes]
+    return found
+
+
+def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
+    interval = f"{cfg.metrics.scrape_interval_seconds}s"
+    vllm_job: dict[str, Any] = {
+        "job_name": "vllm",
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [vllm_target(cfg)], "labels": {"node": cfg.head_node.name}}],
+    }
+    if api_key:
+        vllm_job["authorization"] = {"type": "Bearer", "credentials": api_key}
+    jobs = [vllm_job]
+    if cfg.executor == "ray" and cfg.ray.metrics_export_port is not None:
+        port = cfg.ray.metrics_export_port
+        jobs.append(
+            {
+                "job_name": "ray",
+                "static_configs": [
+                    {"targets": [f"{node.fabric_address}:{port}"], "labels": {"node": node.name}} for node in cfg.nodes
+                ],
+            }
+        )
+    if cfg.metrics.prometheus_node is not None:
+        port = cfg.metrics.prometheus_port
+        jobs.append({"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]})
+    return {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": jobs}
+
+
+def prometheus_config(cfg: ClusterConfig, api_key: Optional[str]) -> str:
+    return json.dumps(scrape_config(cfg, api_key), indent=2)
+
+
+def prometheus_node(cfg: ClusterConfig) -> Optional[NodeConfig]:
+    name = cfg.metrics.prometheus_node
+    return next((node for node in cfg.nodes if node.name == name), None)
+
+
+def prometheus_url(cfg: ClusterConfig) -> Optional[str]:
+    node = prometheus_node(cfg)
+    return None if node is None else f"http://{node.host}:{cfg.metrics.prometheus_port}"
+
+
+def prometheus_entrypoint(cfg: ClusterConfig) -> list[str]:
+    """The container's main process: the configuration (from the environment, where Docker keeps it
+    out of every command line) written to a file, then Prometheus in its place."""
+    metrics = cfg.metrics
+    prometheus = [
+        "/bin/prometheus",
+        f"--config.file={PROMETHEUS_CONFIG_FILE}",
+        f"--storage.tsdb.path={PROMETHEUS_DATA}",
+        f"--storage.tsdb.retention.time={metrics.retention_days}d",
+        f"--web.listen-address=0.0.0.0:{metrics.prometheus_port}",
+    ]
+    write = f'printf "%s\\n" "${CONFIG_ENV}" > {PROMETHEUS_CONFIG_FILE}'
+    return ["/bin/sh", "-c", f"{write} && exec {shell_line(prometheus)}"]
+
+
+class Prometheus(pulumi.ComponentResource):
+    """metrics.prometheusNode: Prometheus as a container of the stack on that node."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: ClusterConfig,
+        provider: docker.Provider,
+        config_text: pulumi.Input[str],
+        depends_on: list[pulumi.Resource],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        super().__init__("spark-vllm:index:Prometheus", name, None, opts)
+        node = prometheus_node(cfg)
+        image = docker.RemoteImage(
+            f"{node.name}-prometheus-image",
+            name=cfg.metrics.prometheus_image,
+            keep_locally=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+        )
+        envs = pulumi.Output.from_input(config_text).apply(lambda text: [f"{CONFIG_ENV}={text}"])
+        self.container = docker.Container(
+            f"{node.name}-prometheus",
+            name=PROMETHEUS_CONTAINER,
+            image=image.image_id,
+            entrypoints=prometheus_entrypoint(cfg),
+            envs=envs,
+            network_mode="host",  # scrapes the nodes' fabric addresses, which the guard lets in
+            mounts=[docker.ContainerMountArgs(type="volume", source=PROMETHEUS_VOLUME, target=PROMETHEUS_DATA)],
+            restart=cfg.container.restart,
+            labels=[
+                docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
+                docker.ContainerLabelArgs(label="spark-vllm.role", value="prometheus"),
+            ],
+            must_run=True,
+            destroy_grace_seconds=10,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                delete_before_replace=True,  # a fixed name, and one port
+                depends_on=depends_on,
+                additional_secret_outputs=["envs"],
+            ),
+        )
+        self.register_outputs({"container_id": self.container.id})

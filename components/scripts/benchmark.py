@@ -1,0 +1,183 @@
+# Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
+# components.render.script_program. A short fixed load against vLLM's /v1/completions, streamed so that
+# the time to first token is real: the image's `vllm bench serve` (random dataset) when PARAMS["tool"]
+# says so (or "auto" finds it), else a load of its own (threads, standard library). Prints one JSON line
+# of figures (they become the `benchmark` stack output and part of the release) and exits 1 when more
+# requests failed than PARAMS["max_errors"].
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+TOKEN_IDS = range(32, 256)  # in every tokenizer's vocabulary (byte-level BPE and SentencePiece byte tokens sit here)
+
+
+def percentile(values, q):
+    """numpy's default (linear) percentile, which `vllm bench serve` reports."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def ms(value):
+    return None if value is None else round(value * 1000, 2)
+
+
+def one_request(index):
+    """One streamed completion: (ttft, [inter-token gaps], output tokens, error or None)."""
+    rng = random.Random(index)
+    body = {
+        "model": P["model"],
+        "prompt": [rng.choice(TOKEN_IDS) for _ in range(P["prompt_tokens"])],
+        "max_tokens": P["output_tokens"],
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(P["base_url"] + "/v1/completions", data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    if P.get("api_key"):
+        request.add_header("Authorization", f"Bearer {P['api_key']}")
+    start = time.perf_counter()
+    ttft, last, gaps, tokens = None, start, [], 0
+    try:
+        with urllib.request.urlopen(request, timeout=P["timeout_seconds"]) as response:
+            for line in response:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if chunk.get("choices"):
+                    if ttft is None:
+                        ttft = now - start
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                elif chunk.get("usage"):
+                    tokens = chunk["usage"].get("completion_tokens") or 0
+    except urllib.error.HTTPError as error:
+        return None, [], 0, f"HTTP {error.code}: {error.read()[:300].decode(errors='replace')}"
+    except (OSError, ValueError) as error:
+        return None, [], 0, f"{type(error).__name__}: {error}"
+    if ttft is None:
+        return None, [], 0, "the stream carried no token"
+    return ttft, gaps, tokens, None
+
+
+def own_load():
+    results = [None] * P["requests"]
+    lock = threading.Lock()
+    queue = iter(range(P["requests"]))
+
+    def worker():
+        while True:
+            with lock:
+                index = next(queue, None)
+            if index is None:
+                return
+            results[index] = one_request(index)
+
+    threads = [threading.Thread(target=worker) for _ in range(min(P["concurrency"], P["requests"]))]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    duration = time.perf_counter() - start
+    done = [r for r in results if r[3] is None]
+    ttfts = [r[0] for r in done]
+    gaps = [gap for r in done for gap in r[1]]
+    return {
+        "tool": "spark-vllm",
+        "durationSeconds": round(duration, 3),
+        "completed": len(done),
+        "errors": len(results) - len(done),
+        "errorSamples": sorted({r[3] for r in results if r[3] is not None})[:3],
+        "outputTokens": sum(r[2] for r in done),
+        "outputTokensPerSecond": round(sum(r[2] for r in done) / duration, 2),
+        "requestsPerSecond": round(len(done) / duration, 3),
+        "ttftMs": {"p50": ms(percentile(ttfts, 50)), "p99": ms(percentile(ttfts, 99))},
+        "itlMs": {"p50": ms(percentile(gaps, 50)), "p99": ms(percentile(gaps, 99))},
+    }
+
+
+def vllm_bench_argv(result_dir):
+    return [
+        "vllm", "bench", "serve", "--backend", "openai", "--base-url", P["base_url"], "--endpoint", "/v1/completions",
+        "--model", P["model_path"], "--served-model-name", P["model"], "--dataset-name", "random",
+        "--random-input-len", str(P["prompt_tokens"]), "--random-output-len", str(P["output_tokens"]),
+        "--num-prompts", str(P["requests"]), "--max-concurrency", str(P["concurrency"]), "--ignore-eos",
+        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--save-result",
+        "--result-dir", result_dir, "--result-filename", "result.json", "--disable-tqdm",
+        *(["--trust-remote-code"] if P.get("trust_remote_code") else []),
+    ]  # fmt: skip
+
+
+def vllm_bench():
+    """`vllm bench serve`'s own figures (its saved result file), in this script's shape. The API key
+    travels in OPENAI_API_KEY, where vllm bench reads it (never on its command line)."""
+    env = dict(os.environ)
+    if P.get("api_key"):
+        env["OPENAI_API_KEY"] = P["api_key"]
+    with tempfile.TemporaryDirectory() as result_dir:
+        run = subprocess.run(
+            vllm_bench_argv(result_dir), env=env, capture_output=True, text=True, timeout=P["timeout_seconds"]
+        )
+        path = os.path.join(result_dir, "result.json")
+        if run.returncode != 0 or not os.path.exists(path):
+            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-20:])
+            print(f"benchmark failed: `vllm bench serve` exited {run.returncode}:\n{tail}")
+            sys.exit(1)
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    errors = [e for e in result.get("errors") or [] if e]
+    return {
+        "tool": "vllm bench serve",
+        "durationSeconds": round(result["duration"], 3),
+        "completed": result["completed"],
+        "errors": result.get("failed", len(errors)),
+        "errorSamples": sorted({e.strip().splitlines()[-1][:300] for e in errors})[:3],
+        "outputTokens": result["total_output_tokens"],
+        "outputTokensPerSecond": round(result["output_throughput"], 2),
+        "requestsPerSecond": round(result["request_throughput"], 3),
+        "ttftMs": {"p50": round(result["p50_ttft_ms"], 2), "p99": round(result["p99_ttft_ms"], 2)},
+        "itlMs": {"p50": round(result["p50_itl_ms"], 2), "p99": round(result["p99_itl_ms"], 2)},
+    }
+
+
+def has_vllm_bench():
+    if shutil.which("vllm") is None:
+        return False
+    try:
+        probe = subprocess.run(["vllm", "bench", "serve", "--help"], capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+tool = P["tool"]
+if tool == "auto":
+    tool = "vllm" if has_vllm_bench() else "spark-vllm"
+figures = vllm_bench() if tool == "vllm" else own_load()
+figures["settings"] = {"concurrency": P["concurrency"], "requests": P["requests"], "promptTokens": P["prompt_tokens"],
+                       "outputTokens": P["output_tokens"]}  # fmt: skip
+print(json.dumps(figures))
+if figures["errors"] > P["max_errors"]:
+    print(
+        f"benchmark failed: {figures['errors']} of {P['requests']} requests failed (benchmark.maxErrors "
+        f"{P['max_errors']}); first errors: {figures['errorSamples']}"
+    )
+    sys.exit(1)

@@ -1,0 +1,147 @@
+"""components/scripts/benchmark.py for real: against the stand-in vLLM's HTTP server on 127.0.0.1 (its
+own load), and with a `vllm` on PATH that answers as `vllm bench serve` does (its result file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from components.render import script_program
+
+STANDIN = Path(__file__).resolve().parents[1] / "e2e" / "standin"
+if str(STANDIN) not in sys.path:
+    sys.path.insert(0, str(STANDIN))
+
+from vllm_standin import api  # noqa: E402
+from vllm_standin.args import ServeConfig  # noqa: E402
+
+
+@pytest.fixture
+def standin():
+    cfg = ServeConfig(model="/models/m", served_model_names=("m",), max_model_len=4096, tensor_parallel_size=1,
+                      pipeline_parallel_size=1, data_parallel_size=1, backend=None, host="127.0.0.1", port=0,
+                      api_key="k", vocab_size=2048)  # fmt: skip
+    state = api.ServerState(cfg, api.Pace(tokens_per_second=200, prefill_tokens_per_second=20000))
+    server = api.make_server(state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", state
+    server.shutdown()
+    server.server_close()
+
+
+def params(base_url: str, **changes) -> dict:
+    value = {"base_url": base_url, "model": "m", "model_path": "/models/m", "api_key": "k", "tool": "spark-vllm",
+             "concurrency": 4, "requests": 12, "prompt_tokens": 64, "output_tokens": 20, "max_errors": 0,
+             "timeout_seconds": 30, "trust_remote_code": False}  # fmt: skip
+    value.update(changes)
+    return value
+
+
+def run(p: dict, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-"], input=script_program("benchmark.py", p), capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def figures(result: subprocess.CompletedProcess) -> dict:
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
+
+
+def test_its_own_load_streams_and_measures_what_the_server_does(standin):
+    base_url, state = standin
+    result = run(params(base_url))
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = figures(result)
+    assert found["tool"] == "spark-vllm" and found["completed"] == 12 and found["errors"] == 0
+    assert found["outputTokens"] == 12 * 20 and state.generation_tokens_total == 240
+    # 4 streams at 200 tokens/s each: about 800 output tokens/s; the first token after 64/20000 s + one 5 ms step
+    assert 400 < found["outputTokensPerSecond"] < 900
+    assert 4 <= found["ttftMs"]["p50"] < 60 and 4 <= found["itlMs"]["p50"] < 30
+    assert found["settings"] == {"concurrency": 4, "requests": 12, "promptTokens": 64, "outputTokens": 20}
+    assert state.prompt_tokens_total == 12 * 64  # token-id prompts of exactly promptTokens
+
+
+def test_failed_requests_above_max_errors_fail_it_and_say_why(standin):
+    base_url, _ = standin
+    result = run(params(base_url, api_key="wrong", requests=3))
+    assert result.returncode == 1
+    assert figures(result)["errors"] == 3
+    assert "benchmark failed: 3 of 3 requests failed (benchmark.maxErrors 0)" in result.stdout
+    assert "HTTP 401" in result.stdout
+    allowed = run(params(base_url, api_key="wrong", requests=3, max_errors=3))
+    assert allowed.returncode == 0
+
+
+def test_a_prompt_longer_than_the_context_is_an_error_of_every_request(standin):
+    base_url, _ = standin
+    result = run(params(base_url, prompt_tokens=4090, output_tokens=20, requests=2))
+    assert result.returncode == 1 and "maximum context length is 4096" in result.stdout
+
+
+def fake_vllm(tmp_path: Path, result: dict, rc: int = 0) -> dict:
+    """A `vllm` on PATH: `bench serve --help` works; `bench serve …` records its argv and environment and
+    writes `result` where --result-dir/--result-filename say, as vllm/benchmarks/serve.py saves it."""
+    script = tmp_path / "vllm"
+    script.write_text(f"""#!{sys.executable}
+import json, os, sys
+argv = sys.argv[1:]
+if argv[-1] == "--help":
+    sys.exit(0)
+json.dump({{"argv": argv, "key": os.environ.get("OPENAI_API_KEY")}}, open({str(tmp_path / "seen.json")!r}, "w"))
+directory, name = argv[argv.index("--result-dir") + 1], argv[argv.index("--result-filename") + 1]
+json.dump({json.dumps(result)}, open(os.path.join(directory, name), "w"))
+print("============ Serving Benchmark Result ============")
+sys.exit({rc})
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+# The saved result's fields that benchmark.py reads (vllm/benchmarks/serve.py, `result` and
+# process_one_metric's mean_/median_/p{N}_ keys), for --percentile-metrics ttft,itl --metric-percentiles 50,99.
+VLLM_RESULT = {
+    "duration": 10.5, "completed": 32, "failed": 0, "total_input_tokens": 8192, "total_output_tokens": 4096,
+    "request_throughput": 3.047, "output_throughput": 390.1, "errors": [""] * 32, "mean_ttft_ms": 50.0,
+    "median_ttft_ms": 48.2, "p50_ttft_ms": 48.2, "p99_ttft_ms": 120.75, "mean_itl_ms": 9.0, "median_itl_ms": 8.8,
+    "p50_itl_ms": 8.8, "p99_itl_ms": 15.25,
+}  # fmt: skip
+
+
+def test_auto_takes_the_images_vllm_bench_serve_with_the_key_in_its_environment(tmp_path):
+    env = fake_vllm(tmp_path, VLLM_RESULT)
+    result = run(params("http://127.0.0.1:1", tool="auto", requests=32, concurrency=4), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = figures(result)
+    assert found["tool"] == "vllm bench serve" and found["outputTokensPerSecond"] == 390.1
+    assert found["ttftMs"] == {"p50": 48.2, "p99": 120.75} and found["itlMs"] == {"p50": 8.8, "p99": 15.25}
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    argv = seen["argv"]
+    assert seen["key"] == "k" and "k" not in argv  # OPENAI_API_KEY, where vllm bench reads it
+    assert argv[:2] == ["bench", "serve"]
+    pairs = dict(zip(argv[2::1], argv[3::1], strict=False))
+    assert pairs["--dataset-name"] == "random" and pairs["--random-input-len"] == "64"
+    assert pairs["--random-output-len"] == "20" and pairs["--num-prompts"] == "32"
+    assert pairs["--max-concurrency"] == "4" and pairs["--served-model-name"] == "m"
+    assert pairs["--model"] == "/models/m" and "--ignore-eos" in argv
+
+
+def test_vllm_bench_serve_failing_fails_the_benchmark_with_its_output(tmp_path):
+    env = fake_vllm(tmp_path, VLLM_RESULT, rc=3)
+    result = run(params("http://127.0.0.1:1", tool="vllm"), env=env)
+    assert result.returncode == 1 and "`vllm bench serve` exited 3" in result.stdout
+    assert "Serving Benchmark Result" in result.stdout
+
+
+def test_auto_without_vllm_bench_uses_its_own_load(standin, tmp_path):
+    base_url, _ = standin
+    (tmp_path / "vllm").write_text("#!/bin/sh\necho 'vllm: error: invalid choice: bench' >&2\nexit 2\n")
+    (tmp_path / "vllm").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = run(params(base_url, tool="auto", requests=4), env=env)
+    assert result.returncode == 0 and figures(result)["tool"] == "spark-vllm"
