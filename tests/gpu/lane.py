@@ -41,6 +41,7 @@ from components.config import load_cluster_config  # noqa: E402
 from components.preflight import memory_plan, node_memory  # noqa: E402
 from components.render import (  # noqa: E402
     RUN_DIR,
+    benchmark_params,
     cluster_wait_params,
     engine_settings,
     handover_params,
@@ -317,6 +318,8 @@ def run_lane(args) -> dict:
             report["answer"] = chat_answer(base, api_key, served)
         except (OSError, ValueError, KeyError) as error:
             report["answer"] = {"error": str(error)}
+        if "bench" in args.phases:
+            benchmark(node, cfg, served, model_dir, api_key, report, step)
         if "kill" in args.phases:
             kill_and_recover(node, cfg, served, api_key, ready, report, step)
     finally:
@@ -324,6 +327,18 @@ def run_lane(args) -> dict:
         report["total_seconds"] = round(time.monotonic() - started, 1)
         (out / "vllm.log").write_text(node.vllm_log())
     return report
+
+
+def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report: dict, step) -> None:
+    """The deploy's benchmark step (benchmark.py, the stack's default load) with each tool: the
+    project's own load, then the image's `vllm bench serve`."""
+    report["benchmark"] = {}
+    for tool in ("spark-vllm", "vllm"):
+        params = benchmark_params(cfg, served, model_dir, api_key) | {"tool": tool}
+        code, output, seconds = node.exec_python("benchmark.py", params, params["timeout_seconds"] + 360)
+        step(f"benchmark_{tool}", code, output, seconds)
+        lines = [line for line in output.splitlines() if line.startswith("{")]
+        report["benchmark"][tool] = json.loads(lines[-1]) if code == 0 and lines else {"error": output.strip()[-2000:]}
 
 
 def kill_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, report: dict, step) -> None:
@@ -394,6 +409,10 @@ def summary(report: dict) -> str:
             f" ({(room - kv['available_kv_cache_gib']) / kv['available_kv_cache_gib'] * 100:+.1f} %)" if room else ""
         )
         lines.append(f"  KV cache: vLLM {kv.get('available_kv_cache_gib')} GiB, plan {room} GiB{share}; {kv}")
+    for tool, figures in (report.get("benchmark") or {}).items():
+        shown = {key: figures.get(key) for key in ("outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs",
+                                                  "errors", "error")}  # fmt: skip
+        lines.append(f"  benchmark {tool}: {json.dumps(shown)[:600]}")
     if "after_kill" in report:
         lines.append(f"  after SIGKILL: {json.dumps(report['after_kill'])[:600]}")
     if "stop" in report:
@@ -409,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--utilization", type=float, default=0.9)
     parser.add_argument("--extra-args", nargs="*", default=["--load-format", "dummy"])
     parser.add_argument(
-        "--phases", default="kill", help="after ready and smoke: 'kill' (and recover), or ''; a stop ends every run"
+        "--phases",
+        default="kill",
+        help="after ready and smoke, comma-separated: 'bench' (the benchmark, both tools), 'kill' (and recover); "
+        "a stop ends every run",
     )
     parser.add_argument("--models", default="/var/tmp/lane/models")
     parser.add_argument("--run-dir", default=RUN_DIR)
