@@ -320,6 +320,13 @@ def run_lane(args) -> dict:
             report["answer"] = {"error": str(error)}
         if "bench" in args.phases:
             benchmark(node, cfg, served, model_dir, api_key, report, step)
+        if "metrics" in args.phases:  # what vLLM's /metrics says (the stand-in serves the same names)
+            with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+                text = response.read().decode()
+            (out / "metrics.txt").write_text(text)
+            report["metric_names"] = sorted(
+                {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+            )
         if "kill" in args.phases:
             kill_and_recover(node, cfg, served, api_key, ready, report, step)
     finally:
@@ -430,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phases",
         default="kill",
-        help="after ready and smoke, comma-separated: 'bench' (the benchmark, both tools), 'kill' (and recover); "
+        help="after ready and smoke, comma-separated: 'bench' (the benchmark, both tools), 'metrics' (/metrics to "
+        "metrics.txt), 'kill' (and recover); "
         "a stop ends every run",
     )
     parser.add_argument("--models", default="/var/tmp/lane/models")

@@ -596,3 +596,16 @@ def test_streaming_sends_each_token_when_it_is_generated_and_metrics_count_it():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_every_metric_the_stand_in_serves_is_one_real_vllm_serves_with_the_same_type():
+    """Against vLLM 0.25.0's own /metrics, captured on the H200 (tests/gpu/results/2026-12-01)."""
+    real = Path(__file__).resolve().parents[2] / "gpu" / "results" / "2026-12-01" / "vllm-0.25.0-metric-types.txt"
+    types = dict(line.split()[2:4] for line in real.read_text().splitlines())
+    state = api.ServerState(cfg())
+    state.finished({"prompt_tokens": 3, "completion_tokens": 2}, "length", 0.01, [0.005], 0.02)
+    served = dict(line.split()[2:4] for line in state.metrics_text().splitlines() if line.startswith("# TYPE"))
+    assert served and {name: types.get(name) for name in served} == served
+    rows = state.metrics_text()
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.01",model_name="m"} 1.0' in rows
+    assert 'vllm:request_success_total{engine="0",finished_reason="repetition",model_name="m"} 0.0' in rows

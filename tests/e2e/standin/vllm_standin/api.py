@@ -295,6 +295,9 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                960.0, 1920.0, 7680.0)  # fmt: skip
 
 
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.25's, every one always shown
+
+
 class Histogram:
     def __init__(self, buckets: tuple[float, ...]):
         self.buckets = buckets
@@ -309,13 +312,14 @@ class Histogram:
             if value <= bound:
                 self.counts[i] += 1
 
-    def lines(self, metric: str, labels: str) -> list[str]:
-        inner = labels[1:-1]
+    def lines(self, metric: str, name: str) -> list[str]:
+        """Its rows as vLLM's /metrics has them (labels in prometheus_client's order: by name)."""
+        labels = f'{{engine="0",model_name="{name}"}}'
+        bounds = [*(str(bound) for bound in self.buckets), "+Inf"]
         rows = [
-            f'{metric}_bucket{{{inner},le="{bound}"}} {float(n)}'
-            for bound, n in zip(self.buckets, self.counts, strict=True)
+            f'{metric}_bucket{{engine="0",le="{bound}",model_name="{name}"}} {float(n)}'
+            for bound, n in zip(bounds, [*self.counts, self.count], strict=True)
         ]
-        rows.append(f'{metric}_bucket{{{inner},le="+Inf"}} {float(self.count)}')
         return [*rows, f"{metric}_count{labels} {float(self.count)}", f"{metric}_sum{labels} {self.sum}"]
 
 
@@ -361,7 +365,7 @@ class ServerState:
             head("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
             out.append(f"vllm:num_requests_waiting{lbl} 0.0")
             head("vllm:request_success_total", "counter", "Count of successfully processed requests.")
-            for reason in sorted({"stop", "length", *self.requests_total}):
+            for reason in FINISHED_REASONS:
                 out.append(
                     f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{name}"}} '
                     f"{float(self.requests_total.get(reason, 0))}"
@@ -376,7 +380,7 @@ class ServerState:
                 ("vllm:e2e_request_latency_seconds", self.e2e, "Histogram of e2e request latency in seconds."),
             ):
                 head(metric, "histogram", help_)
-                out.extend(hist.lines(metric, lbl))
+                out.extend(hist.lines(metric, name))
         return "\n".join(out) + "\n"
 
 
