@@ -71,6 +71,11 @@ def prometheus_config(cfg: ClusterConfig, api_key: Optional[str]) -> str:
     return json.dumps(scrape_config(cfg, api_key), indent=2)
 
 
+def config_env(text: str) -> str:
+    """The configuration as the container's environment entry: one line (JSON needs no newlines)."""
+    return f"{CONFIG_ENV}={json.dumps(json.loads(text), separators=(',', ':'))}"
+
+
 def prometheus_node(cfg: ClusterConfig) -> Optional[NodeConfig]:
     name = cfg.metrics.prometheus_node
     return next((node for node in cfg.nodes if node.name == name), None)
@@ -116,7 +121,7 @@ class Prometheus(pulumi.ComponentResource):
             keep_locally=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider),
         )
-        envs = pulumi.Output.from_input(config_text).apply(lambda text: [f"{CONFIG_ENV}={text}"])
+        envs = pulumi.Output.from_input(config_text).apply(lambda text: [config_env(text)])
         self.container = docker.Container(
             f"{node.name}-prometheus",
             name=PROMETHEUS_CONTAINER,

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from tests.e2e import nodes as simnodes
-from tests.e2e.image.build import publish
+from tests.e2e.image.build import publish, publish_prometheus
 from tests.e2e.rehearsal import CACHE_DIR, make_model
 from tests.e2e.stack import RehearsalStack, cli_missing
 from tests.ssh_agent import ssh_agent
@@ -61,6 +61,12 @@ def _image(cluster):
 @pytest.fixture(scope="module")
 def image(sim_cluster):
     return _image(sim_cluster)
+
+
+@pytest.fixture(scope="module")
+def prometheus_image(sim_cluster, image):
+    """A real Prometheus (Debian's) in an image of the cluster's registry, as prom/prometheus would be."""
+    return publish_prometheus(CACHE_DIR, sim_cluster.registry.address, sim_cluster.nodes[0].docker_host, image)
 
 
 @pytest.fixture(scope="module")

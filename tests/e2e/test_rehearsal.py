@@ -20,6 +20,7 @@ import pytest
 from tests.e2e.rehearsal import chat, rehearsal_config, request
 from tests.e2e.stack import StackError
 from tests.fake_sysfs import add_device
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -57,10 +58,17 @@ def netns_processes(cluster, words=("raylet", "gcs_server", "vllm", "ray start",
     return found
 
 
+# A short benchmark after the smoke test: 8 requests, 2 at a time, 32 prompt and 16 output tokens each.
+BENCHMARK = {"enabled": True, "concurrency": 2, "requests": 8, "promptTokens": 32, "outputTokens": 16}
+
+
 @pytest.fixture(scope="module")
-def deployed(sim_cluster, image, model_dir, new_stack):
+def deployed(sim_cluster, image, prometheus_image, model_dir, new_stack):
     stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
+    config["benchmark"] = BENCHMARK
+    # a real Prometheus on the worker, scraping vLLM on the head across the fabric
+    config["metrics"] = {"prometheusNode": "node-2", "prometheusImage": prometheus_image, "scrapeIntervalSeconds": 1}
     stack.configure(config, secrets)
     preview = stack.preview()
     run = stack.up()
@@ -96,6 +104,44 @@ def test_the_fabric_gate_passed_and_its_figures_are_an_output_and_in_the_release
     assert fabric["floorGbps"] == 0.5  # 5 % of the veth's 10 Gb/s
     assert fabric["bandwidthGbps"]["node-1->node-2"] > fabric["floorGbps"]
     assert deployed["run"].outputs["release"]["fabric"]["bandwidthGbps"] == fabric["bandwidthGbps"]
+
+
+def test_the_benchmark_measured_the_stand_ins_pace_and_is_part_of_the_release(deployed):
+    bench = deployed["run"].outputs["benchmark"]
+    assert bench["tool"] == "spark-vllm"  # the stand-in has no `vllm bench serve`: the project's own load
+    assert bench["completed"] == 8 and bench["errors"] == 0 and bench["outputTokens"] == 8 * 16
+    # 2 streams at the stand-in's 100 tokens/s each (STANDIN_TOKENS_PER_SECOND): at most 200 output tokens/s
+    assert 50 < bench["outputTokensPerSecond"] <= 205
+    assert 9.5 <= bench["itlMs"]["p50"] < 60 and bench["ttftMs"]["p50"] >= 10
+    assert bench["settings"] == {"concurrency": 2, "requests": 8, "promptTokens": 32, "outputTokens": 16}
+    release = deployed["run"].outputs["release"]
+    assert release["benchmark"]["outputTokensPerSecond"] == bench["outputTokensPerSecond"]
+    assert release["validated"] is True
+
+
+def prometheus_api(cluster, node, path: str) -> dict:
+    out = cluster.docker(node, "exec", "spark-vllm.prometheus", "curl", "-s", f"http://127.0.0.1:9090{path}").stdout
+    return json.loads(out or "{}")
+
+
+def test_a_real_prometheus_on_the_worker_scrapes_every_target(sim_cluster, deployed):
+    worker = sim_cluster.nodes[1]
+    metrics = deployed["run"].outputs["metrics"]
+    assert metrics["prometheus"] == f"http://{worker.mgmt_ip}:9090"
+    expected = {*[t for targets in metrics["targets"].values() for t in targets], "127.0.0.1:9090"}
+    assert metrics["targets"]["vllm"] == [f"{sim_cluster.nodes[0].fabric_ip}:8000"]
+    seen: dict = {}
+
+    def all_up() -> bool:
+        active = prometheus_api(sim_cluster, worker, "/api/v1/targets").get("data", {}).get("activeTargets", [])
+        seen.update({t["labels"]["instance"]: t["health"] for t in active})
+        return set(seen) == expected and set(seen.values()) == {"up"}
+
+    assert wait_for(all_up, timeout=60), seen
+    query = prometheus_api(sim_cluster, worker, "/api/v1/query?query=vllm:generation_tokens_total")
+    values = [float(row["value"][1]) for row in query["data"]["result"]]
+    assert values and values[0] >= 8 * 16  # the benchmark's tokens, counted by the stand-in, scraped across nodes
+    assert deployed["stack"].outputs()["prometheusConfig"] == "[secret]"  # it holds the API key
 
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
@@ -202,7 +248,8 @@ def test_a_max_model_len_edit_previews_exactly_the_serve_steps_and_keeps_every_r
         "spark-vllm-serve": "update",
         "spark-vllm-ready": "replace",
         "spark-vllm-smoke": "replace",
-    }
+        "spark-vllm-benchmark": "replace",
+    }  # no container, and not the Prometheus either
     run = stack.up()
     assert run.changed == preview.changed
     assert container_ids(sim_cluster) == before
@@ -498,6 +545,7 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
         sim_cluster3, image3.ref, model_dir, pipeline_parallel=True, pin_host_keys=False, key_secret=False
     )
     config["vllm"]["extraArgs"] = hostile
+    config["benchmark"] = BENCHMARK  # staging validates how fast it serves; prod's floors read the figures
     two = {**config, "nodes": config["nodes"][:2], "pipelineParallelSize": 2}
     stack.configure(two, secrets)
     first = stack.up()
@@ -555,6 +603,7 @@ def test_a_rotated_ssh_credential_re_runs_the_commands_and_changes_nothing(sim_c
     assert {name for name, op in run.changed.items() if op == "update"} >= commands - {
         "spark-vllm-ready",
         "spark-vllm-smoke",
+        "spark-vllm-benchmark",
     }
     assert not {op for name, op in run.changed.items() if name.endswith(("-container", "-image"))}
     assert container_ids(sim_cluster3) == before
@@ -583,9 +632,22 @@ def test_prod_on_other_nodes_deploys_what_staging_validated(
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     del config["image"], config["model"]
     config["promoteFrom"] = "organization/spark-vllm/staging"
+    staged = staging_release["benchmark"]
+    # a floor the release misses: refused in preview, with its figure and the floor, before any resource
+    config["release"] = {"minOutputTokensPerSecond": 100000}
+    prod.configure(config, secrets)
+    with pytest.raises(StackError) as refused:
+        prod.preview()
+    message = str(refused.value)
+    assert f"release.minOutputTokensPerSecond: its release made {staged['outputTokensPerSecond']} output tokens/s, " \
+        "below the floor 100000.0" in message  # fmt: skip
+    assert no_containers(sim_cluster)
+    # floors it meets: the preview shows the figures of the release it would deploy
+    config["release"] = {"minOutputTokensPerSecond": 10, "maxP99TtftMs": 60000}
     prod.configure(config, secrets)
     preview = prod.preview()
     assert set(preview.changed.values()) == {"create"}
+    assert f"it served: {staged['outputTokensPerSecond']} output tokens/s" in preview.output
     run = prod.up()
     release = run.outputs["release"]
     assert release["image"] == staging_release["image"]

@@ -490,6 +490,56 @@ def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
     return ImageInfo(ref=remote, archive=info.archive, image_id=info.image_id, built=info.built, timings=timings)
 
 
+PROMETHEUS_PACKAGE = "prometheus"  # Debian's: the rehearsal's real Prometheus (one binary, linked to libc only)
+PROMETHEUS_REPO = "spark-vllm-rehearsal-prometheus"
+
+
+def prometheus_binary(cache_dir: Path) -> Path:
+    """/usr/bin/prometheus of Debian's package (`apt-get download`, this machine's apt sources), kept in
+    CACHE/prometheus."""
+    target = Path(cache_dir) / "prometheus" / "prometheus"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = target.parent / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    _run(["apt-get", "download", PROMETHEUS_PACKAGE], cwd=work)
+    deb = next(work.glob(f"{PROMETHEUS_PACKAGE}_*.deb"))
+    _run(["dpkg-deb", "-x", str(deb), str(work / "root")])
+    shutil.copy2(work / "root" / "usr" / "bin" / "prometheus", target.with_suffix(".part"))
+    target.with_suffix(".part").rename(target)
+    shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def publish_prometheus(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
+    """A Prometheus image in the registry: the rehearsal image (`base`, pulled from the registry by the
+    daemon at `docker_host`) with Debian's prometheus as /bin/prometheus, where prom/prometheus has it.
+    Returns its registry reference (tagged by the base and the binary)."""
+    cache_dir = Path(cache_dir).resolve()
+    binary = prometheus_binary(cache_dir)
+    digest = hashlib.sha256(base.ref.encode() + b"\0" + binary.read_bytes()).hexdigest()[:12]
+    remote = f"{registry}/{PROMETHEUS_REPO}:{digest}"
+    with _locked(cache_dir / "registry.lock"):
+        if registry_image_id(registry, f"{PROMETHEUS_REPO}:{digest}"):
+            return remote
+        context = cache_dir / "prometheus" / "context"
+        shutil.rmtree(context, ignore_errors=True)
+        context.mkdir(parents=True)
+        shutil.copy2(binary, context / "prometheus")
+        (context / "Dockerfile").write_text(
+            f"FROM {base.ref}\nCOPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
+        )
+        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+        docker(docker_host, "build", "-q", "-t", remote, str(context), env=env)
+        docker(docker_host, "push", remote)
+        with contextlib.suppress(RuntimeError):  # the daemon is left as publish() leaves it: without images
+            docker(docker_host, "rmi", remote, base.ref)
+        shutil.rmtree(context, ignore_errors=True)
+    return remote
+
+
 def _archive_id(cache_dir: Path) -> str:
     archive = archive_path(cache_dir)
     return archive_image_id(archive) if archive.exists() else ""
