@@ -8,7 +8,9 @@ left after the stop), each against its target:
 
 * serving again after a SIGKILL of the API server, no `pulumi up`: within 100 s (the Qwen3-8B shape);
 * the memory plan's KV room within 5 % of vLLM's available KV cache memory;
-* a stop leaves the GPU free (under 1 GiB in use).
+* a stop leaves the GPU free (under 1 GiB in use);
+* the deploy's benchmark (--phases bench): no failed request, and the project's own load agrees with
+  `vllm bench serve` on output tokens/s within 10 % (the same server, one after the other).
 
 Exit code 1 when a target is missed. The figures are the GPU machine's; nothing here runs vLLM.
 """
@@ -24,6 +26,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "tests" / "gpu" / "results"
 RECOVERY_TARGET_SECONDS = 100.0
 PLAN_TOLERANCE = 0.05
 GPU_FREE_MIB = 1024.0
+TOOLS_AGREE = 0.10
 
 
 def judge(report: dict) -> list[tuple[str, str, bool | None]]:
@@ -52,6 +55,20 @@ def judge(report: dict) -> list[tuple[str, str, bool | None]]:
         off = (room - vllm) / vllm
         rows.append((f"KV cache: plan {room} GiB vs vLLM {vllm} GiB (within 5 %)", f"{off * 100:+.1f} %",
                      abs(off) <= PLAN_TOLERANCE))  # fmt: skip
+    bench = report.get("benchmark") or {}
+    for tool, figures in bench.items():
+        if "error" in figures:
+            rows.append((f"benchmark {tool}", "failed", False))
+            continue
+        ttft, itl = figures["ttftMs"], figures["itlMs"]
+        rows.append((f"benchmark {tool}: tok/s, TTFT p50/p99, ITL p50/p99 (ms), 0 errors",
+                     f"{figures['outputTokensPerSecond']:.0f}, {ttft['p50']:.0f}/{ttft['p99']:.0f}, "
+                     f"{itl['p50']:.2f}/{itl['p99']:.2f}", figures["errors"] == 0))  # fmt: skip
+    if all(tool in bench and "error" not in bench[tool] for tool in ("spark-vllm", "vllm")):
+        own, theirs = bench["spark-vllm"]["outputTokensPerSecond"], bench["vllm"]["outputTokensPerSecond"]
+        off = (own - theirs) / theirs
+        rows.append(("benchmark: own load vs vllm bench serve, tok/s (within 10 %)", f"{off * 100:+.1f} %",
+                     abs(off) <= TOOLS_AGREE))  # fmt: skip
     stop = report.get("stop")
     if stop:
         used = max(stop.get("gpu_used_mib_after") or [0.0])

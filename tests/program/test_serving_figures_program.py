@@ -105,6 +105,9 @@ def test_a_prometheus_node_runs_prometheus_with_the_config_in_a_secret_env_and_i
     entry = container.inputs["entrypoints"]
     assert entry[:2] == ["/bin/sh", "-c"] and "--web.listen-address=0.0.0.0:9090" in entry[2]
     assert SECRETS["apiKey"] not in json.dumps(entry)
+    (env,) = container.inputs["envs"]  # one line: the configuration, with the key, in a secret input
+    assert env.startswith("SPARK_VLLM_PROMETHEUS_CONFIG={") and "\n" not in env and SECRETS["apiKey"] in env
+    assert "envs" in container.secret_paths() and "envs" in container.additional_secret_outputs
     assert "spark-02-guard-ready" in [run.by_urn()[urn].name for urn in container.dependencies]  # the guard holds first
     image = run.named("spark-02-prometheus-image")
     assert image.inputs["name"] == "prom/prometheus:v3.5.0"

@@ -146,3 +146,18 @@ def test_auto_without_vllm_bench_uses_its_own_load(standin, tmp_path):
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     result = run(params(base_url, tool="auto", requests=4), env=env)
     assert result.returncode == 0 and figures(result)["tool"] == "spark-vllm"
+
+
+def test_the_gpu_lane_judges_the_benchmark_and_the_two_tools_agreement():
+    from benchmarks.gpu_lane import judge
+
+    def figures(rate, errors=0):
+        return {"outputTokensPerSecond": rate, "ttftMs": {"p50": 50, "p99": 90}, "itlMs": {"p50": 5.2, "p99": 6},
+                "errors": errors}  # fmt: skip
+
+    rows = {what: met for what, _, met in judge({"benchmark": {"spark-vllm": figures(690), "vllm": figures(700)}})}
+    assert rows["benchmark: own load vs vllm bench serve, tok/s (within 10 %)"] is True
+    apart = judge({"benchmark": {"spark-vllm": figures(500, errors=1), "vllm": figures(700)}})
+    assert [met for _, _, met in apart] == [False, True, False]
+    failed = judge({"benchmark": {"vllm": {"error": "vllm bench serve exited 1"}}})
+    assert failed == [("benchmark vllm", "failed", False)]
