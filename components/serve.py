@@ -68,11 +68,6 @@ def started(serve: command.remote.Command) -> pulumi.Output:
     return serve.stdout.apply(last_json_line)
 
 
-def benchmark_figures(stdout: str) -> dict[str, Any]:
-    """benchmark.py's figures (its last JSON line)."""
-    return last_json_line(stdout)
-
-
 def smoke_summary(stdout: str) -> dict[str, Any]:
     result = last_json_line(stdout)
     return {
@@ -102,7 +97,7 @@ class VllmServer(pulumi.ComponentResource):
         self.smoke_result = smoke_result
         self.benchmark = self._create_benchmark(name, argv_fingerprint) if cfg.benchmark.enabled else None
         self.benchmark_result = (
-            self.benchmark.stdout.apply(benchmark_figures) if self.benchmark else pulumi.Output.from_input(None)
+            self.benchmark.stdout.apply(last_json_line) if self.benchmark else pulumi.Output.from_input(None)
         )
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
 

@@ -109,14 +109,22 @@ def models_payload(cfg: ServeConfig, created: int) -> dict:
     }
 
 
-def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
-    """(status, JSON) for a non-streaming ``POST /v1/chat/completions``."""
+def _served_model(body: object, cfg: ServeConfig) -> tuple[str, tuple[int, dict] | None]:
+    """The model a request names (default: the first served name), or the error vLLM answers: a body
+    that is not an object (400), a model it does not serve (404)."""
     if not isinstance(body, dict):
-        return 400, error_body("request body must be a JSON object", "BadRequestError", 400)
+        return "", (400, error_body("request body must be a JSON object", "BadRequestError", 400))
     model = body.get("model")
     if model is not None and model not in cfg.served_model_names:
-        return 404, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
-    model = model or cfg.served_model_names[0]
+        return "", (404, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
+    return model or cfg.served_model_names[0], None
+
+
+def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
+    """(status, JSON) for a non-streaming ``POST /v1/chat/completions``."""
+    model, problem = _served_model(body, cfg)
+    if problem:
+        return problem
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return 400, error_body("'messages' must be a non-empty list", "BadRequestError", 400, "messages")
@@ -188,12 +196,9 @@ def completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]
     ``vllm bench serve``'s random dataset and spark-vllm's benchmark send), ``max_tokens`` (default 16)
     and vLLM's ``ignore_eos`` (then exactly max_tokens tokens). A single prompt only: a batch of prompts
     is refused (vLLM would take it; nothing here sends one)."""
-    if not isinstance(body, dict):
-        return 400, error_body("request body must be a JSON object", "BadRequestError", 400)
-    model = body.get("model")
-    if model is not None and model not in cfg.served_model_names:
-        return 404, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
-    model = model or cfg.served_model_names[0]
+    model, problem = _served_model(body, cfg)
+    if problem:
+        return problem
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         prompt_tokens, prompt_words = count_tokens(prompt), prompt.split()
