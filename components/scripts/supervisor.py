@@ -18,7 +18,7 @@
 # waiting for Ray | starting |
 # running | backoff | failed | stopped), vLLM's pid, restarts in the window and in all, the last
 # exit and the last error line of the log, whether /health answers 200 (serving), Ray's restarts.
-# RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: …` line for each start and exit.
+# RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: MM-DD HH:MM:SS …` line for each start and exit.
 # With network.guard (P["guard_marker"]), nothing starts until the guard container applied its
 # rules in this boot (its marker names the boot id): after a reboot Ray never listens unguarded.
 # vLLM is several processes (the API server, an engine core `VLLM::EngineCore`, workers) and only
@@ -72,11 +72,17 @@ print(json.dumps({{"nodes": len(alive), "gpus": sum(n.get("Resources", {{}}).get
 """
 
 
+def mark(message):
+    """A line of vLLM's log from the supervisor, with the time as vLLM's own lines have it (local time:
+    UTC in a container): `=== spark-vllm: 12-02 03:04:05 vLLM started (pid 7)`."""
+    return f"=== spark-vllm: {time.strftime('%m-%d %H:%M:%S')} {message}\n"
+
+
 def say(message):
     line = f"[spark-vllm supervisor {P['node']}] {message}"
     print(line, flush=True)
     with open(LOG, "a") as log:
-        log.write(f"=== spark-vllm: {message}\n")
+        log.write(mark(message))
 
 
 def read_spec():
@@ -442,7 +448,7 @@ class Supervisor:
         except OSError:
             self.log_start = 0
         with open(LOG, "ab", buffering=0) as log:
-            log.write(f"=== spark-vllm: starting {' '.join(spec['argv'])}\n".encode())
+            log.write(mark(f"starting {' '.join(spec['argv'])}").encode())
             self.vllm = subprocess.Popen(
                 spec["argv"],
                 env=env,

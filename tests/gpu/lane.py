@@ -61,6 +61,19 @@ KV_PATTERNS = {
     "max_concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
     "model_loading_gib": r"Model loading took ([\d.]+) GiB",
 }
+# Where a restart's time goes: the first line of each of vLLM's processes, and its milestones.
+TIMELINE_MARKS = (
+    ("api server's first line", "(APIServer pid="),
+    ("engine core's first line", "(EngineCore pid="),
+    ("Ray worker's first line", "(RayWorkerProc pid="),
+    ("model loaded", "Model loading took"),
+    ("torch.compile done", "torch.compile took"),
+    ("CUDA graphs captured", "Graph capturing finished"),
+    ("engine initialised", "init engine (profile"),
+    ("API server listening", "Starting vLLM server on"),
+)
+LOG_TIME = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+IMPORT_PROBE = "import time; t = time.monotonic(); import {module}; print(round(time.monotonic() - t, 2))"
 RECOVERY_TIMEOUT = 240  # a call on the GPU machine lasts at most 10 minutes: every wait ends well before
 STOP_TIMEOUT = 120
 
@@ -174,6 +187,57 @@ class Node:
             return ""
 
 
+def log_seconds(line: str, year: int) -> float | None:
+    """The time (epoch seconds) of a line of vLLM's log ("INFO 12-01 20:44:25 …", and the supervisor's
+    "=== spark-vllm: 12-01 20:44:21 …"; both local time, as vLLM's logging writes it), or None."""
+    found = LOG_TIME.search(line)
+    if not found:
+        return None
+    month, day, hour, minute, second = (int(part) for part in found.groups())
+    return time.mktime((year, month, day, hour, minute, second, 0, 0, -1))
+
+
+def restart_timeline(log: str, killed_at: float) -> list[dict]:
+    """What the log says happened after the kill (epoch seconds `killed_at`): each of the supervisor's
+    lines, then the first line of each TIMELINE_MARKS, as seconds after the kill (whole seconds: the
+    log's resolution)."""
+    year = time.gmtime(killed_at).tm_year
+    events, marks = [], dict(TIMELINE_MARKS)
+    restarted = False
+    for line in log.splitlines():
+        at = log_seconds(line, year)
+        if at is None or at < int(killed_at):
+            continue
+        if line.startswith("=== spark-vllm:"):
+            text = LOG_TIME.split(line, 1)[-1].strip()
+            events.append({"at": round(at - killed_at, 1), "what": "supervisor: " + text[:120]})
+            restarted = restarted or text.startswith("vLLM started")
+            continue
+        if not restarted:
+            continue
+        for label, needle in list(marks.items()):
+            if needle in line:
+                events.append({"at": round(at - killed_at, 1), "what": label})
+                del marks[label]
+    return events
+
+
+def import_seconds(env: dict) -> dict:
+    """How long a fresh Python takes to import what each of vLLM's processes imports first (twice: the
+    second with the page cache warm), in the node's environment."""
+    found = {}
+    for module in ("torch", "vllm.entrypoints.cli.main"):
+        times = []
+        for _ in range(2):
+            result = subprocess.run(
+                [sys.executable, "-c", IMPORT_PROBE.format(module=module)],
+                env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            times.append(float(result.stdout.strip()) if result.returncode == 0 else result.stderr.strip()[-300:])
+        found[module] = times
+    return found
+
+
 def fingerprint_stdout(model_dir: str) -> str:
     return subprocess.run(
         [sys.executable, "-", model_dir], input=script("model_fingerprint.py"), capture_output=True, text=True
@@ -270,6 +334,8 @@ def run_lane(args) -> dict:
     except (OSError, subprocess.SubprocessError) as error:
         report["vllm_version"] = f"unknown ({error})"
     steps = report["steps"]
+    if "imports" in args.phases:
+        report["import_seconds"] = import_seconds(node.env)
     probe = subprocess.run(
         [sys.executable, "-"], input=script("image_probe.py"), env=node.env, capture_output=True, text=True, timeout=300
     )
@@ -328,7 +394,9 @@ def run_lane(args) -> dict:
                 {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
             )
         if "kill" in args.phases:
-            kill_and_recover(node, cfg, served, api_key, ready, report, step)
+            for round_ in range(args.kills):
+                suffix = f"_{round_ + 1}" if round_ else ""
+                kill_and_recover(node, cfg, served, api_key, ready, report, step, suffix)
     finally:
         stop(node, report)  # always: nothing of the lane may outlive it
         report["total_seconds"] = round(time.monotonic() - started, 1)
@@ -348,29 +416,33 @@ def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report
         report["benchmark"][tool] = json.loads(lines[-1]) if code == 0 and lines else {"error": output.strip()[-2000:]}
 
 
-def kill_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, report: dict, step) -> None:
-    """SIGKILL of vLLM's API server alone; the supervisor must serve again, with no `pulumi up`."""
+def kill_and_recover(
+    node: Node, cfg, served: str, api_key: str, ready: dict, report: dict, step, suffix: str = ""
+) -> None:
+    """SIGKILL of vLLM's API server alone; the supervisor must serve again, with no `pulumi up`.
+    Reported as `after_kill{suffix}` and the step `recovery{suffix}`."""
     before = node.status()
     pid = before["vllm_pid"]
     group = subprocess.run(["ps", "-o", "pid=,comm=", "-g", str(pid)], capture_output=True, text=True).stdout
-    killed_at = time.monotonic()
+    killed_at, killed_wall = time.monotonic(), time.time()
     os.kill(pid, signal.SIGKILL)
     time.sleep(2)
-    report["after_kill"] = {
+    report[f"after_kill{suffix}"] = {
         "group_before": group.split("\n")[:8],
         "gpu_used_mib_2s_after": gpu_used_mib(),
     }
     restarted = wait(lambda: node.status().get("vllm_pid") not in (None, pid), RECOVERY_TIMEOUT)
-    report["after_kill"]["restarted_seconds"] = round(time.monotonic() - killed_at, 1) if restarted else None
+    report[f"after_kill{suffix}"]["restarted_seconds"] = round(time.monotonic() - killed_at, 1) if restarted else None
     code, output, _ = node.exec_python("wait_ready.py", ready, RECOVERY_TIMEOUT)
     smoke = node.exec_python("smoke.py", smoke_params(cfg, served, api_key), 180)
     seconds = time.monotonic() - killed_at
-    step("recovery", code or smoke[0], output + smoke[1], seconds)
+    step(f"recovery{suffix}", code or smoke[0], output + smoke[1], seconds)
     status = node.status()
-    report["after_kill"].update(
+    report[f"after_kill{suffix}"].update(
         serving_again_seconds=round(seconds, 1) if not (code or smoke[0]) else None,
         restarts_total=status.get("restarts_total"),
         supervisor_said=[line for line in node.vllm_log().splitlines() if "=== spark-vllm:" in line][-8:],
+        timeline=restart_timeline(node.vllm_log(), killed_wall),
     )
 
 
@@ -420,8 +492,13 @@ def summary(report: dict) -> str:
         shown = {key: figures.get(key) for key in ("outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs",
                                                   "errors", "error")}  # fmt: skip
         lines.append(f"  benchmark {tool}: {json.dumps(shown)[:600]}")
-    if "after_kill" in report:
-        lines.append(f"  after SIGKILL: {json.dumps(report['after_kill'])[:600]}")
+    for key in sorted(key for key in report if key.startswith("after_kill")):
+        after = {name: value for name, value in report[key].items() if name != "timeline"}
+        lines.append(f"  {key}: {json.dumps(after)[:600]}")
+        for event in report[key].get("timeline", []):
+            lines.append(f"    {event['at']:6.1f} s  {event['what']}")
+    if "import_seconds" in report:
+        lines.append(f"  imports (fresh python, twice): {json.dumps(report['import_seconds'])}")
     if "stop" in report:
         lines.append(f"  stop: {json.dumps(report['stop'])}")
     return "\n".join(lines)
@@ -441,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics.txt), 'kill' (and recover); "
         "a stop ends every run",
     )
+    parser.add_argument("--kills", type=int, default=1, help="with 'kill': how many SIGKILLs, one recovery each")
     parser.add_argument("--models", default="/var/tmp/lane/models")
     parser.add_argument("--run-dir", default=RUN_DIR)
     parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))

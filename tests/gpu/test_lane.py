@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,12 +45,12 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
         [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
          "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
          "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
-         "--env", "STANDIN_DEAD_LINGER_S=0.2"],
+         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--kills", "2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "lane-mp-qwen3-8b.json").read_text())
-    assert [name for name in report["steps"]] == ["handover", "ready", "smoke", "recovery"]
+    assert [name for name in report["steps"]] == ["handover", "ready", "smoke", "recovery", "recovery_2"]
     assert all(step["ok"] for step in report["steps"].values())
     assert report["api_key_enforced"] is True
     after = report["after_kill"]
@@ -57,6 +58,11 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
     # the engine core outlived its API server and was ended by the supervisor before the new start
     assert any("VLLM::EngineCor" in line for line in after["group_before"])
     assert any("ending what it left running" in line for line in after["supervisor_said"])
+    # where the restart's time went, from the log's lines after the kill
+    said = [event["what"] for event in after["timeline"]]
+    assert said[0].startswith("supervisor: vLLM's main process is gone") and "supervisor: vLLM started" in " ".join(said)
+    assert said.index("engine core's first line") < said.index("model loaded") < said.index("API server listening")
+    assert report["after_kill_2"]["restarts_total"] == 2 and report["after_kill_2"]["timeline"]
     assert report["stop"]["exit_code"] == 0 and report["stop"]["processes_left"] == []
     assert report["kv"]["kv_cache_tokens"] == 4096 * 4  # what the stand-in says, parsed as vLLM's lines
     assert report["memory_plan"]["maxModelLen"] == 4096
@@ -74,3 +80,31 @@ def test_real_vllm_on_a_gpu_serves_recovers_from_a_sigkill_and_a_stop_frees_the_
     report = json.loads((tmp_path / f"lane-{executor}-qwen3-8b.json").read_text())
     assert report["after_kill"]["serving_again_seconds"] is not None
     assert max(report["stop"]["gpu_used_mib_after"]) < 1024
+
+
+def test_the_restart_timeline_places_the_supervisor_and_vllm_s_first_lines_after_the_kill():
+    killed = time.mktime((2026, 12, 1, 20, 44, 0, 0, 0, -1)) + 0.4
+    log = "\n".join([
+        "(APIServer pid=7) INFO 12-01 20:43:59 [api_server.py:616] Starting vLLM server on http://0.0.0.0:8000",
+        "=== spark-vllm: 12-01 20:44:00 vLLM's main process is gone; ending what it left running: pid 9",
+        "(APIServer pid=7) INFO 12-01 20:44:01 [launcher.py:46] a line of the dead server, flushed late",
+        "=== spark-vllm: 12-01 20:44:04 vLLM started (pid 11)",
+        "(APIServer pid=11) INFO 12-01 20:44:25 [api_utils.py:339] version 0.25.0",
+        "(APIServer pid=11) INFO 12-01 20:44:25 [model.py:619] Resolved architecture: Qwen3ForCausalLM",
+        "(EngineCore pid=12) INFO 12-01 20:44:42 [core.py:114] Initializing a V1 LLM engine (v0.25.0)",
+        "(EngineCore pid=12) \x1b[36m(RayWorkerProc pid=13)\x1b[0m WARNING 12-01 20:45:11 [worker_base.py:306] x",
+        "(EngineCore pid=12) INFO 12-01 20:45:35 [core.py:337] init engine (profile, create kv cache) took 20.16 s",
+        "(APIServer pid=11) INFO 12-01 20:45:37 [api_server.py:616] Starting vLLM server on http://0.0.0.0:8000",
+    ])  # fmt: skip
+    timeline = lane.restart_timeline(log, killed)
+    assert [(event["at"], event["what"].split(":")[0]) for event in timeline] == [
+        (-0.4, "supervisor"),  # the log's whole seconds: the same second as the kill
+        (3.6, "supervisor"),
+        (24.6, "api server's first line"),
+        (41.6, "engine core's first line"),
+        (70.6, "Ray worker's first line"),
+        (94.6, "engine initialised"),
+        (96.6, "API server listening"),
+    ]
+    assert timeline[1]["what"] == "supervisor: vLLM started (pid 11)"
+    assert lane.restart_timeline(log, killed + 3600) == []

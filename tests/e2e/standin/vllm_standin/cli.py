@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
 def _main(argv: list[str] | None, environ) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parse_cli(argv)
+    log.set_prefix(f"(APIServer pid={os.getpid()}) ")  # as vLLM 0.25's API server prefixes its lines
     log.info(WHERE_API, "vLLM API server version %s", __version__)
     log.info(WHERE_API, "args: %s", redacted_args(ns))
     try:
@@ -106,7 +107,7 @@ def _main(argv: list[str] | None, environ) -> int:
         core.shutdown()
         return code
 
-    log.info(WHERE_API, "Starting vLLM API server 0 on http://%s:%d", cfg.host, cfg.port)
+    log.info(WHERE_API, "Starting vLLM server on http://%s:%d", cfg.host, cfg.port)  # vLLM 0.25's words
     log.info(
         "launcher.py:29",
         "Available routes are: /health, /ping, /version, /metrics, /v1/models, /v1/chat/completions, /v1/completions",

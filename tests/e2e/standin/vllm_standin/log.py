@@ -15,7 +15,7 @@ _prefix = ""
 
 
 def set_prefix(prefix: str) -> None:
-    """What vLLM puts before each line of a child process, e.g. ``(EngineCore_DP0 pid=812) ``."""
+    """What vLLM puts before each line of a child process, e.g. ``(EngineCore pid=812) `` (vLLM 0.25; the API server's ``(APIServer pid=7) ``)."""
     global _prefix
     _prefix = prefix
 
