@@ -36,14 +36,15 @@ def judge(report: dict) -> list[tuple[str, str, bool | None]]:
     for name in ("cluster_ready", "handover", "ready", "smoke"):
         if name in steps:
             rows.append((f"{name} (s)", f"{steps[name]['seconds']:.1f}", None if steps[name]["ok"] else False))
-    kill = report.get("after_kill")
-    if kill:
+    for key in sorted(key for key in report if key.startswith("after_kill")):  # after_kill, after_kill_2, …
+        kill = report[key]
         again = kill.get("serving_again_seconds")
         target = report.get("model") == "qwen3-8b"
         met = (again is not None and again <= RECOVERY_TARGET_SECONDS) if target else again is not None
         rows.append(
             (
-                f"SIGKILL of the API server -> serving again (s){' <= 100' if target else ''}",
+                f"SIGKILL {key.removeprefix('after_kill').lstrip('_') or '1'} of the API server -> serving again (s)"
+                f"{' <= 100' if target else ''}",
                 "never" if again is None else f"{again:.1f} (restarted after {kill.get('restarted_seconds')})",
                 met,
             )

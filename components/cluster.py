@@ -19,7 +19,13 @@ from components.memory import message as memory_message
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
-from components.preflight import compare_fingerprints, image_problems, memory_plan, parse_fingerprint
+from components.preflight import (
+    compare_fingerprints,
+    image_problems,
+    image_warnings,
+    memory_plan,
+    parse_fingerprint,
+)
 from components.release import ReleaseSource, release_record
 from components.render import ray_address, shell_line
 from components.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
@@ -43,6 +49,9 @@ def image_fit(cfg: ClusterConfig, stdouts_by_node: dict[str, str]) -> bool:
     problems = [line for node in cfg.nodes for line in image_problems(cfg, node, stdouts_by_node[node.name])]
     if problems:
         raise ImageCheckError("\n".join(problems))
+    for node in cfg.nodes:
+        for warning in image_warnings(node, stdouts_by_node[node.name]):
+            pulumi.log.warn(warning)
     return True
 
 

@@ -192,3 +192,15 @@ def test_an_image_that_cannot_work_stops_every_container_naming_each_node_and_th
     assert message in str(caught.value)
     assert message.replace("spark-01", "spark-02") in str(caught.value)  # every node, in the one message
     assert set(cloud.containers) <= GUARDS_ONLY
+
+
+def test_an_image_without_bytecode_that_runs_with_dontwritebytecode_deploys_with_a_warning_per_node(caplog):
+    cloud = FakeCloud()
+    cloud.image_facts = {**FakeCloud.image_facts, "bytecode": {"vllm": False, "torch": True},
+                         "dont_write_bytecode": True}  # fmt: skip
+    with caplog.at_level("WARNING"):
+        run_program(prod(), SECRETS, stack="prod", mocks=cloud)
+    warned = [r.getMessage() for r in caplog.records if "no bytecode" in r.getMessage()]
+    assert [w.split(":")[0] for w in warned] == ["image check spark-01", "image check spark-02"]
+    assert warned[0].startswith("image check spark-01: vllm in the image has no bytecode and the image runs Python")
+    assert set(cloud.containers) - GUARDS_ONLY  # a warning: it deployed

@@ -161,3 +161,22 @@ def test_the_gpu_lane_judges_the_benchmark_and_the_two_tools_agreement():
     assert [met for _, _, met in apart] == [False, True, False]
     failed = judge({"benchmark": {"vllm": {"error": "vllm bench serve exited 1"}}})
     assert failed == [("benchmark vllm", "failed", False)]
+
+
+def test_the_gpu_lane_judges_every_sigkill_round_against_the_recovery_target():
+    from benchmarks.gpu_lane import judge
+
+    report = {
+        "model": "qwen3-8b",
+        "after_kill": {"serving_again_seconds": 75.5, "restarted_seconds": 4.0},
+        "after_kill_2": {"serving_again_seconds": 101.0, "restarted_seconds": 4.5},
+        "after_kill_3": {"serving_again_seconds": None, "restarted_seconds": None},
+    }
+    rows = [(what.split(" of ")[0], figure, met) for what, figure, met in judge(report)]
+    assert rows == [
+        ("SIGKILL 1", "75.5 (restarted after 4.0)", True),
+        ("SIGKILL 2", "101.0 (restarted after 4.5)", False),
+        ("SIGKILL 3", "never", False),
+    ]
+    other_shape = judge({"model": "qwen3-30b-a3b", "after_kill": {"serving_again_seconds": 140.0}})
+    assert other_shape[0][2] is True  # the 100 s target is the Qwen3-8B shape's

@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -703,3 +704,53 @@ def test_a_gpu_held_by_something_else_refuses_the_deploy_with_vllms_own_check():
     ]
     free = NodeMemory(node.name, 1, 143771 * 2**20, unified=False, free_bytes=143000 * 2**20)
     assert plan_memory([free], 16 * GIB, shape, 1, 1, 32768, 0.9, 8 * GIB).fits
+
+
+def fake_site(root: Path, compiled: bool) -> Path:
+    """A site-packages with `vllm` and `torch` as pip installs them (dist-info, a package of modules),
+    with or without their bytecode."""
+    site = root / ("compiled" if compiled else "sources")
+    for name, version in (("vllm", "0.25.0"), ("torch", "2.11.0")):
+        (site / f"{name}-{version}.dist-info").mkdir(parents=True)
+        (site / f"{name}-{version}.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
+        for module in ("__init__.py", "a.py", "b.py", "engine/__init__.py", "engine/arg_utils.py"):
+            (site / name / module).parent.mkdir(parents=True, exist_ok=True)
+            (site / name / module).write_text('"--nnodes"\n' if module.endswith("arg_utils.py") else "x = 1\n")
+    if compiled:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True)
+    return site
+
+
+@pytest.mark.parametrize(
+    "compiled, flag, found",
+    [(False, "1", {"vllm": False, "torch": False}), (True, "1", {"vllm": True, "torch": True}),
+     (False, "", {"vllm": False, "torch": False})],
+)  # fmt: skip
+def test_the_image_probe_says_whether_vllm_and_torch_have_bytecode(tmp_path, compiled, flag, found):
+    site = fake_site(tmp_path, compiled)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)} | ({"PYTHONDONTWRITEBYTECODE": flag} if flag else {})
+    result = subprocess.run(
+        [sys.executable, "-"], input=script("image_probe.py"), env=env, capture_output=True, text=True, check=True
+    )
+    facts = json.loads(result.stdout)
+    assert facts["bytecode"] == found and facts["dont_write_bytecode"] is bool(flag)
+    assert facts["vllm"] == "0.25.0" and facts["vllm_nnodes"] is True
+
+
+def test_an_image_without_bytecode_that_cannot_write_it_is_a_warning_naming_the_node_and_the_fix():
+    cfg = load_cluster_config(config())
+    node = cfg.nodes[0]
+
+    def said(bytecode: dict, dont_write: bool) -> list[str]:
+        facts = {"vllm": "0.25.0", "bytecode": bytecode, "dont_write_bytecode": dont_write}
+        return preflight.image_warnings(node, json.dumps(facts))
+
+    [warning] = said({"vllm": False, "torch": False}, True)
+    assert warning.startswith(f"image check {node.name}: torch and vllm in the image have no bytecode")
+    assert "PYTHONDONTWRITEBYTECODE=1" in warning and "python3 -m compileall" in warning
+    assert said({"vllm": True, "torch": False}, True)[0].startswith(
+        f"image check {node.name}: torch in the image has no"
+    )
+    assert said({"vllm": False, "torch": False}, False) == []  # the first start writes it in the container
+    assert said({"vllm": True, "torch": True}, True) == [] == said({"vllm": None, "torch": None}, True)
+    assert preflight.image_warnings(node, "not json") == []
