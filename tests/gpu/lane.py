@@ -307,9 +307,28 @@ def wait(condition, timeout: float, every: float = 0.5):
     return None
 
 
+def forget_caches(keep: tuple[str, ...]) -> list[str]:
+    """What a new container starts without: the compile caches of an earlier vLLM on this machine (Triton's,
+    Inductor's, FlashInfer's, ~/.cache's others) except those under `keep` (the ones a volume would keep)."""
+    home = Path.home()
+    found = [home / ".triton", *Path("/tmp").glob("torchinductor_*")]
+    found += [path for path in (home / ".cache").glob("*") if path.name not in keep]
+    removed = []
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(str(path))
+    return removed
+
+
 def run_lane(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    forgotten = forget_caches(tuple(args.keep_caches.split(","))) if args.keep_caches is not None else None
     model_dir = str(make_model(args.model, Path(args.models)))
     fabric = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
     raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric)
@@ -327,6 +346,8 @@ def run_lane(args) -> dict:
         "gpu_used_mib_before": gpu_used_mib(),
         "steps": {},
     }
+    if forgotten is not None:
+        report["caches_forgotten"] = forgotten
     try:
         report["vllm_version"] = subprocess.run(
             ["vllm", "--version"], env=node.env, capture_output=True, text=True, timeout=120
@@ -519,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
         "a stop ends every run",
     )
     parser.add_argument("--kills", type=int, default=1, help="with 'kill': how many SIGKILLs, one recovery each")
+    parser.add_argument(
+        "--keep-caches",
+        default=None,
+        help="start as a new container would: remove the compile caches of earlier runs (~/.triton, "
+        "/tmp/torchinductor_*, ~/.cache/*) except these names under ~/.cache, comma-separated (e.g. vllm,huggingface)",
+    )
     parser.add_argument("--models", default="/var/tmp/lane/models")
     parser.add_argument("--run-dir", default=RUN_DIR)
     parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))

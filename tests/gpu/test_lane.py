@@ -109,3 +109,19 @@ def test_the_restart_timeline_places_the_supervisor_and_vllm_s_first_lines_after
     ]
     assert timeline[1]["what"] == "supervisor: vLLM started (pid 11)"
     assert lane.restart_timeline(log, killed + 3600) == []
+
+
+def test_forgetting_caches_keeps_only_the_named_ones_under_dot_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for path in (".cache/vllm/torch_compile_cache/x", ".cache/flashinfer/jit/y", ".cache/huggingface/hub/z",
+                 ".triton/cache/k"):  # fmt: skip
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    (tmp_path / ".cache" / "stray").write_text("")
+    removed = lane.forget_caches(("vllm", "huggingface"))
+    assert {Path(p).relative_to(tmp_path).as_posix() for p in removed if p.startswith(str(tmp_path))} == {
+        ".triton",
+        ".cache/flashinfer",
+        ".cache/stray",
+    }
+    assert (tmp_path / ".cache/vllm/torch_compile_cache/x").exists() and (tmp_path / ".cache/huggingface").exists()
