@@ -214,6 +214,11 @@ def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
 # CUDA_VISIBLE_DEVICES): copied, the head's interface and HCA names would override each worker's own.
 # vLLM leaves out the names listed in VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json.
 NODE_SPECIFIC_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES")
+# Kept from the workers too: the API key. Only the API server checks it, and a worker hashes every VLLM_*
+# variable it has into its torch.compile cache key and writes their raw values beside its compiled graphs
+# (vllm/envs.py compile_factors, vllm/compilation/backends.py cache_key_factors.json): copied, the key would
+# sit in plain text in every node's compile cache.
+HEAD_ONLY_ENV = ("VLLM_API_KEY",)
 VLLM_CONFIG_ROOT = f"{RUN_DIR}/vllm-config"
 
 
@@ -234,7 +239,7 @@ def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_k
         "fingerprint": fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
         "run_dir": RUN_DIR,
         "timeout_seconds": SERVE_HANDOVER_SECONDS,
-        "ray_non_carry_over": list(NODE_SPECIFIC_ENV) if cfg.executor == "ray" else [],
+        "ray_non_carry_over": [*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
     }
 
 

@@ -36,8 +36,9 @@ def tail(lines):
 
 
 def keep_node_specific_env():
-    """With Ray: vLLM copies the driver's NCCL_*/UCX_* values to every worker unless they are listed in
-    VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json; listed, each node keeps its own interface names."""
+    """With Ray: vLLM copies the driver's NCCL_*/UCX_*/VLLM_* values to every worker unless they are listed in
+    VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json; listed, each node keeps its own interface names, and
+    the API key stays with the API server (render.py HEAD_ONLY_ENV)."""
     root = P["env"].get("VLLM_CONFIG_ROOT")
     if not root or not P.get("ray_non_carry_over"):
         return

@@ -33,6 +33,7 @@
 # SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
 # and exits 0.
 import collections
+import glob
 import json
 import os
 import re
@@ -123,6 +124,51 @@ def exit_reason(code, text):
         return error
     lines = [line for line in text.splitlines() if line.strip() and "=== spark-vllm:" not in line]
     return lines[-1].strip()[:300] if lines else ""
+
+
+# vLLM 0.25 hashes every VLLM_* variable of a worker into its torch.compile cache key and writes their raw
+# values beside the compiled graphs, once per cache directory (vllm/envs.py compile_factors,
+# vllm/compilation/backends.py: <VLLM_CACHE_ROOT>/torch_compile_cache/<hash>/rank_<r>_<dp>/<part>/
+# cache_key_factors.json), VLLM_API_KEY among them: with mp the workers have the API server's environment.
+# The supervisor puts a mark in place of any secret it finds there (the file is only metadata: vLLM
+# never reads it back; the cache stays valid).
+SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN", "RAY_AUTH_TOKEN")
+COMPILE_FACTORS = "torch_compile_cache/*/*/*/cache_key_factors.json"
+REDACTED = "<redacted by spark-vllm>"
+
+
+def vllm_cache_root(env):
+    """Where vLLM keeps its caches (vllm/envs.py VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, ~/.cache/vllm)."""
+    if env.get("VLLM_CACHE_ROOT"):
+        return os.path.expanduser(env["VLLM_CACHE_ROOT"])
+    return os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
+
+
+def redact_compile_factors(env, seen):
+    """Secrets of `env` out of vLLM's cache_key_factors.json files (those not in `seen`, path -> mtime);
+    returns the paths changed."""
+    secrets = [env[name] for name in SECRET_ENV if len(env.get(name) or "") >= 8]
+    changed = []
+    for path in glob.glob(os.path.join(vllm_cache_root(env), COMPILE_FACTORS)):
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if seen.get(path) == mtime:
+                continue
+            with open(path) as handle:
+                text = handle.read()
+            cleaned = text
+            for secret in secrets:
+                cleaned = cleaned.replace(json.dumps(secret)[1:-1], REDACTED)
+            if cleaned != text:
+                with open(f"{path}.tmp", "w") as handle:
+                    handle.write(cleaned)
+                os.chmod(f"{path}.tmp", os.stat(path).st_mode & 0o777)
+                os.replace(f"{path}.tmp", path)
+                changed.append(path)
+            seen[path] = os.stat(path).st_mtime_ns
+        except OSError:
+            continue  # written this moment, or removed: looked at again next time
+    return changed
 
 
 def proc_stat(pid):
@@ -328,6 +374,8 @@ class Supervisor:
         self.written = None
         self.guard_seen = False
         self.guard_note = 0.0
+        self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> mtime
+        self.next_redact = 0.0
 
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
@@ -589,7 +637,19 @@ class Supervisor:
         if self.vllm is not None and not (spec or {}).get("health_url") and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
+        self.redact(now)
         self.write_status()
+
+    def redact(self, now):
+        """vLLM's compile cache metadata without this node's secrets: often while vLLM starts (it writes
+        them while it compiles), then now and then."""
+        if now < self.next_redact:
+            return
+        starting = self.vllm is not None and now - (self.started_at or now) < 900
+        self.next_redact = now + (2 if starting else 30)
+        env = {**os.environ, **((self.spec or {}).get("env") or {})}
+        for path in redact_compile_factors(env, self.factors_seen):
+            say(f"took the secrets out of vLLM's compile cache metadata: {path}")
 
     def write_status(self):
         status = {

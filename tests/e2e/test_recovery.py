@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from tests.e2e.rehearsal import chat, rehearsal_config
+from tests.e2e.rehearsal import chat, compile_factors, rehearsal_config
 from tests.e2e.stack import StackError
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -103,6 +104,21 @@ def test_mp_serves_with_a_rank_on_every_node(sim_cluster, stack):
     for node in sim_cluster.nodes:  # no Ray anywhere
         processes = sim_cluster.docker(node, "exec", f"spark-vllm-{node.name}", "ps", "-eo", "args").stdout
         assert "raylet" not in processes and "gcs_server" not in processes
+
+
+def test_mp_the_api_key_is_taken_out_of_the_heads_compile_cache_metadata(sim_cluster, stack):
+    """With mp the head's workers have the API server's environment, the key with it, and vLLM 0.25 writes
+    its raw value into cache_key_factors.json (the stand-in's engine core does too): the supervisor puts a
+    mark in its place."""
+    key = stack["secrets"]["apiKey"]
+    head, worker = sim_cluster.nodes
+    assert wait_for(lambda: "<redacted by spark-vllm>" in json.dumps(compile_factors(sim_cluster, head)), 30)
+    assert [found["env"]["VLLM_API_KEY"] for found in compile_factors(sim_cluster, head)] == [
+        "<redacted by spark-vllm>"
+    ]
+    assert compile_factors(sim_cluster, worker)  # the headless rank has no key to leave there
+    for node in sim_cluster.nodes:
+        assert key not in json.dumps(compile_factors(sim_cluster, node))
 
 
 def test_mp_a_killed_worker_rank_recovers_by_itself(sim_cluster, stack):

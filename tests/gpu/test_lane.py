@@ -45,7 +45,8 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
         [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
          "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
          "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
-         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--kills", "2"],
+         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}",
+         "--kills", "2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -23,7 +23,7 @@ from tests.waiting import wait_for
 PYTHON = sys.executable
 
 FAKE_VLLM = """
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 # like vLLM's engine core: a child that outlives a SIGKILL of its parent (FAKE_VLLM_SETSID: in a session of its own)
 child = subprocess.Popen([sys.executable, "-c", "import signal, time; time.sleep(600)"],
                          start_new_session=bool(os.environ.get("FAKE_VLLM_SETSID")))
@@ -34,6 +34,11 @@ if os.environ.get("FAKE_VLLM_GPU_BUSY"):
           flush=True)
     sys.exit(1)
 print("fake vllm", sys.argv[1:], "key set" if os.environ.get("VLLM_API_KEY") else "no key", flush=True)
+if os.environ.get("FAKE_VLLM_FACTORS"):  # what vLLM 0.25's worker writes while it compiles (its env's raw values)
+    folder = os.path.join(os.environ["VLLM_CACHE_ROOT"], "torch_compile_cache", "3f8484553b", "rank_0_0", "backbone")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "cache_key_factors.json"), "w") as handle:
+        handle.write(json.dumps({"env": {"VLLM_API_KEY": os.environ.get("VLLM_API_KEY"), "VLLM_PP": None}}, indent=2))
 # what vLLM 0.25 prints at every start on a host with a low fd limit: a warning, not why it exits
 print("(APIServer pid=1) WARNING 12-01 20:42:04 [system_utils.py:299] Found ulimit of 20000 and failed to "
       "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
@@ -368,3 +373,16 @@ def test_a_start_vllm_refuses_for_lack_of_gpu_memory_is_not_a_crash(node, tmp_pa
     assert "on startup is less than desired GPU memory utilization" in status["failed"]
     assert len(status.get("last_exit") or {}) and status["restarts_in_window"] == 0  # max_restarts 3 untouched
     assert "not counted as a crash" in node.log()
+
+
+def test_the_api_key_is_taken_out_of_vllms_compile_cache_metadata(node, tmp_path):
+    """vLLM 0.25 writes the raw values of its environment, VLLM_API_KEY among them, into
+    cache_key_factors.json beside its compiled graphs; the supervisor puts a mark in their place."""
+    cache = tmp_path / "vllm-cache"
+    node.start(VLLM_CACHE_ROOT=str(cache), FAKE_VLLM_FACTORS="1")
+    node.serve()
+    factors = cache / "torch_compile_cache" / "3f8484553b" / "rank_0_0" / "backbone" / "cache_key_factors.json"
+    assert wait_for(lambda: factors.exists() and "redacted" in factors.read_text(), 10), factors.read_text()
+    assert "secret-key" not in factors.read_text()
+    assert json.loads(factors.read_text())["env"] == {"VLLM_API_KEY": "<redacted by spark-vllm>", "VLLM_PP": None}
+    assert "took the secrets out of vLLM's compile cache metadata" in node.log()

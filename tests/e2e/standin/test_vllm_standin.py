@@ -314,7 +314,8 @@ def mp_rank(tmp_path, rank, nnodes, master_port, http_port, ip, master="127.0.0.
         argv.append("--headless")
     env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": ip, "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_JOIN_TIMEOUT_S": timeout,
            "STANDIN_DEAD_LINGER_S": "0.2", "STANDIN_PING_TIMEOUT_S": "1",
-           "STANDIN_GPU_DIR": str(tmp_path / f"gpus-of-{ip}")}  # each "node" its own GPU  # fmt: skip
+           "STANDIN_GPU_DIR": str(tmp_path / f"gpus-of-{ip}"),  # each "node" its own GPU
+           "VLLM_CACHE_ROOT": str(tmp_path / f"vllm-cache-of-{ip}"), "VLLM_API_KEY": "k" * 16}  # fmt: skip
     log = open(tmp_path / f"rank{rank}.log", "w")
     # Its own session, so a test ends a rank as a node going away does: the whole group.
     return subprocess.Popen(
@@ -349,6 +350,13 @@ def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_p
         assert wait_for(lambda: health(http) == 200)
         log = (tmp_path / "rank0.log").read_text()
         assert "node rank 1 joined from 127.0.0.1 (VLLM_HOST_IP 127.0.0.2)" in log
+        # what vLLM 0.25 leaves beside its compiled graphs: the raw VLLM_* values it hashed, the key among them
+        for ip, rank in (("127.0.0.1", 0), ("127.0.0.2", 1)):
+            [factors] = (tmp_path / f"vllm-cache-of-{ip}" / "torch_compile_cache").glob(
+                f"*/rank_{rank}_0/backbone/cache_key_factors.json"
+            )
+            found = json.loads(factors.read_text())["env"]
+            assert found["VLLM_API_KEY"] == "k" * 16 and "VLLM_HOST_IP" not in found
         os.killpg(worker.pid, signal.SIGKILL)  # the whole rank, engine core included
         worker.wait()
         assert head.wait(timeout=20) == 1  # a rank went away: the engine is dead

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from . import log
+from . import compile_cache, log
 from .args import ServeConfig, StandinError, parse_cli, validate
 
 WHERE_CORE = "core.py:708"
@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             log.info(
                 "kv_cache_utils.py:1091", "Maximum concurrency for %d tokens per request: 4.00x", cfg.max_model_len
             )
+        if cfg.backend != "ray":  # the engine core is the worker (uniproc), or stands for its node's ranks (mp)
+            compile_cache.write_factors(cfg.node_rank * max(1, cfg.world_size // cfg.nnodes), environ)
         with os.fdopen(ready_fd, "w") as ready:
             ready.write("ready\n")
         return _run(engine, stop, ping_timeout_s)

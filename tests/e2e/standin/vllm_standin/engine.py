@@ -133,6 +133,12 @@ def _worker_class():
                 "pid": os.getpid(),
             }
 
+        def compile(self, rank: int) -> str:
+            """What the worker of `rank` leaves in its node's torch.compile cache."""
+            from vllm_standin.compile_cache import write_factors
+
+            return write_factors(rank)
+
         def ping(self) -> bool:
             return True
 
@@ -284,6 +290,7 @@ class RayEngine:
                 r.env,
             )
 
+        ray.get([worker.compile.remote(r.rank) for worker, r in zip(self.workers, self.ranks, strict=True)])
         node_ids = {r.node_id for r in self.ranks}
         all_ips = {r.vllm_ip for r in self.ranks} | {driver_ip}
         if len(node_ids) != len(all_ips):
