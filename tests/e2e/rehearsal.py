@@ -49,6 +49,10 @@ MODEL_CONFIG = {
 }
 
 
+# A short benchmark after the smoke test: 8 requests, 2 at a time, 32 prompt and 16 output tokens each.
+BENCHMARK = {"enabled": True, "concurrency": 2, "requests": 8, "promptTokens": 32, "outputTokens": 16}
+
+
 def make_model(workdir: Path, name: str = "tiny-chat") -> Path:
     """A model directory like a real one (config.json, tokenizer files), minus the weights."""
     model = workdir / "models" / name
@@ -172,6 +176,21 @@ def chat(endpoint: str, api_key: str, model: str) -> dict:
     if status != 200:
         raise RuntimeError(f"chat completion failed: HTTP {status}")
     return answer
+
+
+def compile_factors(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> list[dict]:
+    """The cache_key_factors.json files in the node's container: what vLLM 0.25 writes beside its compiled
+    graphs, the raw values of the environment it hashed (tests/e2e/standin/vllm_standin/compile_cache.py)."""
+    text = cluster.docker(
+        node, "exec", f"spark-vllm-{node.name}", "sh", "-c",
+        "cat /root/.cache/vllm/torch_compile_cache/*/*/*/cache_key_factors.json 2>/dev/null || true",
+    ).stdout  # fmt: skip
+    found, decoder, at = [], json.JSONDecoder(), 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        value, at = decoder.raw_decode(text, at)
+        found.append(value)
+    return found
 
 
 def _print_stages(title: str, run: Run) -> None:
