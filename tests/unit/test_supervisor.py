@@ -51,6 +51,7 @@ if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
     signal.signal(signal.SIGTERM, lambda *a: (print("Shutting down", flush=True), sys.exit(0)))
+print("fake vllm waiting", flush=True)  # its signal handling in place
 time.sleep(600)
 """
 FAKE_RAY = """
@@ -205,7 +206,8 @@ def test_settings_start_vllm_once_and_the_same_settings_leave_it_alone(node):
     assert f"vLLM started (pid {pid})" in first.stdout and alive(pid)
     assert wait_for(lambda: node.status().get("serving") is True)
     assert node.status()["state"] == "running"
-    assert "key set" in node.log() and "secret-key" not in node.log() + first.stdout
+    assert wait_for(lambda: "key set" in node.log())  # the fake's own output: it may start slowly under load
+    assert "secret-key" not in node.log() + first.stdout
     assert oct((node.run_dir / "spec.json").stat().st_mode & 0o777) == "0o600"  # it carries the key
     again = node.serve()
     assert f"vLLM already running with these settings (pid {pid})" in again.stdout
@@ -255,6 +257,7 @@ def test_stopping_is_graceful_takes_the_whole_group_and_is_safe_twice(node, tmp_
     pid = node.status()["vllm_pid"]
     assert wait_for(lambda: (tmp_path / "children").exists())
     child = int((tmp_path / "children").read_text().split()[0])
+    assert wait_for(lambda: "fake vllm waiting" in node.log())
     stopped = node.stop_vllm()
     assert stopped.returncode == 0 and f"vLLM (pid {pid}) stopped" in stopped.stdout
     assert "Shutting down" in node.log()  # SIGTERM first
