@@ -45,6 +45,26 @@ def cli_missing() -> Optional[str]:
     return None
 
 
+def _log_timing(run: Run) -> None:
+    """With SPARK_VLLM_TEST_TIMINGS=FILE: one JSON line per command (the test, the command, its
+    seconds, the slowest resources), to see where the rehearsal's time goes."""
+    path = os.environ.get("SPARK_VLLM_TEST_TIMINGS")
+    if not path:
+        return
+    slow = sorted(
+        ((e.finished - e.started, f"{e.op} {e.name}") for e in run.resources.values() if e.finished is not None),
+        reverse=True,
+    )[:6]
+    line = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+        "command": run.command,
+        "seconds": round(run.seconds, 2),
+        "slowest": [[round(s, 2), what] for s, what in slow],
+    }
+    with open(path, "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
 class StackError(Exception):
     """A `pulumi` command failed. The message holds the engine's error diagnostics (one per failed
     resource, named `type (name): error: …` as the CLI prints them) and the tail of its output."""
@@ -286,7 +306,7 @@ class RehearsalStack:
                 raise StackError(command, events.errors or [str(error)], "\n".join(lines)) from None
         outputs = {key: value.value for key, value in (getattr(result, "outputs", None) or {}).items()}
         summary = getattr(result, "change_summary", None) or events.summary
-        return Run(
+        run = Run(
             command=command,
             resources=events.resources,
             output="\n".join(lines),
@@ -296,6 +316,8 @@ class RehearsalStack:
             change_summary={str(getattr(k, "value", k)): v for k, v in (summary or {}).items()},
             engine_seconds=events.engine_seconds,
         )
+        _log_timing(run)
+        return run
 
     def preview(self, **kwargs: Any) -> Run:
         """`pulumi preview --diff`."""
