@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,7 +28,7 @@ from components.preflight import (
     parse_fingerprint,
 )
 from components.release import ReleaseSource, release_record
-from components.render import ray_address, shell_line
+from components.render import ray_address, script_program, shell_line, with_script
 from components.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
 from components.ssh import SshAccess
 
@@ -400,11 +401,14 @@ class VllmCluster(pulumi.ComponentResource):
                 lambda outs: same_model(dict(zip(names, outs, strict=True)))
             )
         self.memory_plan = self._memory_plan(cfg, args, fingerprints)
+        nccl_passed = pulumi.Output.from_input(True)
+        if fabric.nccl_test(cfg):
+            self.fabric, nccl_passed = self._nccl_test(cfg, args, images, local_model)
         node_names = [node.name for node in cfg.nodes]
         images_fit = pulumi.Output.all(*[self.checks[n].image_facts for n in node_names]).apply(
             lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
         )
-        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, *gates).apply(
+        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, nccl_passed, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(
@@ -437,14 +441,7 @@ class VllmCluster(pulumi.ComponentResource):
                 except ValueError as error:
                     facts[name] = {"error": f"{error}: {out.strip()[:200]!r}"}
             problems, figures = fabric.judge(cfg, facts)
-            if problems and cfg.fabric.gate == "enforce":
-                raise fabric.FabricGateError(fabric.message(problems))
-            if problems:
-                pulumi.log.warn(
-                    fabric.message(problems).replace(
-                        "(fabric.gate: enforce); nothing was started", "(fabric.gate: warn)"
-                    )
-                )
+            fabric.enforce(cfg, problems, pulumi.log.warn)
             return {**figures, "problems": problems}
 
         figures = pulumi.Output.all(*[probe.stdout for probe in probes]).apply(judge)
@@ -454,6 +451,50 @@ class VllmCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         return figures, passed
+
+    def _nccl_test(
+        self, cfg: ClusterConfig, args: VllmClusterArgs, images: dict, model: pulumi.Input[str]
+    ) -> tuple[pulumi.Output, pulumi.Output]:
+        """fabric.bandwidthTest: nccl: `<node>-fabric-nccl` on every node at once, in its image on its
+        GPUs, once every node passed its checks (the GPU visible in a container, the image pulled);
+        judged with the gate's figures. (The fabric figures with the test's, and its verdict.)"""
+        checked = [r for c in self.checks.values() for r in (c.preflight, c.gpu) if r is not None]
+        image_ids = [images[node.name].image_id for node in cfg.nodes]
+        tests = []
+        for index, node in enumerate(cfg.nodes):
+            program = script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, node))
+            tests.append(
+                command.remote.Command(
+                    f"{node.name}-fabric-nccl",
+                    create=image_ids[index].apply(
+                        lambda image, node=node, program=program: with_script(
+                            shell_line(fabric.nccl_argv(cfg, node, image)), program
+                        )
+                    ),
+                    # every node's test must run together: any node's new image runs them all again
+                    triggers=[*image_ids, model],
+                    connection=self.hosts[node.name].connection,
+                    add_previous_output_in_env=False,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
+                )
+            )
+        names = [node.name for node in cfg.nodes]
+
+        def judge(parts: list) -> dict:
+            gate, *outs = parts
+            facts = {}
+            for name, out in zip(names, outs, strict=True):
+                lines = [line for line in out.splitlines() if line.strip()]
+                try:
+                    facts[name] = json.loads(lines[-1])
+                except (IndexError, ValueError):
+                    facts[name] = {"error": f"the test printed no result: {out.strip()[-300:]!r}"}
+            problems, figures = fabric.judge_nccl(cfg, facts, gate.get("links") or {})
+            fabric.enforce(cfg, problems, pulumi.log.warn)
+            return fabric.with_nccl(gate, figures, problems)
+
+        merged = pulumi.Output.all(self.fabric, *[test.stdout for test in tests]).apply(judge)
+        return merged, merged.apply(lambda _: True)
 
     def _memory_plan(self, cfg: ClusterConfig, args: VllmClusterArgs, fingerprints: dict) -> pulumi.Output:
         """The memory plan from the head's model fingerprint and every node's memory; with

@@ -280,14 +280,20 @@ class FabricConfig(_Model):
         "speed), its RDMA devices (ACTIVE, RoCE v2 GID) against rdmaDevices, every peer reached over the fabric with "
         "a full-size packet, a short bandwidth test per pair. enforce stops the deploy on a problem, warn reports it.",
     )
-    bandwidth_test: Literal["tcp", "off"] = Field(
-        "tcp", description="The bandwidth test between the nodes: a short TCP test over the fabric addresses."
+    bandwidth_test: Literal["tcp", "nccl", "off"] = Field(
+        "tcp",
+        description="The bandwidth test between the nodes: tcp, a short TCP test per pair over the fabric addresses "
+        "(on the hosts, before any image is pulled); nccl, an NCCL all-reduce across every node in the node's image "
+        "with its GPUs and the Ray container's NCCL settings (once every node has the image; needs container.gpus), "
+        "which also says whether NCCL uses RDMA or fell back to sockets.",
     )
     min_bandwidth_gbps: Optional[float] = Field(
         None,
         gt=0,
-        description="Floor of the bandwidth test (Gb/s); below it is a problem. Default: 5 % of the slower link's "
-        "speed (a coarse floor for one process's TCP streams: it catches a fabric that is not the fabric).",
+        description="Floor of the bandwidth test (Gb/s); below it is a problem. Default: with tcp 5 % of the slower "
+        "link's speed (a coarse floor for one process's TCP streams: it catches a fabric that is not the fabric); "
+        "with nccl 55 % of it for the all-reduce's bus bandwidth (110 Gb/s on a 200G link: both HCAs of a Spark "
+        "give 150-190, one alone about half; NVIDIA's playbooks warn below 175).",
     )
     bandwidth_seconds: float = Field(1.0, ge=0.2, le=30, description="How long each pair's test sends.")
     min_link_speed_gbps: Optional[int] = Field(
@@ -926,8 +932,12 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
             add("ray.metricsExportPort", "Ray's metrics", ray.metrics_export_port)
         add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
     fabric = cfg.fabric
-    if fabric is not INVALID and len(cfg.nodes) > 1 and fabric.gate != "off" and fabric.bandwidth_test == "tcp":
+    testing = fabric is not INVALID and len(cfg.nodes) > 1 and fabric.gate != "off"
+    if testing and fabric.bandwidth_test == "tcp":
         add("fabric.testPort", "fabric gate's bandwidth test, during the checks", fabric.test_port,
+            default=single(FabricConfig, "test_port"))  # fmt: skip
+    if testing and fabric.bandwidth_test == "nccl" and is_head:  # the other ranks only connect
+        add("fabric.testPort", "the NCCL test's rendezvous, during the checks", fabric.test_port,
             default=single(FabricConfig, "test_port"))  # fmt: skip
     metrics = cfg.metrics
     if metrics is not INVALID and metrics.prometheus_node == node.name:
@@ -998,6 +1008,21 @@ def _runtime_problems(cfg: Any) -> list[str]:
         )
     sync = cfg.model_sync
     container = cfg.container
+    fabric = cfg.fabric
+    if (
+        fabric is not INVALID
+        and fabric.bandwidth_test == "nccl"
+        and fabric.gate != "off"
+        and container is not INVALID
+        and container.gpus is False
+    ):
+        problems.append(
+            _problem(
+                "fabric.bandwidthTest",
+                "nccl",
+                "tcp or off with container.gpus: false (the NCCL test runs on the nodes' GPUs)",
+            )
+        )
     if (
         sync is not INVALID
         and sync.enabled is True

@@ -19,6 +19,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
+from components.fabric import rdma_in_container
 from components.render import (
     GUARD_MARKER_DIR_IN_NODE,
     GUARD_VOLUME,
@@ -109,7 +110,7 @@ class NodeContainer(pulumi.ComponentResource):
 
     def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
         cfg, node = args.config, args.node
-        rdma = bool(node.rdma_devices) and not cfg.nccl.ib_disable
+        rdma = rdma_in_container(cfg, node)
         guard = (
             [
                 docker.ContainerMountArgs(

@@ -181,6 +181,8 @@ def release_record(
     record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
     if fabric is not None:
         record["fabric"] = {key: fabric.get(key) for key in ("checked", "links", "bandwidthGbps", "floorGbps")}
+        if fabric.get("nccl"):  # with fabric.bandwidthTest: nccl, the network NCCL used
+            record["fabric"]["nccl"] = fabric["nccl"]
     if benchmark:
         record["benchmark"] = {key: benchmark.get(key) for key in BENCHMARK_FIELDS}
     return record

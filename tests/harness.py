@@ -177,6 +177,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = json.dumps(self.image_facts)
             elif args.name.endswith("-fabric-gate") and "create" in args.inputs:
                 stdout = json.dumps(self.fabric_facts(gate_params_of(args.inputs["create"])))
+            elif args.name.endswith("-fabric-nccl") and "create" in args.inputs:
+                stdout = json.dumps(self.nccl_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-smoke"):
                 stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
             elif args.name.endswith("-benchmark"):
@@ -255,6 +257,28 @@ class FakeCloud(pulumi.runtime.Mocks):
             "served": sorted(bandwidth.get("expect", [])),
             "not_served": [],
             "seconds": 1.4,
+        }
+
+    nccl_network = "IB"
+    nccl_seconds = 0.0143  # per all-reduce of 256 MiB between two nodes: ~150 Gb/s of bus bandwidth
+
+    def nccl_facts(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What nccl_bandwidth.py prints on a node of two good Sparks: NCCL over both RoCE twins."""
+        return {
+            "node": params["node"],
+            "rank": params["rank"],
+            "world": params["world"],
+            "torch": "2.11.0+cu130",
+            "nccl": "2.28.9",
+            "init_seconds": 2.1,
+            "correct": True,
+            "network": self.nccl_network,
+            "devices": [f"Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:{params['node']}"],
+            "transports": [f"NET/{self.nccl_network}/0", f"NET/{self.nccl_network}/1"],
+            "bytes": params["megabytes"] << 20,
+            "seconds": self.nccl_seconds,
+            "iterations": params["iterations"],
+            "total_seconds": 6.5,
         }
 
     def fingerprint(self, node: str) -> dict[str, Any]:

@@ -4,6 +4,8 @@
 #   bash tests/gpu/device.sh receive N      keep .gpu/parts/part-NN (carried by this call) in /var/tmp/lane
 #   bash tests/gpu/device.sh run LANE-ARGS  join the parts (sha256 checked) and install the wheels once into
 #                                           /var/tmp/lane/site, then python3 -m tests.gpu.lane LANE-ARGS
+#   bash tests/gpu/device.sh nccl ARGS      the fabric gate's NCCL test on the machine's own torch: only the
+#                                           config's wheels (pydantic…, carried as .gpu/nccl), no vLLM
 #
 # Files stay on the machine only while it is warm (about 30 s after a call): make the calls back to back.
 # The README's "GPU lane" section has the whole sequence; tests/gpu/pack.py makes the parts.
@@ -46,8 +48,14 @@ case "${1:-}" in
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     exec python3 -u -m tests.gpu.lane "$@"
     ;;
+  nccl)
+    shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$LANE/nccl-site" .gpu/nccl/*.whl
+    export PYTHONPATH="$LANE/nccl-site:$PWD" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+    exec python3 -u -m tests.gpu.nccl "$@"
+    ;;
   *)
-    echo "usage: $0 receive N | run LANE-ARGS" >&2
+    echo "usage: $0 receive N | run LANE-ARGS | nccl ARGS" >&2
     exit 2
     ;;
 esac

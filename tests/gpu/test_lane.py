@@ -8,6 +8,7 @@ the handover, readiness, smoke, a SIGKILL of the API server alone (whose engine 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -127,3 +128,31 @@ def test_forgetting_caches_keeps_only_the_named_ones_under_dot_cache(tmp_path, m
         ".cache/stray",
     }
     assert (tmp_path / ".cache/vllm/torch_compile_cache/x").exists() and (tmp_path / ".cache/huggingface").exists()
+
+
+def test_the_nccl_lane_runs_the_rendered_test_per_rank_and_judges_it(tmp_path):
+    """tests/gpu/nccl.py here, where torch is missing as in an image without it: each case's ranks run
+    the program `<node>-fabric-nccl` feeds `docker run`, in its environment, and the judge names them."""
+    from tests.gpu import nccl
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the opt-in GPU lane runs this for real")
+    assert nccl.main(["--out", str(tmp_path), "--fabric", "127.0.0.1:lo"]) == 1
+    report = json.loads((tmp_path / "nccl.json").read_text())
+    two = report["cases"]["two ranks"]
+    assert [facts["rank"] for facts in two["facts"].values()] == [0, 1]
+    assert [problem.split(":", 1)[0] for problem in two["problems"]] == [
+        "fabric gate gpu-1 (NCCL test)",
+        "fabric gate gpu-2 (NCCL test)",
+    ]
+    assert all("the image has no torch" in problem for problem in two["problems"])
+
+
+@pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "
+                    "SPARK_VLLM_GPU_LANE=1 on a GPU machine with torch (tests/gpu/device.sh nccl)")  # fmt: skip
+def test_the_nccl_test_on_a_real_gpu_all_reduces_correctly_and_says_its_network(tmp_path):
+    from tests.gpu import nccl
+
+    assert nccl.main(["--out", str(tmp_path)]) == 0
+    one = json.loads((tmp_path / "nccl.json").read_text())["cases"]["one node"]["facts"]["gpu-1"]
+    assert one["correct"] is True and one["network"] in ("IB", "Socket") and one["seconds"] > 0

@@ -296,3 +296,106 @@ def test_the_probe_says_when_a_peer_never_listens(tmp_path):
     assert facts["rdma"] == [] and facts["interface"]["exists"]
     problems, _ = fabric.judge(parse_config(_raw()), {"node-1": {**facts, "node": "node-1"}, "node-2": facts})
     assert problems  # judged, not crashed on
+
+
+# --- the NCCL test (fabric.bandwidthTest: nccl) ----------------------------------------------------
+def nccl_facts(cfg, seconds: float = 0.0143, network: str = "IB") -> dict[str, dict]:
+    cloud = FakeCloud()
+    cloud.nccl_seconds, cloud.nccl_network = seconds, network
+    return {node.name: cloud.nccl_facts(fabric.nccl_params(cfg, node)) for node in cfg.nodes}
+
+
+LINKS = {"node-1": {"speedGbps": 200.0}, "node-2": {"speedGbps": 100.0}}
+
+
+def test_nccl_params_and_the_docker_run_of_the_ray_container_without_its_secrets():
+    cfg = config(bandwidthTest="nccl")
+    head, worker = cfg.nodes
+    assert fabric.nccl_params(cfg, worker) == {
+        "node": "node-2", "rank": 1, "world": 2, "master_address": "10.1.0.1", "port": 29660, "megabytes": 256,
+        "warmup": 5, "iterations": 20, "timeout_seconds": 180,
+    }  # fmt: skip
+    argv = fabric.nccl_argv(cfg, head, "sha256:abc")
+    assert argv[:8] == ["timeout", "--kill-after=10", "240", "docker", "run", "--rm", "-i", "--gpus"]
+    assert argv[-4:] == ["--entrypoint", "python3", "sha256:abc", "-"]
+    env = [argv[i + 1] for i, word in enumerate(argv) if word == "-e"]
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env and "NCCL_SOCKET_IFNAME=fab0" in env
+    assert not [item for item in env if item.startswith(("VLLM_", "RAY_", "HF_"))]
+    assert "/dev/infiniband:/dev/infiniband" in argv and "IPC_LOCK" in argv  # the Ray container's RDMA devices
+    # node-2 names no rdmaDevices: like its Ray container, no /dev/infiniband (NCCL's choice shows it)
+    assert "/dev/infiniband:/dev/infiniband" not in fabric.nccl_argv(cfg, worker, "sha256:abc")
+    assert "--ulimit" in argv and "memlock=-1:-1" in argv
+
+
+def test_nccl_bus_bandwidth_floor_and_figures():
+    cfg = config(bandwidthTest="nccl")
+    problems, figures = fabric.judge_nccl(cfg, nccl_facts(cfg), LINKS)
+    assert problems == []
+    assert figures["busBandwidthGbps"] == pytest.approx(150.17, abs=0.01)
+    assert figures["floorGbps"] == 55.0  # 55 % of the slower link
+    merged = fabric.with_nccl({"checked": True, "links": {}, "problems": []}, figures, problems)
+    assert "nccl all-reduce 150.17 Gb/s over IB (floor 55 Gb/s)" in fabric.describe(merged)
+    # three nodes: the bus bandwidth is the algorithm bandwidth x 2(n-1)/n, the slowest rank's time
+    raw = _raw()
+    raw["nodes"].append({"name": "node-3", "host": "10.0.0.3", "fabricAddress": "10.1.0.3", "fabricInterface": "fab0"})
+    three = parse_config({**raw, "tensorParallelSize": 3, "fabric": {"bandwidthTest": "nccl"}})
+    facts = nccl_facts(three)
+    facts["node-3"]["seconds"] = 0.0286
+    _, figures = fabric.judge_nccl(three, facts, {})
+    assert figures["algBandwidthGbps"] == pytest.approx(75.09, abs=0.01)
+    assert figures["busBandwidthGbps"] == pytest.approx(100.12, abs=0.01)
+    assert figures["floorGbps"] is None  # no link speed known, no floor set: measured, not judged
+
+
+def test_nccl_problems_name_the_node_and_say_the_fix():
+    cfg = config(bandwidthTest="nccl", minBandwidthGbps=175)
+    problems, _ = fabric.judge_nccl(cfg, nccl_facts(cfg, seconds=0.0286), LINKS)
+    assert problems == [
+        "fabric gate (NCCL test): the all-reduce's bus bandwidth across the 2 nodes is 75.1 Gb/s (9.4 GB/s), below "
+        "the floor of 175 Gb/s (fabric.minBandwidthGbps); NCCL used: node-1 IB, node-2 IB — both RDMA twins in "
+        "rdmaDevices (one alone gives about half), the same MTU (9000) everywhere, the link speed (`ethtool`), "
+        "no slower switch port on the path"
+    ]
+    facts = nccl_facts(cfg, network="Socket")
+    facts["node-2"] = {"node": "node-2", "error": "no result within 180 s (a peer's test never started, or NCCL hung)"}
+    facts["node-1"]["correct"] = False
+    problems, figures = fabric.judge_nccl(cfg, facts, LINKS)
+    assert [p.split(":", 1)[0] for p in problems] == ["fabric gate node-1 (NCCL test)"] * 2 + [
+        "fabric gate node-2 (NCCL test)"
+    ]
+    assert "summed to the wrong value" in problems[0] and "fell back to TCP sockets (Using [0]rocep1s0f1" in problems[1]
+    assert "every node's test must run at once" in problems[2]
+    assert "busBandwidthGbps" not in figures  # not every node measured
+    # accepted sockets: no fallback problem
+    accepted = parse_config({**_raw(), "fabric": {"bandwidthTest": "nccl"}, "nccl": {"ibDisable": True}})
+    assert fabric.judge_nccl(accepted, nccl_facts(accepted, network="Socket"), LINKS)[0] == []
+
+
+def test_nccl_config_rules_and_the_rendezvous_port_on_the_head_only():
+    from components.config import ConfigError, node_listeners
+
+    with pytest.raises(ConfigError, match=r"fabric.bandwidthTest: 'nccl' — tcp or off with container.gpus: false"):
+        parse_config({**_raw(), "fabric": {"bandwidthTest": "nccl"}, "container": {"gpus": False}})
+    cfg = config(bandwidthTest="nccl")
+    keys = [[listener.key for listener in node_listeners(cfg, index)] for index in (0, 1)]
+    assert "fabric.testPort" in keys[0] and "fabric.testPort" not in keys[1]
+    assert fabric.gate_params(cfg, cfg.nodes[0])["bandwidth"] is None  # no TCP test beside it
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is not None, reason="torch is installed here: the GPU lane runs it"
+)
+def test_the_nccl_script_in_an_image_without_torch_says_so_and_exits_zero():
+    cfg = config(bandwidthTest="nccl")
+    done = subprocess.run(
+        [PYTHON, "-"], input=script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, cfg.nodes[1])),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert facts["error"] == "ModuleNotFoundError: No module named 'torch'" and facts["rank"] == 1
+    problems, _ = fabric.judge_nccl(cfg, {"node-1": nccl_facts(cfg)["node-1"], "node-2": facts}, LINKS)
+    assert problems == [
+        "fabric gate node-2 (NCCL test): ModuleNotFoundError: No module named 'torch' — the image has no torch: "
+        "fabric.bandwidthTest: nccl runs in vLLM's image (or set it to tcp)"
+    ]

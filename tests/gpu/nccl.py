@@ -1,0 +1,107 @@
+"""The fabric gate's NCCL test (fabric.bandwidthTest: nccl) as the program renders it, on the GPU machine.
+
+    python3 -m tests.gpu.nccl --out DIR   (tests/gpu/device.sh nccl … does this; torch is the machine's own)
+
+No Docker there: each rank is `python3 -` fed the program `<node>-fabric-nccl` would feed `docker run`
+(components/scripts/nccl_bandwidth.py with nccl_params), in the environment its `-e` options set
+(nccl_argv). Cases: one node (world 1: NCCL's communicator on the GPU, the all-reduce, its check and
+timing, what NCCL says of its network), and two ranks at once as two nodes would run them (the
+rendezvous on the head's address), which on a machine of one GPU ends in NCCL's own error: then
+what the judge (components/fabric.judge_nccl) makes of each outcome. Writes nccl.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from components import fabric  # noqa: E402
+from components.config import load_cluster_config  # noqa: E402
+from components.render import script_program  # noqa: E402
+from tests.gpu.lane import machine_address  # noqa: E402
+
+
+def stack(nodes: int, address: str, interface: str) -> dict:
+    """A stack config of `nodes` nodes on this machine's interface (the others' addresses are only
+    their ranks' NCCL settings: every rank runs here and meets at the head's address)."""
+    base = address.rsplit(".", 1)
+    names = [f"gpu-{index + 1}" for index in range(nodes)]
+    addresses = [address] + [f"{base[0]}.{(int(base[1]) + index) % 254 + 1}" for index in range(1, nodes)]
+    return {
+        "nodes": [
+            {"name": name, "host": f"127.0.0.{index + 1}", "fabricAddress": fab, "fabricInterface": interface}
+            for index, (name, fab) in enumerate(zip(names, addresses, strict=True))
+        ],
+        "tensorParallelSize": nodes,
+        "image": "lane",
+        "model": "/models/none",
+        "maxModelLen": 4096,
+        "fabric": {"bandwidthTest": "nccl", "testPort": 29660},
+        "vllm": {"allowUnauthenticated": True},  # no vLLM runs here
+    }
+
+
+def rendered(cfg, node) -> tuple[str, dict[str, str]]:
+    """The program on the test's stdin and the environment its `docker run -e` options give it."""
+    argv = fabric.nccl_argv(cfg, node, "IMAGE")
+    env = dict(argv[i + 1].split("=", 1) for i, word in enumerate(argv) if word == "-e")
+    return script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, node)), env
+
+
+def run_ranks(cfg) -> dict[str, dict]:
+    """Every node's test at once, as `pulumi up` starts them; each one's JSON line."""
+    started, processes = time.monotonic(), {}
+    for node in cfg.nodes:
+        program, env = rendered(cfg, node)
+        processes[node.name] = subprocess.Popen(
+            [sys.executable, "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **env},
+        )
+        processes[node.name].stdin.write(program)
+        processes[node.name].stdin.close()
+    facts = {}
+    for name, process in processes.items():
+        out = process.stdout.read()
+        process.wait(timeout=fabric.NCCL_TIMEOUT_SECONDS + 60)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        facts[name] = json.loads(lines[-1]) if lines else {"error": f"no result: {out[-400:]!r}"}
+        facts[name]["exit"] = process.returncode
+    print(f"nccl: {len(cfg.nodes)} rank(s) in {time.monotonic() - started:.1f} s", flush=True)
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))
+    parser.add_argument("--fabric", default=None, help="ADDRESS:INTERFACE (default: the first off loopback)")
+    args = parser.parse_args(argv)
+    address, interface = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
+    report: dict = {"date": time.strftime("%Y-%m-%d"), "address": address, "interface": interface, "cases": {}}
+    for name, nodes in (("one node", 1), ("two ranks", 2)):
+        cfg = load_cluster_config(stack(nodes, address, interface))
+        facts = run_ranks(cfg)
+        problems, figures = fabric.judge_nccl(cfg, facts, {})
+        report["cases"][name] = {"facts": facts, "problems": problems, "figures": figures}
+        print(json.dumps(report["cases"][name], indent=1)[:3000], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nccl.json").write_text(json.dumps(report, indent=1))
+    one = report["cases"]["one node"]["facts"]["gpu-1"]
+    return 0 if one.get("correct") and "error" not in one else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
