@@ -388,6 +388,17 @@ def nccl_argv(cfg: ClusterConfig, node: NodeConfig, image: str) -> list[str]:
     return argv
 
 
+def nccl_error(error: str) -> str:
+    """An NCCL test's error in one line: torch's DistBackendError carries NCCL's own reason after
+    "Last error:" (e.g. `Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60`)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if "Last error:" in lines and lines.index("Last error:") + 1 < len(lines):
+        kind = re.search(r"\b(invalid usage|unhandled system error|remote process exited|internal error)\b", error)
+        reason = lines[lines.index("Last error:") + 1]
+        return f"NCCL {kind.group(1) if kind else 'error'}: {reason}"
+    return lines[0][:300] if lines else "?"
+
+
 def _nccl_hint(facts: dict[str, Any]) -> str:
     error = facts.get("error", "")
     if "No module named" in error and "torch" in error:
@@ -398,8 +409,10 @@ def _nccl_hint(facts: dict[str, Any]) -> str:
             "the head's fabric.testPort and NCCL's ports (32768-60999) open between the fabric addresses; "
             "NCCL_SOCKET_IFNAME is the fabric interface"
         )
-    warn = [line for line in facts.get("log_tail") or [] if " WARN " in line]
-    return "NCCL said: " + warn[-1].split(" WARN ", 1)[-1] if warn else "nccl.debug: INFO shows NCCL's log in vLLM's"
+    warn = [line.split(" WARN ", 1)[-1] for line in facts.get("log_tail") or [] if " WARN " in line]
+    if warn and warn[-1] not in error:
+        return f"NCCL's last warning: {warn[-1]}"
+    return "nccl.debug: INFO shows NCCL's log in vLLM's too; the node's GPU and driver (`nvidia-smi`)"
 
 
 def judge_nccl(
@@ -413,7 +426,7 @@ def judge_nccl(
         facts = facts_by_node[node.name]
         where = f"fabric gate {node.name} (NCCL test)"
         if "error" in facts:
-            problems.append(f"{where}: {facts['error']} — {_nccl_hint(facts)}")
+            problems.append(f"{where}: {nccl_error(facts['error'])} — {_nccl_hint(facts)}")
             continue
         if facts.get("correct") is False:
             problems.append(
@@ -421,7 +434,8 @@ def judge_nccl(
                 "nccl.debug: INFO and check `dmesg` for GPU or RDMA errors"
             )
         if facts.get("network") == "Socket" and not cfg.nccl.ib_disable:
-            found = f" ({facts['devices'][0]})" if facts.get("devices") else ""
+            listed = (facts.get("devices") or {}).get("Socket")
+            found = f" ({listed})" if listed else ""
             problems.append(
                 f"{where}: NCCL fell back to TCP sockets{found} instead of RDMA — it found no usable RDMA device in "
                 "the container: nodes[].rdmaDevices names the fabric's devices (`ibdev2netdev`; the containers get "

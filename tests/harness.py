@@ -273,7 +273,9 @@ class FakeCloud(pulumi.runtime.Mocks):
             "init_seconds": 2.1,
             "correct": True,
             "network": self.nccl_network,
-            "devices": [f"Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:{params['node']}"],
+            "devices": {self.nccl_network: "[0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1"}
+            if self.nccl_network == "IB"
+            else {"Socket": "[0]enp1s0f1np1:192.168.200.12<0>"},
             "transports": [f"NET/{self.nccl_network}/0", f"NET/{self.nccl_network}/1"],
             "bytes": params["megabytes"] << 20,
             "seconds": self.nccl_seconds,

@@ -8,7 +8,7 @@
 # tail of NCCL's own log, so every node's outcome reaches the one list of problems.
 #
 #   network     what NCCL chose ("IB" for RDMA, RoCE included; "Socket" for its TCP fallback), from
-#               its INFO log (NCCL_DEBUG_FILE), and the devices it listed ("NET/IB : Using …")
+#               its INFO log (NCCL_DEBUG_FILE); `devices`: per network the devices it listed
 #   transports  how the channels between the ranks go ("NET/IB/0", "NET/Socket/0", …)
 #   seconds     per timed all-reduce, averaged; `correct`: the first one summed to the world size
 import json
@@ -37,8 +37,10 @@ def say(extra):
     lines = nccl_log()
     network = [m.group(1) for line in lines for m in [re.search(r"Using network (\S+)", line)] if m]
     facts["network"] = network[-1] if network else None
-    using = [line for line in lines if re.search(r"NET/\w+ : Using", line)]
-    facts["devices"] = [line.split(" : ", 1)[-1].strip()[:300] for line in using][:2]
+    # per network, the devices NCCL lists ("NET/IB : Using [0]rocep1s0f1:1/RoCE …"; NCCL 2.28 lists IB's
+    # out-of-band interface even when it found no IB device, "NET/IB : No device found.")
+    facts["devices"] = {m.group(1): m.group(2).strip()[:300] for line in lines
+                        for m in [re.search(r"NET/(\w+) : Using (.*)", line)] if m}  # fmt: skip
     facts["transports"] = sorted({m.group(1) for line in lines for m in [re.search(r"via (\S+)", line)] if m})
     if "error" in extra:
         facts["log_tail"] = [line[-300:] for line in lines if " WARN " in line or "NCCL INFO NET" in line][-12:]
@@ -64,7 +66,7 @@ try:
     import torch
     import torch.distributed as dist
 
-    facts["torch"] = torch.__version__
+    facts["torch"], facts["import_seconds"] = torch.__version__, round(time.monotonic() - started, 2)
     facts["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     torch.cuda.set_device(0)
     dist.init_process_group(

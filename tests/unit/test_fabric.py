@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from tests.fake_sysfs import add_device
 from tests.harness import FakeCloud
 
 PYTHON = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _raw():
@@ -363,7 +365,10 @@ def test_nccl_problems_name_the_node_and_say_the_fix():
     assert [p.split(":", 1)[0] for p in problems] == ["fabric gate node-1 (NCCL test)"] * 2 + [
         "fabric gate node-2 (NCCL test)"
     ]
-    assert "summed to the wrong value" in problems[0] and "fell back to TCP sockets (Using [0]rocep1s0f1" in problems[1]
+    assert (
+        "summed to the wrong value" in problems[0]
+        and "fell back to TCP sockets ([0]enp1s0f1np1:192.168.200.12<0>)" in problems[1]
+    )
     assert "every node's test must run at once" in problems[2]
     assert "busBandwidthGbps" not in figures  # not every node measured
     # accepted sockets: no fallback problem
@@ -399,3 +404,25 @@ def test_the_nccl_script_in_an_image_without_torch_says_so_and_exits_zero():
         "fabric gate node-2 (NCCL test): ModuleNotFoundError: No module named 'torch' — the image has no torch: "
         "fabric.bandwidthTest: nccl runs in vLLM's image (or set it to tcp)"
     ]
+
+
+def test_an_nccl_error_is_one_line_with_the_reason_nccl_gave():
+    """What torch said on the H200 (2026-12-02, tests/gpu/results/2026-12-02/nccl-h200.json) for two
+    ranks on one GPU, and a rank that could not import torch."""
+    seen = json.loads((ROOT / "tests/gpu/results/2026-12-02/nccl-h200.json").read_text())
+    facts = seen["cases"]["two ranks"]["facts"]
+    assert fabric.nccl_error(facts["gpu-1"]["error"]) == (
+        "NCCL invalid usage: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60"
+    )
+    cfg = config(bandwidthTest="nccl")
+    renamed = {"node-1": facts["gpu-1"], "node-2": facts["gpu-2"]}
+    problems, _ = fabric.judge_nccl(cfg, renamed, LINKS)
+    assert problems[0] == (
+        "fabric gate node-1 (NCCL test): NCCL invalid usage: Duplicate GPU detected : rank 0 and rank 1 both on CUDA "
+        "device 60 — nccl.debug: INFO shows NCCL's log in vLLM's too; the node's GPU and driver (`nvidia-smi`)"
+    )
+    assert fabric.nccl_error("ModuleNotFoundError: No module named 'torch'") == (
+        "ModuleNotFoundError: No module named 'torch'"
+    )
+    one = seen["cases"]["one node"]["facts"]["gpu-1"]  # the real run on one GPU: NCCL found no IB there
+    assert one["correct"] is True and one["network"] == "Socket" and one["devices"]["Socket"].startswith("[0]eth0:")
