@@ -426,3 +426,30 @@ def test_an_nccl_error_is_one_line_with_the_reason_nccl_gave():
     )
     one = seen["cases"]["one node"]["facts"]["gpu-1"]  # the real run on one GPU: NCCL found no IB there
     assert one["correct"] is True and one["network"] == "Socket" and one["devices"]["Socket"].startswith("[0]eth0:")
+
+
+def test_the_rendered_nccl_command_runs_in_a_shell_with_the_program_on_stdin(tmp_path):
+    """The command line `<node>-fabric-nccl` runs on the host, through bash, with a `docker` that records
+    its argv and runs the image's `python3 -` here: every word arrives as rendered, the script on stdin."""
+    from components.render import shell_line, with_script
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\nexec {PYTHON} -\n'
+    )  # fmt: skip
+    (bin_dir / "docker").chmod(0o755)
+    raw = _raw()
+    raw["nodes"][1]["rdmaDevices"] = ["rocep1s0f1"]
+    cfg = parse_config({**raw, "fabric": {"bandwidthTest": "nccl"}})
+    node = cfg.nodes[1]
+    argv = fabric.nccl_argv(cfg, node, "registry.example/vllm:v0.25.0")
+    line = with_script(shell_line(argv), script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, node)))
+    done = subprocess.run(
+        ["bash", "-c", line], capture_output=True, text=True, timeout=60,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "argv").read_text().splitlines() == argv[argv.index("docker") + 1 :]
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert (facts["node"], facts["rank"], facts["world"]) == ("node-2", 1, 2)
