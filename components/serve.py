@@ -196,7 +196,9 @@ class VllmServer(pulumi.ComponentResource):
             node,
             resource_name,
             SERVE_HANDOVER_SECONDS + 60,
-            pulumi.Output.all(argv, args.api_key).apply(program),
+            # the API key only where vLLM's API server runs: a headless rank (mp) never reads it, and a
+            # worker that has it leaves it in its compile cache's metadata (see the supervisor's redaction)
+            pulumi.Output.all(argv, args.api_key if node.name == cfg.head_node.name else None).apply(program),
             delete=delete,
             triggers=self._group_triggers() if node.name == cfg.head_node.name else [args.container_ids[node.name]],
             opts=pulumi.ResourceOptions(

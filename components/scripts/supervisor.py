@@ -145,14 +145,16 @@ def vllm_cache_root(env):
 
 
 def redact_compile_factors(env, seen):
-    """Secrets of `env` out of vLLM's cache_key_factors.json files (those not in `seen`, path -> mtime);
+    """Secrets of `env` out of vLLM's cache_key_factors.json files (those not in `seen`, path -> (mtime, size));
     returns the paths changed."""
     secrets = [env[name] for name in SECRET_ENV if len(env.get(name) or "") >= 8]
     changed = []
     for path in glob.glob(os.path.join(vllm_cache_root(env), COMPILE_FACTORS)):
         try:
-            mtime = os.stat(path).st_mtime_ns
-            if seen.get(path) == mtime:
+            # size too: a file read between its creation and vLLM's write can keep its mtime (the
+            # kernel's timestamps are coarse), and would then be skipped with the key in it
+            stat = os.stat(path)
+            if seen.get(path) == (stat.st_mtime_ns, stat.st_size):
                 continue
             with open(path) as handle:
                 text = handle.read()
@@ -165,7 +167,8 @@ def redact_compile_factors(env, seen):
                 os.chmod(f"{path}.tmp", os.stat(path).st_mode & 0o777)
                 os.replace(f"{path}.tmp", path)
                 changed.append(path)
-            seen[path] = os.stat(path).st_mtime_ns
+            stat = os.stat(path)
+            seen[path] = (stat.st_mtime_ns, stat.st_size)
         except OSError:
             continue  # written this moment, or removed: looked at again next time
     return changed
@@ -374,7 +377,7 @@ class Supervisor:
         self.written = None
         self.guard_seen = False
         self.guard_note = 0.0
-        self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> mtime
+        self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> (mtime, size)
         self.next_redact = 0.0
 
     # -- network.guard -------------------------------------------------------------------------

@@ -116,7 +116,8 @@ def test_mp_the_api_key_is_taken_out_of_the_heads_compile_cache_metadata(sim_clu
     assert [found["env"]["VLLM_API_KEY"] for found in compile_factors(sim_cluster, head)] == [
         "<redacted by spark-vllm>"
     ]
-    assert compile_factors(sim_cluster, worker)  # the headless rank has no key to leave there
+    # the headless rank serves no API: it is never given the key, so its factors have none to leave
+    assert [found["env"].get("VLLM_API_KEY") for found in compile_factors(sim_cluster, worker)] == [None]
     for node in sim_cluster.nodes:
         assert key not in json.dumps(compile_factors(sim_cluster, node))
 

@@ -239,8 +239,11 @@ def test_executor_mp_runs_a_rank_on_every_node_without_ray(tmp_path):
     common = ["--distributed-executor-backend=mp", "--nnodes=2", "--master-addr=192.168.200.12", "--master-port=29501"]
     assert all(flag in rank0 for flag in common) and "--node-rank=0" in rank0 and "--headless" not in rank0
     assert all(flag in rank1 for flag in common) and "--node-rank=1" in rank1 and "--headless" in rank1
-    assert params_of(run_.named("spark-02-serve"))["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
-    assert "stdin" in run_.named("spark-02-serve").secret_paths()
+    assert params_of(run_.named("spark-vllm-serve"))["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
+    assert "stdin" in run_.named("spark-vllm-serve").secret_paths()
+    # the headless rank serves no API: no key there (it would land in its compile cache's metadata)
+    assert "VLLM_API_KEY" not in params_of(run_.named("spark-02-serve"))["env"]
+    assert SECRETS["apiKey"] not in run_.named("spark-02-serve").inputs["stdin"]
     ready = run_.named("spark-vllm-ready")
     assert {run_.named("spark-vllm-serve").urn, run_.named("spark-02-serve").urn} <= set(ready.dependencies)
     assert run_.exports["rayAddress"] is None and run_.exports["executor"] == "mp"

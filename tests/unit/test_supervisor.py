@@ -389,3 +389,28 @@ def test_the_api_key_is_taken_out_of_vllms_compile_cache_metadata(node, tmp_path
     assert "secret-key" not in factors.read_text()
     assert json.loads(factors.read_text())["env"] == {"VLLM_API_KEY": "<redacted by spark-vllm>", "VLLM_PP": None}
     assert "took the secrets out of vLLM's compile cache metadata" in node.log()
+
+
+def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_path):
+    """vLLM creates cache_key_factors.json, then writes it: a scan between the two must not mark the file
+    as looked at when the write keeps its mtime (the kernel's timestamps are coarse)."""
+    namespace: dict = {}
+    body = script("supervisor.py").rsplit("sys.exit(Supervisor().run())", 1)[0]  # its functions, not its run
+    argv, sys.argv = sys.argv, ["supervisor", json.dumps({"node": "n", "executor": "mp", "run_dir": str(tmp_path)})]
+    try:
+        exec(compile(body, "supervisor.py", "exec"), namespace)  # noqa: S102 - the script under test
+    finally:
+        sys.argv = argv
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_API_KEY": "sk-secret-key-0123"}
+    folder = tmp_path / "cache" / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbone"
+    folder.mkdir(parents=True)
+    factors = folder / "cache_key_factors.json"
+    factors.write_text("")
+    seen: dict = {}
+    assert namespace["redact_compile_factors"](env, seen) == []  # empty: nothing to take out yet
+    created = factors.stat().st_mtime_ns
+    factors.write_text(json.dumps({"env": {"VLLM_API_KEY": "sk-secret-key-0123"}}))
+    os.utime(factors, ns=(created, created))  # written within the same tick
+    assert namespace["redact_compile_factors"](env, seen) == [str(factors)]
+    assert json.loads(factors.read_text()) == {"env": {"VLLM_API_KEY": "<redacted by spark-vllm>"}}
+    assert namespace["redact_compile_factors"](env, seen) == []  # looked at: not read again
