@@ -44,13 +44,14 @@ def floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig | 
         ]
     problems = []
     settings = describe_benchmark(bench)
-    rate, floor = bench["outputTokensPerSecond"], floors.min_output_tokens_per_second
+    # whole figures as whole numbers (180.0 comes back from state as 180): the message says what was measured
+    rate, floor = _number(bench["outputTokensPerSecond"]), floors.min_output_tokens_per_second
     if floor is not None and rate < floor:
         problems.append(
             f"promoteFrom {stack!r}: release.minOutputTokensPerSecond: its release made {rate} output tokens/s, "
             f"below the floor {floor} ({settings})"
         )
-    ttft, ceiling = (bench.get("ttftMs") or {}).get("p99"), floors.max_p99_ttft_ms
+    ttft, ceiling = _number((bench.get("ttftMs") or {}).get("p99")), floors.max_p99_ttft_ms
     if ceiling is not None and (ttft is None or ttft > ceiling):
         problems.append(
             f"promoteFrom {stack!r}: release.maxP99TtftMs: its release's p99 time to first token was {ttft} ms, "
@@ -69,9 +70,11 @@ def describe_benchmark(bench: dict[str, Any] | None) -> str:
     if not bench:
         return "no benchmark"
     s = {key: _number(value) for key, value in (bench.get("settings") or {}).items()}
-    ttft, itl = bench.get("ttftMs") or {}, bench.get("itlMs") or {}
+    ttft = {key: _number(value) for key, value in (bench.get("ttftMs") or {}).items()}
+    itl = {key: _number(value) for key, value in (bench.get("itlMs") or {}).items()}
     return (
-        f"{bench.get('outputTokensPerSecond')} output tokens/s, {bench.get('requestsPerSecond')} requests/s, "
+        f"{_number(bench.get('outputTokensPerSecond'))} output tokens/s, {_number(bench.get('requestsPerSecond'))} "
+        "requests/s, "
         f"TTFT p50 {ttft.get('p50')} / p99 {ttft.get('p99')} ms, ITL p50 {itl.get('p50')} / p99 {itl.get('p99')} ms, "
         f"{_number(bench.get('errors'))} error(s); {bench.get('tool')}: {s.get('requests')} requests, concurrency "
         f"{s.get('concurrency')}, {s.get('promptTokens')} prompt + {s.get('outputTokens')} output tokens"

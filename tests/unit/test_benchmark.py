@@ -68,3 +68,17 @@ def test_a_tiny_run_reports_every_target(capsys, tmp_path, monkeypatch):
     for cls in ("docker:index/container:Container", "command:remote:Command", "pulumi:providers:docker"):
         assert re.search(rf"^  {re.escape(cls)}\s+\d+\.\d\d ms", out, re.M), cls
     assert "NOTE: against the trivial floor" in out
+
+
+def test_a_whole_figure_reads_the_same_in_the_floor_message_as_in_the_stack_output():
+    """180.0 tokens/s comes back from the stack's outputs as 180: the message says 180 too (seen in CI)."""
+    from components.config import ReleaseConfig
+    from components.release import describe_benchmark, floor_problems
+
+    bench = {"outputTokensPerSecond": 180.0, "requestsPerSecond": 11.25, "ttftMs": {"p50": 16.5, "p99": 27.0},
+             "itlMs": {"p50": 10.0, "p99": 13.28}, "errors": 0.0, "tool": "spark-vllm", "settings": {}}  # fmt: skip
+    floors = ReleaseConfig.model_validate({"minOutputTokensPerSecond": 100000, "maxP99TtftMs": 20})
+    problems = floor_problems({"benchmark": bench}, "staging", floors)
+    assert "its release made 180 output tokens/s, below the floor 100000" in problems[0]
+    assert "p99 time to first token was 27 ms, above the ceiling 20" in problems[1]
+    assert describe_benchmark(bench).startswith("180 output tokens/s, 11.25 requests/s, TTFT p50 16.5 / p99 27 ms")
