@@ -296,6 +296,13 @@ class FabricConfig(_Model):
         "give 150-190, one alone about half; NVIDIA's playbooks warn below 175).",
     )
     bandwidth_seconds: float = Field(1.0, ge=0.2, le=30, description="How long each pair's test sends.")
+    peer_wait_seconds: float = Field(
+        30,
+        ge=1,
+        le=600,
+        description="How long each node's gate waits for its peers' gates to listen and measure (they start at about "
+        "the same time); a peer that answers a ping but never runs its gate (its SSH refused) costs this long.",
+    )
     min_link_speed_gbps: Optional[int] = Field(
         None,
         ge=1,

@@ -17,7 +17,6 @@ from components.render import node_env, node_rank
 
 RDMA_ROOT = "/sys/class/infiniband"
 STREAMS = 4
-WAIT_SECONDS = 30  # for the other nodes' probes to listen (they start at about the same time)
 ALL_PAIRS_UP_TO = 4  # nodes; above, each node measures towards the next one (a ring covers every port)
 DEFAULT_FLOOR_FRACTION = 0.05  # of the slower link's speed, for the TCP test
 # The NCCL test's default floor for the all-reduce's bus bandwidth, of the slower link's speed: two
@@ -64,7 +63,7 @@ def gate_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
             "streams": STREAMS,
             "targets": bandwidth_targets(cfg, node),
             "expect": expect,
-            "wait_seconds": WAIT_SECONDS,
+            "wait_seconds": cfg.fabric.peer_wait_seconds,
         }
     return {
         "node": node.name,
@@ -271,8 +270,9 @@ def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]])
         for peer in facts.get("not_served") or []:
             if not (facts_by_node.get(peer, {}).get("bandwidth") or {}).get(node.name):
                 problems.append(
-                    f"{where}: {peer} never measured towards this node within {WAIT_SECONDS} s — its gate did not "
-                    "run at the same time (pulumi up --parallel below the node count?)"
+                    f"{where}: {peer} never measured towards this node within {cfg.fabric.peer_wait_seconds:g} s "
+                    "(fabric.peerWaitSeconds) — its gate did not run at the same time (pulumi up --parallel below the "
+                    "node count?)"
                 )
     return problems
 

@@ -45,21 +45,22 @@ def cli_missing() -> Optional[str]:
     return None
 
 
-def _log_timing(run: Run) -> None:
-    """With SPARK_VLLM_TEST_TIMINGS=FILE: one JSON line per command (the test, the command, its
-    seconds, the slowest resources), to see where the rehearsal's time goes."""
+def _log_timing(command: str, seconds: float, resources: dict[str, ResourceEvent], failed: bool = False) -> None:
+    """With SPARK_VLLM_TEST_TIMINGS=FILE: one JSON line per command, failed ones too (the test, the
+    command, its seconds, the slowest resources), to see where the rehearsal's time goes."""
     path = os.environ.get("SPARK_VLLM_TEST_TIMINGS")
     if not path:
         return
     slow = sorted(
-        ((e.finished - e.started, f"{e.op} {e.name}") for e in run.resources.values() if e.finished is not None),
+        ((e.finished - e.started, f"{e.op} {e.name}") for e in resources.values() if e.finished is not None),
         reverse=True,
     )[:6]
     line = {
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
-        "command": run.command,
-        "seconds": round(run.seconds, 2),
+        "command": command,
+        "seconds": round(seconds, 2),
         "slowest": [[round(s, 2), what] for s, what in slow],
+        **({"failed": True} if failed else {}),
     }
     with open(path, "a") as handle:
         handle.write(json.dumps(line) + "\n")
@@ -303,6 +304,7 @@ class RehearsalStack:
             try:
                 result = operation(on_output=output, on_event=events, color="never")
             except auto.CommandError as error:
+                _log_timing(command, time.monotonic() - started, events.resources, failed=True)
                 raise StackError(command, events.errors or [str(error)], "\n".join(lines)) from None
         outputs = {key: value.value for key, value in (getattr(result, "outputs", None) or {}).items()}
         summary = getattr(result, "change_summary", None) or events.summary
@@ -316,7 +318,7 @@ class RehearsalStack:
             change_summary={str(getattr(k, "value", k)): v for k, v in (summary or {}).items()},
             engine_seconds=events.engine_seconds,
         )
-        _log_timing(run)
+        _log_timing(run.command, run.seconds, run.resources)
         return run
 
     def preview(self, **kwargs: Any) -> Run:
@@ -342,6 +344,17 @@ class RehearsalStack:
     def export(self) -> str:
         """`pulumi stack export`: the state as it is stored (secrets encrypted)."""
         return self.cli("stack", "export").stdout
+
+    def holds_resources(self) -> bool:
+        """Whether the stack's state (the `file://` backend's checkpoint, read directly: no CLI run)
+        records any resource (the stack's own aside) or pending operation; True when it cannot be read, so a cleanup destroys."""
+        path = self.backend / ".pulumi" / "stacks" / PROJECT / f"{self.stack}.json"
+        try:
+            latest = json.loads(path.read_text())["checkpoint"].get("latest") or {}
+        except (OSError, ValueError, KeyError, AttributeError):
+            return True
+        resources = [r for r in latest.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"]
+        return bool(resources or latest.get("pending_operations"))
 
     def resource_count(self) -> int:
         deployment = json.loads(self.export()).get("deployment", {})

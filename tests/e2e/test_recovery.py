@@ -4,8 +4,8 @@ Two nodes with `executor: mp` (TP 2): vLLM killed on a worker, a worker's docker
 reboot does to the containers) — both serve again with no `pulumi up`, and a `pulumi up` afterwards
 changes nothing. Then the same stack switched to Ray in one `up` (its preview says what is
 replaced) and the same faults. Then a vLLM that always crashes: its supervisor gives up after
-recovery.maxRestarts, the containers stay up, and the status command says why. Last, three nodes
-with mp and pipeline parallelism. Recovery times are printed (`-s`) for the README.
+recovery.maxRestarts, the containers stay up, and the status command says why (three nodes with mp
+and pipeline parallelism: tests/e2e/test_three_nodes.py, on its nodes). Recovery times are printed (`-s`) for the README.
 """
 
 from __future__ import annotations
@@ -210,14 +210,3 @@ def test_a_vllm_that_always_crashes_stops_after_max_restarts_and_the_status_says
     run = stack["stack"].up()
     assert serves(run.outputs, stack["secrets"]["apiKey"])
     stack["stack"].destroy()
-
-
-def test_three_nodes_mp_pipeline_parallel(sim_cluster3, image3, model_dir, new_stack):
-    created = new_stack("recovery3")
-    config, secrets = rehearsal_config(sim_cluster3, image3.ref, model_dir, pipeline_parallel=True, executor="mp")
-    created.configure(config, secrets)
-    run = created.up()
-    assert serves(run.outputs, secrets["apiKey"])
-    log = sim_cluster3.docker(sim_cluster3.nodes[0], "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log")
-    assert "--pipeline-parallel-size=3" in log.stdout and "all 3 node(s) joined" in log.stdout
-    created.destroy()

@@ -277,6 +277,7 @@ def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, 
     stack = deployed["stack"]
     shutil.rmtree(stack.spark_vllm_home)
     clone = stack.fresh_clone(tmp_path / "other-machine")
+    assert stack.holds_resources() and clone.holds_resources()  # one backend, read by both machines
     destroyed = clone.destroy(run_program=True)
     names = sorted(destroyed.changed, key=lambda name: destroyed.resources[name].finished or 0)
     # vLLM first, then the worker, then the head
@@ -284,3 +285,4 @@ def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, 
     assert no_containers(sim_cluster)
     assert netns_processes(sim_cluster) == []
     assert clone.destroy().changed == {}  # a second destroy is safe and does nothing
+    assert not stack.holds_resources()  # so the module's cleanup runs no destroy of its own

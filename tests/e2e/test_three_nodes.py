@@ -1,5 +1,7 @@
 """The rehearsal on three simulated nodes: the dev way (a node added, then pipeline parallel with hostile
-extra args), a rotated SSH credential, and prod deploying on other nodes what staging validated.
+extra args), a rotated SSH credential, prod deploying on other nodes what staging validated, and last
+vLLM's own multi-node executor (mp) with pipeline parallelism over the three (the image is already on
+them: the other stacks are gone, and a destroy keeps it, as container.keepImage says).
 """
 
 from __future__ import annotations
@@ -156,3 +158,14 @@ def test_prod_on_other_nodes_deploys_what_staging_validated(
     clone = staging.fresh_clone(tmp_path / "other-machine", agent_socket=ssh_agent3)
     clone.destroy()
     assert no_containers(sim_cluster3) and netns_processes(sim_cluster3) == []
+
+
+def test_three_nodes_mp_pipeline_parallel(sim_cluster3, image3, model_dir, new_stack):
+    created = new_stack("mp-three")
+    config, secrets = rehearsal_config(sim_cluster3, image3.ref, model_dir, pipeline_parallel=True, executor="mp")
+    created.configure(config, secrets)
+    run = created.up()
+    chat(run.outputs["endpoint"], secrets["apiKey"], run.outputs["servedModelName"])
+    log = sim_cluster3.docker(sim_cluster3.nodes[0], "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log")
+    assert "--pipeline-parallel-size=3" in log.stdout and "all 3 node(s) joined" in log.stdout
+    created.destroy()

@@ -173,6 +173,7 @@ BAD = [
         "recovery.maxBackoffSeconds: 10 — at least recovery.backoffSeconds (30)",
     ),
     (config(imageTransfer__method="scp"), "imageTransfer.method: 'scp' — Input should be 'pull' or 'copy'"),
+    (config(fabric__peerWaitSeconds=0), "fabric.peerWaitSeconds: 0 — Input should be greater than or equal to 1"),
     (
         config(fabricCopy__source="spark-09"),
         "fabricCopy.source: 'spark-09' — one of the node names ['spark-01', 'spark-02']",

@@ -135,7 +135,9 @@ def test_bandwidth_below_the_floor_and_a_peer_that_never_measured():
         facts["node-1"]["bandwidth"] = {}
         facts["node-2"]["served"], facts["node-2"]["not_served"] = [], ["node-1"]
 
-    assert any("node-1 never measured towards this node within 30 s" in p for p in problems_with(config(), absent))
+    assert any("node-1 never measured towards this node within 30 s (fabric.peerWaitSeconds)" in p
+               for p in problems_with(config(), absent))  # fmt: skip
+    assert any("within 4.5 s (fabric.peerWaitSeconds)" in p for p in problems_with(config(peerWaitSeconds=4.5), absent))
 
 
 def test_reachability_over_the_fabric_only():
@@ -206,6 +208,8 @@ def test_gate_params_measure_each_pair_once_and_a_ring_above_four_nodes():
     cfg = config()
     one, two = (fabric.gate_params(cfg, node) for node in cfg.nodes)
     assert one["bandwidth"]["targets"] == ["node-2"] and one["bandwidth"]["expect"] == []
+    assert one["bandwidth"]["wait_seconds"] == 30  # fabric.peerWaitSeconds' default
+    assert fabric.gate_params(config(peerWaitSeconds=5), cfg.nodes[0])["bandwidth"]["wait_seconds"] == 5
     assert two["bandwidth"]["targets"] == [] and two["bandwidth"]["expect"] == ["node-1"]
     raw = _raw()
     raw["nodes"] = [
