@@ -167,6 +167,11 @@ class _Events:
                 self.engine_seconds = event.summary_event.duration_seconds
 
 
+def _own_resources(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    """A deployment's (or checkpoint's) resources, the stack's own `pulumi:pulumi:Stack` aside."""
+    return [r for r in deployment.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"]
+
+
 def _program() -> None:
     runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
 
@@ -347,18 +352,16 @@ class RehearsalStack:
 
     def holds_resources(self) -> bool:
         """Whether the stack's state (the `file://` backend's checkpoint, read directly: no CLI run)
-        records any resource (the stack's own aside) or pending operation; True when it cannot be read, so a cleanup destroys."""
+        records any resource or pending operation; True when it cannot be read, so a cleanup destroys."""
         path = self.backend / ".pulumi" / "stacks" / PROJECT / f"{self.stack}.json"
         try:
             latest = json.loads(path.read_text())["checkpoint"].get("latest") or {}
         except (OSError, ValueError, KeyError, AttributeError):
             return True
-        resources = [r for r in latest.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"]
-        return bool(resources or latest.get("pending_operations"))
+        return bool(_own_resources(latest) or latest.get("pending_operations"))
 
     def resource_count(self) -> int:
-        deployment = json.loads(self.export()).get("deployment", {})
-        return len([r for r in deployment.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"])
+        return len(_own_resources(json.loads(self.export()).get("deployment", {})))
 
     def fresh_clone(self, workdir: Path, agent_socket: Optional[Path] = None) -> RehearsalStack:
         """The same stack seen from another machine: a new directory with the project's files and the

@@ -4,8 +4,9 @@ Two nodes with `executor: mp` (TP 2): vLLM killed on a worker, a worker's docker
 reboot does to the containers) — both serve again with no `pulumi up`, and a `pulumi up` afterwards
 changes nothing. Then the same stack switched to Ray in one `up` (its preview says what is
 replaced) and the same faults. Then a vLLM that always crashes: its supervisor gives up after
-recovery.maxRestarts, the containers stay up, and the status command says why (three nodes with mp
-and pipeline parallelism: tests/e2e/test_three_nodes.py, on its nodes). Recovery times are printed (`-s`) for the README.
+recovery.maxRestarts, the containers stay up, and the status command says why (three nodes with
+mp and pipeline parallelism: tests/e2e/test_three_nodes.py, on its nodes). Recovery times are
+printed (`-s`) for the README.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ from tests.fake_sysfs import add_device
 
 pytestmark = pytest.mark.e2e
 
+# node-2 never answers SSH: give up after 3 dials (the default 20 retry for about a minute first), and
+# node-1's gate waits 3 s for node-2's, which never runs (30 s by default)
+NODE_2_UNREACHABLE = {"ssh": {"dialErrorLimit": 3}, "fabric": {"peerWaitSeconds": 3}}
+
 
 def test_a_bad_config_creates_nothing_on_any_node(sim_cluster, image, model_dir, new_stack):
     stack = new_stack()
@@ -203,9 +207,7 @@ def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
 ):
     stack = new_stack()
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
-    config["ssh"] = {"dialErrorLimit": 3}  # the default 20 retries for about a minute first
-    # node-1's gate waits for node-2's, which never runs: 30 s by default
-    config["fabric"] = {"peerWaitSeconds": 3}
+    config.update(NODE_2_UNREACHABLE)
     stack.configure(config, secrets)
     getattr(sim_cluster, f"stop_{daemon}")("node-2")
     try:
@@ -230,9 +232,7 @@ def test_a_worker_without_its_daemon_fails_the_deploy_naming_that_node(
 def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_dir, new_stack):
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     config["nodes"][1]["hostKey"] = sim_cluster.nodes[0].host_key  # not node-2's key
-    config["ssh"] = {"dialErrorLimit": 3}  # the default 20 retries for about a minute first
-    # node-1's gate waits for node-2's, which never runs: 30 s by default
-    config["fabric"] = {"peerWaitSeconds": 3}
+    config.update(NODE_2_UNREACHABLE)
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     # the first step on the node: pulumi-command retries, then names the mismatch
     assert "error: after 3 failed attempts: ssh: handshake failed: ssh: host key mismatch" in message
