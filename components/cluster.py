@@ -312,9 +312,15 @@ class VllmCluster(pulumi.ComponentResource):
             pulumi.Output.all(*[step.stdout for step in steps]).apply(lambda _: True) if self.server.smoke else False
         )
         pinned = pulumi.Output.all(head_image.repo_digest, image_id).apply(lambda p: p[0] or p[1])
-        return pulumi.Output.all(
-            pinned, args.release.model, args.release.engine, validated, self.fabric, self.benchmark
-        ).apply(lambda p: release_record(p[0], p[1], p[2], p[3], args.release.origin, fabric=p[4], benchmark=p[5]))
+        # The fabric's figures (a dict per node) join by apply: Output.all would unwrap them into an Output
+        # per key, and the release is an output, whose dependencies nothing reads.
+        return pulumi.Output.all(pinned, args.release.model, args.release.engine, validated, self.benchmark).apply(
+            lambda p: self.fabric.apply(
+                lambda figures: release_record(
+                    p[0], p[1], p[2], p[3], args.release.origin, fabric=figures, benchmark=p[4]
+                )
+            )
+        )
 
     def _create_prometheus(self, cfg: ClusterConfig) -> Optional[Prometheus]:
         """metrics.prometheusNode: its Prometheus starts once the node's guard holds (Ray's ports are
@@ -408,7 +414,10 @@ class VllmCluster(pulumi.ComponentResource):
         images_fit = pulumi.Output.all(*[self.checks[n].image_facts for n in node_names]).apply(
             lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
         )
-        verdict = pulumi.Output.all(same_image_id, model_id, self.memory_plan, images_fit, nccl_passed, *gates).apply(
+        # The plan only has to have passed (it raises when it does not fit): a bool joins the gate, not
+        # the plan, whose per-node dict Output.all would unwrap into an Output per key.
+        planned = self.memory_plan.apply(lambda _: True)
+        verdict = pulumi.Output.all(same_image_id, model_id, planned, images_fit, nccl_passed, *gates).apply(
             lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
         )
         return command.local.Command(

@@ -34,17 +34,25 @@ class NodeHost(pulumi.ComponentResource):
 
     provider: docker.Provider
     connection: command.remote.ConnectionArgs
-    host_key: pulumi.Output[str]
+    host_key: pulumi.Input[str]  # the pinned key as given, or the scanned one (an Output)
     fabric_network: Optional[command.remote.Command]
 
     def __init__(self, name: str, args: NodeHostArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeHost", name, None, opts)
         node = args.node
-        self.host_key = pulumi.Output.from_input(node.host_key) if node.host_key else self._scan_host_key(name, node)
+        # A pinned key stays a plain value: every remote command carries the connection, and a plain
+        # value is cheaper for the SDK to send than an Output (benchmarks/program_scale.py).
+        if node.host_key:
+            self.host_key: pulumi.Input[str] = node.host_key
+            ssh_opts: pulumi.Input[list[str]] = args.ssh_access.docker_ssh_opts(node, node.host_key)
+        else:
+            scanned = self._scan_host_key(name, node)
+            self.host_key = scanned
+            ssh_opts = scanned.apply(lambda key: args.ssh_access.docker_ssh_opts(node, key))
         self.provider = docker.Provider(
             f"{name}-docker",
             host=docker_host_url(node),
-            ssh_opts=self.host_key.apply(lambda key: args.ssh_access.docker_ssh_opts(node, key)),
+            ssh_opts=ssh_opts,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.connection = command.remote.ConnectionArgs(
@@ -57,7 +65,7 @@ class NodeHost(pulumi.ComponentResource):
             dial_error_limit=args.dial_error_limit,
         )
         self.fabric_network = self._create_fabric_network(name, args) if args.network.manage else None
-        self.docker_host = pulumi.Output.from_input(docker_host_url(node))
+        self.docker_host = docker_host_url(node)
         self.register_outputs({"docker_host": self.docker_host, "host_key": self.host_key})
 
     def _scan_host_key(self, name: str, node: NodeConfig) -> pulumi.Output[str]:

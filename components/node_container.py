@@ -123,7 +123,8 @@ class NodeContainer(pulumi.ComponentResource):
         mounts = pulumi.Output.from_input(args.model).apply(
             lambda model: [*model_mounts(model), hf_cache_mount(cfg), *guard]
         )
-        envs = pulumi.Output.all(node_env(cfg, node), args.secret_env).apply(lambda parts: [*parts[0], *parts[1]])
+        env = node_env(cfg, node)
+        envs = pulumi.Output.from_input(args.secret_env).apply(lambda secret: [*env, *secret])
         return docker.Container(
             f"{name}-container",
             name=self.container_name,

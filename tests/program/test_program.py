@@ -1,11 +1,13 @@
 """The real __main__.py under Pulumi's mocks: resources, options, dependencies, outputs, lifecycle."""
 
+import asyncio
 import copy
 import json
 import os
 import stat
 from pathlib import Path
 
+import pulumi
 import pytest
 import yaml
 
@@ -20,6 +22,7 @@ from tests.harness import (
     FakeCloud,
     changed_inputs,
     run_program,
+    settle,
     strip_secrets,
 )
 
@@ -264,6 +267,25 @@ def test_the_status_command_asks_every_node_its_supervisor(run):
     assert command.startswith("echo '== spark-01'; ssh -p 22 aurora@spark-01.lan ")
     assert "echo '== spark-02'; ssh -p 22 aurora@spark-02.lan " in command
     assert "restarted by Docker {{.RestartCount}} time(s)" in command and "/run/spark-vllm/status.json" in command
+
+
+def test_the_harness_reads_an_export_through_plain_containers_and_sees_a_secret_deep_in_it():
+    def read(make):
+        async def go():
+            return await settle(make())
+
+        loop = asyncio.new_event_loop()  # its own loop: asyncio.run would unset the one the mocks use
+        try:
+            return loop.run_until_complete(go())
+        finally:
+            loop.close()
+
+    def nested():
+        return {"a": [pulumi.Output.from_input("x"), {"b": pulumi.Output.secret("s")}], "c": 1}
+
+    assert read(nested) == ({"a": ["x", {"b": "s"}], "c": 1}, True)
+    assert read(lambda: pulumi.Output.from_input({"k": pulumi.Output.from_input("v")})) == ({"k": "v"}, False)
+    assert read(lambda: pulumi.Output.secret("t").apply(lambda t: [t])) == (["t"], True)
 
 
 def test_no_secret_appears_in_plain_inputs_or_outputs(run):
