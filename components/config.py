@@ -337,6 +337,16 @@ class ContainerConfig(_Model):
         "unless-stopped", description="Docker restart policy of the containers (brings them back after a reboot)."
     )
     keep_image: bool = Field(True, description="Keep the image on the nodes when the stack is destroyed.")
+    compile_cache: bool = Field(
+        True,
+        description="Keep vLLM's torch.compile cache and FlashInfer's JIT cache (/root/.cache/vllm and "
+        "/root/.cache/flashinfer in the container, about 100 MB) in the node's Docker volumes "
+        "spark-vllm-compile-cache and spark-vllm-flashinfer-cache, so a re-created container (a changed container "
+        "setting, a container removed by hand, the same vLLM re-pulled) starts from what the last one compiled: "
+        "on an H200 (Qwen3-8B) 76.8 s from handover to ready with them, 184.9–207.9 s without. Entries are keyed "
+        "(vLLM: its version, the model and its settings; FlashInfer: its version and the GPU), so another vLLM or "
+        "model compiles anew beside them. Kept when the stack is destroyed, like the Hugging Face cache.",
+    )
     ulimits: UlimitsConfig = Field(
         default_factory=UlimitsConfig,
         description="Ulimits of the containers; lower them only where the host's hard limits cannot be raised.",

@@ -21,6 +21,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig, NodeConfig
 from components.fabric import rdma_in_container
 from components.render import (
+    COMPILE_CACHE_VOLUMES,
     GUARD_MARKER_DIR_IN_NODE,
     GUARD_VOLUME,
     HF_CACHE_IN_CONTAINER,
@@ -65,6 +66,15 @@ def model_mounts(model: str) -> list[docker.ContainerMountArgs]:
     if not model.startswith("/"):
         return []
     return [docker.ContainerMountArgs(type="bind", source=model, target=model, read_only=True)]
+
+
+def compile_cache_mounts(cfg: ClusterConfig) -> list[docker.ContainerMountArgs]:
+    """container.compileCache: vLLM's and FlashInfer's caches in volumes of the node, outliving the container."""
+    if not cfg.container.compile_cache:
+        return []
+    return [
+        docker.ContainerMountArgs(type="volume", source=volume, target=path) for volume, path in COMPILE_CACHE_VOLUMES
+    ]
 
 
 def hf_cache_mount(cfg: ClusterConfig) -> docker.ContainerMountArgs:
@@ -121,7 +131,7 @@ class NodeContainer(pulumi.ComponentResource):
             else []
         )
         mounts = pulumi.Output.from_input(args.model).apply(
-            lambda model: [*model_mounts(model), hf_cache_mount(cfg), *guard]
+            lambda model: [*model_mounts(model), hf_cache_mount(cfg), *compile_cache_mounts(cfg), *guard]
         )
         env = node_env(cfg, node)
         envs = pulumi.Output.from_input(args.secret_env).apply(lambda secret: [*env, *secret])

@@ -18,6 +18,11 @@ from components.config import ClusterConfig, NodeConfig
 CONTAINER_PREFIX = "spark-vllm"
 HF_CACHE_VOLUME = "spark-vllm-hf-cache"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# container.compileCache: the caches that carry a new container's first start (volume, path in the container)
+COMPILE_CACHE_VOLUMES = (
+    ("spark-vllm-compile-cache", "/root/.cache/vllm"),  # vllm/envs.py VLLM_CACHE_ROOT's default
+    ("spark-vllm-flashinfer-cache", "/root/.cache/flashinfer"),  # FlashInfer's JIT cache, under the home
+)
 # network.guard's marker (its volume, read-only in every node's container): the supervisor starts
 # Ray only once the guard applied its rules in this boot.
 GUARD_VOLUME = "spark-vllm-guard"

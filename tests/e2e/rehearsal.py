@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -191,6 +192,26 @@ def compile_factors(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> lis
         value, at = decoder.raw_decode(text, at)
         found.append(value)
     return found
+
+
+def compile_cache_keys(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> set[str]:
+    """The cache keys (directories) in the node's torch.compile cache: one per model and settings compiled."""
+    listing = cluster.docker(
+        node,
+        "exec",
+        f"spark-vllm-{node.name}",
+        "sh",
+        "-c",
+        "ls /root/.cache/vllm/torch_compile_cache 2>/dev/null || true",
+    ).stdout
+    return set(listing.split())
+
+
+def last_vllm_start(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> str:
+    """The node's vLLM log since the supervisor last started vLLM (its `=== spark-vllm: … vLLM started` line)."""
+    log = cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/vllm.log").stdout
+    starts = [m.start() for m in re.finditer(r"^=== spark-vllm: .* vLLM started", log, re.M)]
+    return log[starts[-1] :] if starts else log
 
 
 def _print_stages(title: str, run: Run) -> None:

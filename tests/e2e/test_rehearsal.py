@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.observe import RAY_NODES, container_ids, netns_processes, no_containers
-from tests.e2e.rehearsal import BENCHMARK, chat, compile_factors, rehearsal_config, request
+from tests.e2e.rehearsal import (
+    BENCHMARK,
+    chat,
+    compile_cache_keys,
+    compile_factors,
+    last_vllm_start,
+    rehearsal_config,
+    request,
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -237,6 +245,12 @@ def test_another_model_directory_replaces_the_containers_and_the_new_one_is_serv
     moved = model_dir.parent / f"{model_dir.name}-moved"
     shutil.copytree(model_dir, moved, dirs_exist_ok=True)
     before = container_ids(sim_cluster)
+    for node in sim_cluster.nodes:  # what FlashInfer's JIT leaves (the stand-in has none of its own)
+        sim_cluster.docker(
+            node, "exec", f"spark-vllm-{node.name}", "sh", "-c", "echo built > /root/.cache/flashinfer/kernel"
+        )
+    keys = {node.name: compile_cache_keys(sim_cluster, node) for node in sim_cluster.nodes}
+    assert all(keys.values()), keys  # each node's Ray worker compiled its graph
     stack.configure({**deployed["config"], "model": str(moved)}, deployed["secrets"])
     preview = stack.preview()
     assert preview.changed["node-1-container"] == "replace" and preview.changed["node-2-container"] == "replace"
@@ -247,6 +261,14 @@ def test_another_model_directory_replaces_the_containers_and_the_new_one_is_serv
     for node in sim_cluster.nodes:
         mounts = sim_cluster.docker(node, "inspect", "-f", "{{json .Mounts}}", f"spark-vllm-{node.name}").stdout
         assert str(moved) in mounts and f'"{model_dir}"' not in mounts
+        # container.compileCache: the new container has the caches the old one left. The model is part of
+        # vLLM's cache key, so its graph is compiled anew beside the old one; FlashInfer's kernels are kept.
+        after = compile_cache_keys(sim_cluster, node)
+        assert keys[node.name] < after and len(after) == len(keys[node.name]) + 1, (node.name, after)
+        kept = sim_cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/root/.cache/flashinfer/kernel")
+        assert kept.stdout.strip() == "built", node.name
+    started = last_vllm_start(sim_cluster, sim_cluster.nodes[0])
+    assert started.count("Compiling a graph for compile range (1, 8192)") == 2, started  # one per node's worker
     status, models = request(f"{run.outputs['endpoint']}/models", deployed["secrets"]["apiKey"])
     assert status == 200 and models["data"][0]["root"] == str(moved)
     assert run.outputs["release"]["model"] == str(moved)
@@ -268,6 +290,10 @@ def test_refresh_shows_a_container_removed_by_hand_and_the_next_up_repairs_it(si
     assert run.changed.get("spark-vllm-serve") == "replace"  # its Ray workers died with the container
     assert container_ids(sim_cluster)["node-2"]
     chat(run.outputs["endpoint"], deployed["secrets"]["apiKey"], run.outputs["servedModelName"])
+    # container.compileCache: the new container's Ray worker found its graph in the node's volume
+    started = last_vllm_start(sim_cluster, sim_cluster.nodes[0])
+    assert started.count("Directly load the compiled graph(s) for compile range (1, 8192) from the cache") == 2, started
+    assert "Compiling a graph" not in started, started
 
 
 def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, deployed, tmp_path):

@@ -158,6 +158,9 @@ def test_node_containers_are_wired_to_the_fabric(run):
                 "readOnly": True,
             },
             {"type": "volume", "source": "spark-vllm-hf-cache", "target": "/root/.cache/huggingface"},
+            # container.compileCache (on by default): a new container starts from the node's compiled graphs
+            {"type": "volume", "source": "spark-vllm-compile-cache", "target": "/root/.cache/vllm"},
+            {"type": "volume", "source": "spark-vllm-flashinfer-cache", "target": "/root/.cache/flashinfer"},
             # network.guard (on in the prod stack): its marker, so Ray waits for the rules after a reboot
             {"type": "volume", "source": "spark-vllm-guard", "target": "/run/spark-vllm-guard", "readOnly": True},
         ]
@@ -181,6 +184,15 @@ def test_node_containers_are_wired_to_the_fabric(run):
     # nothing of vLLM's (nor the node count) in the container's definition: those change no container
     assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds", "guard_marker"}
     assert head.inputs["name"] == "spark-vllm-spark-01"
+
+
+def test_without_compile_cache_the_containers_keep_their_caches_inside_and_turning_it_off_replaces_them():
+    cfg = prod()
+    off = {**cfg, "container": {**cfg.get("container", {}), "compileCache": False}}
+    mounts = run_program(off, SECRETS, stack="prod").named("spark-01-container").inputs["mounts"]
+    assert not any(m["source"] in ("spark-vllm-compile-cache", "spark-vllm-flashinfer-cache") for m in mounts)
+    result = changes(cfg, off)
+    assert {name for name, keys in result.items() if "mounts" in keys} == {"spark-01-container", "spark-02-container"}
 
 
 def test_workers_start_after_the_head_and_serve_after_every_node(run):

@@ -446,7 +446,8 @@ def serve_one(tmp_path, http_port, name="serve", extra=()):
     argv = [sys.executable, "-m", "vllm_standin", "serve", str(model), "--host", "127.0.0.1", "--port",
             str(http_port), *extra]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_DEAD_LINGER_S": "0.2",
-           "STANDIN_GPU_DIR": str(tmp_path / "gpus")}  # fmt: skip
+           "STANDIN_GPU_DIR": str(tmp_path / "gpus"), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+           "STANDIN_COMPILE_SECONDS": "0.3"}  # fmt: skip
     log = open(tmp_path / f"{name}.log", "w")
     return subprocess.Popen(
         argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -495,6 +496,25 @@ def test_the_engine_core_is_another_process_of_the_group_that_outlives_a_sigkill
         end(third)
     finally:
         end(first)
+
+
+def test_a_graph_in_the_compile_cache_is_loaded_and_a_missing_one_compiled(tmp_path):
+    """What a kept ~/.cache/vllm (a Docker volume) changes for a new container: vLLM's own log says it."""
+    http = free_port()
+    compiled = "Compiling a graph for compile range (1, 8192) takes"
+    loaded = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took"
+    # the model's settings are part of the key (ModelConfig.compute_hash): another max_model_len compiles
+    for name, extra, expected in (("cold", (), compiled), ("warm", (), loaded),
+                                  ("other-len", ("--max-model-len", "1024"), compiled)):  # fmt: skip
+        process = serve_one(tmp_path, http, name=name, extra=extra)
+        try:
+            assert wait_for(lambda: health(http) == 200)
+        finally:
+            end(process)
+        out = (tmp_path / f"{name}.log").read_text()
+        assert expected in out, out
+        assert f"Using cache directory: {tmp_path / 'vllm-cache' / 'torch_compile_cache'}/" in out
+        assert out.count("compile range") == 1, out
 
 
 def test_a_sigterm_ends_the_api_server_and_its_engine_core(tmp_path):

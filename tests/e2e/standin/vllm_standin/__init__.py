@@ -21,7 +21,8 @@ behaves like ``vllm serve`` where the deployment can observe it:
 
 No model is loaded and no GPU is used. Environment variables read:
 ``VLLM_HOST_IP``, ``VLLM_API_KEY``, ``VLLM_PLACEMENT_TIMEOUT_S`` (default 60),
-``STANDIN_LOAD_SECONDS`` (default 2), ``STANDIN_LOCAL_GPUS`` (default 1),
+``STANDIN_LOAD_SECONDS`` (default 2), ``STANDIN_COMPILE_SECONDS`` (default 1: a graph not in the
+torch.compile cache; one there loads in 0.1 s), ``STANDIN_LOCAL_GPUS`` (default 1),
 ``STANDIN_PING_TIMEOUT_S`` (default 5), ``STANDIN_DEAD_LINGER_S`` (default 2),
 ``STANDIN_TOKENS_PER_SECOND`` (default 100, each request's decode rate),
 ``STANDIN_PREFILL_TOKENS_PER_SECOND`` (default 10000),

@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
                 "kv_cache_utils.py:1091", "Maximum concurrency for %d tokens per request: 4.00x", cfg.max_model_len
             )
         if cfg.backend != "ray":  # the engine core is the worker (uniproc), or stands for its node's ranks (mp)
-            compile_cache.write_factors(cfg.node_rank * max(1, cfg.world_size // cfg.nnodes), environ)
+            rank = cfg.node_rank * max(1, cfg.world_size // cfg.nnodes)
+            compiled = compile_cache.compile_graph(rank, compile_cache.model_factors(cfg), environ)
+            for where, message in compile_cache.compile_lines(compiled):
+                log.info(where, "%s", message)
         with os.fdopen(ready_fd, "w") as ready:
             ready.write("ready\n")
         return _run(engine, stop, ping_timeout_s)

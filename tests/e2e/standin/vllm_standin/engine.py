@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import log
+from . import compile_cache, log
 from .args import ServeConfig, StandinError
 
 WHERE_UTILS = "ray_utils.py:323"
@@ -133,11 +133,11 @@ def _worker_class():
                 "pid": os.getpid(),
             }
 
-        def compile(self, rank: int) -> str:
-            """What the worker of `rank` leaves in its node's torch.compile cache."""
-            from vllm_standin.compile_cache import write_factors
+        def compile(self, rank: int, model: list) -> dict:
+            """The worker of `rank` compiles its graph or loads it from its node's torch.compile cache."""
+            from vllm_standin.compile_cache import compile_graph
 
-            return write_factors(rank)
+            return {**compile_graph(rank, model), "pid": os.getpid(), "ip": ray.util.get_node_ip_address()}
 
         def ping(self) -> bool:
             return True
@@ -290,7 +290,13 @@ class RayEngine:
                 r.env,
             )
 
-        ray.get([worker.compile.remote(r.rank) for worker, r in zip(self.workers, self.ranks, strict=True)])
+        model = compile_cache.model_factors(self.cfg)
+        compiled = ray.get(
+            [worker.compile.remote(r.rank, model) for worker, r in zip(self.workers, self.ranks, strict=True)]
+        )
+        for result in compiled:  # as Ray hands a worker's lines to the driver's log (log_to_driver)
+            for where, message in compile_cache.compile_lines(result):
+                log.log("INFO", where, message, prefix=f"(RayWorkerWrapper pid={result['pid']}, ip={result['ip']}) ")
         node_ids = {r.node_id for r in self.ranks}
         all_ips = {r.vllm_ip for r in self.ranks} | {driver_ip}
         if len(node_ids) != len(all_ips):

@@ -26,13 +26,15 @@ def _emit(line: str) -> None:
         sys.stdout.flush()
 
 
-def log(level: str, where: str, msg: str, *args: object) -> None:
-    """``where`` is the source location shown in brackets, e.g. ``api_server.py:1839``."""
+def log(level: str, where: str, msg: str, *args: object, prefix: str | None = None) -> None:
+    """``where`` is the source location shown in brackets, e.g. ``api_server.py:1839``; ``prefix``
+    replaces this process's (a Ray worker's line as the driver prints it: ``(RayWorkerWrapper pid=9, ip=…) ``)."""
     if args:
         msg = msg % args
+    prefix = _prefix if prefix is None else prefix
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime())
     for i, part in enumerate(msg.splitlines() or [""]):
-        _emit(f"{_prefix}{level} {stamp} [{where}] {part}" if i == 0 else f"{_prefix}{part}")
+        _emit(f"{prefix}{level} {stamp} [{where}] {part}" if i == 0 else f"{prefix}{part}")
 
 
 def info(where: str, msg: str, *args: object) -> None:
