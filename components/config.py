@@ -343,7 +343,7 @@ class ContainerConfig(_Model):
         "/root/.cache/flashinfer in the container, about 100 MB) in the node's Docker volumes "
         "spark-vllm-compile-cache and spark-vllm-flashinfer-cache, so a re-created container (a changed container "
         "setting, a container removed by hand, the same vLLM re-pulled) starts from what the last one compiled: "
-        "on an H200 (Qwen3-8B) 76.8 s from handover to ready with them, 184.9–207.9 s without. Entries are keyed "
+        "on an H200 (Qwen3-8B) 48.8–51.7 s from handover to ready with them, 165.9 s without. Entries are keyed "
         "(vLLM: its version, the model and its settings; FlashInfer: its version and the GPU), so another vLLM or "
         "model compiles anew beside them. Kept when the stack is destroyed, like the Hugging Face cache.",
     )

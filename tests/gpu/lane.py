@@ -325,6 +325,16 @@ def forget_caches(keep: tuple[str, ...]) -> list[str]:
     return removed
 
 
+def stable_api_key(path: Path) -> str:
+    """One key for every run on this machine, as a stack's apiKey is the same for each container it
+    creates: vLLM hashes VLLM_API_KEY into its compile cache key with mp, so a new key is a cache miss."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("lane-" + secrets.token_hex(8))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def run_lane(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -332,6 +342,8 @@ def run_lane(args) -> dict:
     model_dir = str(make_model(args.model, Path(args.models)))
     fabric = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
     raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric)
+    if args.stable_key:
+        raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
     cfg = load_cluster_config(raw)
     api_key = raw["apiKey"]
     served = cfg.vllm.served_model_name or model_dir
@@ -348,6 +360,7 @@ def run_lane(args) -> dict:
     }
     if forgotten is not None:
         report["caches_forgotten"] = forgotten
+    report["api_key_stable"] = bool(args.stable_key)
     try:
         report["vllm_version"] = subprocess.run(
             ["vllm", "--version"], env=node.env, capture_output=True, text=True, timeout=120
@@ -545,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="start as a new container would: remove the compile caches of earlier runs (~/.triton, "
         "/tmp/torchinductor_*, ~/.cache/*) except these names under ~/.cache, comma-separated (e.g. vllm,huggingface)",
+    )
+    parser.add_argument(
+        "--stable-key",
+        action="store_true",
+        help="the same API key as the machine's earlier --stable-key runs (a stack's key), not a new one per run",
     )
     parser.add_argument("--models", default="/var/tmp/lane/models")
     parser.add_argument("--run-dir", default=RUN_DIR)

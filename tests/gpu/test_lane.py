@@ -130,6 +130,14 @@ def test_forgetting_caches_keeps_only_the_named_ones_under_dot_cache(tmp_path, m
     assert (tmp_path / ".cache/vllm/torch_compile_cache/x").exists() and (tmp_path / ".cache/huggingface").exists()
 
 
+def test_a_stable_key_is_made_once_kept_private_and_reused(tmp_path):
+    path = tmp_path / "lane" / "api-key"
+    first = lane.stable_api_key(path)
+    assert first.startswith("lane-") and len(first) == 21
+    assert lane.stable_api_key(path) == first  # the next run's containers: the same key, a compile cache hit
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_the_nccl_lane_runs_the_rendered_test_per_rank_and_judges_it(tmp_path):
     """tests/gpu/nccl.py here, where torch is missing as in an image without it: each case's ranks run
     the program `<node>-fabric-nccl` feeds `docker run`, in its environment, and the judge names them."""

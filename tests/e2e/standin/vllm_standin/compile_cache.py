@@ -42,7 +42,8 @@ def cache_root(environ=os.environ) -> str:
 
 COMPILE_RANGE_END = 8192  # what vLLM 0.25 compiled for in the GPU lane (Qwen3-8B on the H200)
 CACHED_LOAD_SECONDS = 0.1
-WHERE_BACKENDS = "backends.py:292"
+# where vLLM 0.25.0 logs each (seen on the H200: tests/gpu/results/2026-12-02/lane-mp-qwen3-8b-compile-*.json)
+WHERE_CACHE_DIR, WHERE_COMPILED, WHERE_LOADED = "backends.py:1089", "backends.py:393", "backends.py:292"
 
 
 def _factors(environ) -> dict[str, str]:
@@ -74,17 +75,17 @@ def compile_graph(rank: int, model: list, environ=os.environ) -> dict:
 
 def compile_lines(result: dict) -> list[tuple[str, str]]:
     """(where, message) of vLLM 0.25's log lines for one compiled or loaded graph."""
-    lines = [("backends.py:1089", f"Using cache directory: {result['directory']} for vLLM's torch.compile")]
+    lines = [(WHERE_CACHE_DIR, f"Using cache directory: {result['directory']} for vLLM's torch.compile")]
     span = f"compile range (1, {COMPILE_RANGE_END})"
     if result["cached"]:
         lines.append(
             (
-                WHERE_BACKENDS,
+                WHERE_LOADED,
                 f"Directly load the compiled graph(s) for {span} from the cache, took {result['seconds']:.3f} s",
             )
         )
     else:
-        lines.append((WHERE_BACKENDS, f"Compiling a graph for {span} takes {result['seconds']:.2f} s"))
+        lines.append((WHERE_COMPILED, f"Compiling a graph for {span} takes {result['seconds']:.2f} s"))
     return lines
 
 
