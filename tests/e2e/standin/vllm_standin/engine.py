@@ -137,7 +137,7 @@ def _worker_class():
             """The worker of `rank` compiles its graph or loads it from its node's torch.compile cache."""
             from vllm_standin.compile_cache import compile_graph
 
-            return {**compile_graph(rank, model), "pid": os.getpid(), "ip": ray.util.get_node_ip_address()}
+            return {**compile_graph(rank, model), "pid": os.getpid()}
 
         def ping(self) -> bool:
             return True
@@ -296,7 +296,8 @@ class RayEngine:
         )
         for result in compiled:  # as Ray hands a worker's lines to the driver's log (log_to_driver)
             for where, message in compile_cache.compile_lines(result):
-                log.log("INFO", where, message, prefix=f"(RayWorkerWrapper pid={result['pid']}, ip={result['ip']}) ")
+                worker = f"\x1b[36m(RayWorkerProc pid={result['pid']})\x1b[0m (Worker pid={result['pid']}) "
+                log.log("INFO", where, message, inner=worker)
         node_ids = {r.node_id for r in self.ranks}
         all_ips = {r.vllm_ip for r in self.ranks} | {driver_ip}
         if len(node_ids) != len(all_ips):

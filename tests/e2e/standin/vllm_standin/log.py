@@ -26,12 +26,13 @@ def _emit(line: str) -> None:
         sys.stdout.flush()
 
 
-def log(level: str, where: str, msg: str, *args: object, prefix: str | None = None) -> None:
-    """``where`` is the source location shown in brackets, e.g. ``api_server.py:1839``; ``prefix``
-    replaces this process's (a Ray worker's line as the driver prints it: ``(RayWorkerWrapper pid=9, ip=…) ``)."""
+def log(level: str, where: str, msg: str, *args: object, inner: str = "") -> None:
+    """``where`` is the source location shown in brackets, e.g. ``api_server.py:1839``; ``inner`` goes
+    after this process's prefix: a Ray worker's line as its driver prints it, which vLLM 0.25 shows as
+    ``(EngineCore pid=12) \x1b[36m(RayWorkerProc pid=13)\x1b[0m (Worker pid=13) INFO …`` (seen on the H200)."""
     if args:
         msg = msg % args
-    prefix = _prefix if prefix is None else prefix
+    prefix = _prefix + inner
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime())
     for i, part in enumerate(msg.splitlines() or [""]):
         _emit(f"{prefix}{level} {stamp} [{where}] {part}" if i == 0 else f"{prefix}{part}")
