@@ -12,9 +12,10 @@ compiled for one model directory is not found for another.
 
 And what that cache is for: a graph found there is loaded, not compiled. `compile_graph` takes
 STANDIN_COMPILE_SECONDS (default 1) when the cache of its key is empty and a tenth of a second when
-it holds the graph, and says which in vLLM 0.25's words (vllm/compilation/backends.py): "Compiling a
-graph for compile range (1, 8192) takes 18.95 s" as the GPU lane saw it, or "Directly load the
-compiled graph(s) for compile range (1, 8192) from the cache, took 0.717 s". So a container that
+it holds the graph, and says which in vLLM 0.25's words (vllm/compilation/backends.py), as the GPU
+lane saw them on the H200 (tests/gpu/results/2026-12-02/lane-mp-qwen3-8b-compile-{cold,warm}.json):
+"Compiling a graph for compile range (1, 8192) takes 15.84 s", then with the cache kept "Directly load
+the compiled graph(s) for compile range (1, 8192) from the cache, took 2.048 s". So a container that
 starts on a kept cache (a Docker volume) shows it in its log, as real vLLM does.
 """
 
