@@ -70,12 +70,13 @@ from unittest import mock
 
 from tests import harness
 from tests.harness import FakeCloud, ProgramRun, Registration, run_program
+from tests.keys import host_key_line, openssh_private_key
 
 HERE = Path(__file__).resolve().parent
 FLOOR_DIR = HERE / "floor"
 REGISTRATION_FLOOR_DIR = HERE / "registration_floor"
-HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
-SECRETS = {"apiKey": "sk-benchmark-0000", "sshPrivateKey": "-----BEGIN KEY-----\nBENCHMARK\n-----END KEY-----\n"}
+HOST_KEY = host_key_line("benchmark")
+SECRETS = {"apiKey": "sk-benchmark-0000", "sshPrivateKey": openssh_private_key("benchmark")}
 MAX_RATIO = 1.5
 MAX_WORK_GROWTH = 1.25
 TRIVIAL_CUSTOM = "test:index:Trivial"  # not a class registration_floor knows: registered as a bare CustomResource

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import posixpath
 import re
+import shlex
 import typing
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal, Optional
@@ -24,10 +26,14 @@ from pydantic import (
     SecretStr,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
+
+from components.ssh_keys import host_key_problem, private_key_problem
+from components.vllm_args import read_extra_args
 
 NAMESPACE = "spark-vllm"
 
@@ -70,12 +76,56 @@ ImageRef = Annotated[
         "an image reference: name[:tag][@sha256:<64 hex>]",
     ),
 ]
+# Directories no path of the stack may be: the model is mounted into every container and, with
+# modelSync, mirrored onto every other node (files the source lacks are deleted there).
+SYSTEM_DIRS = frozenset(
+    {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/lost+found", "/media",
+     "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr", "/usr/local", "/var",
+     "/var/lib", "/var/lib/docker"}
+)  # fmt: skip
+SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib32/", "/lib64/", "/proc/", "/run/", "/sbin/",
+                "/sys/", "/usr/bin/", "/usr/lib/", "/usr/sbin/", "/var/lib/docker/", "/var/run/")  # fmt: skip
+
+
+def _normal_path(value: str) -> str:
+    """An absolute path as it is meant: no `.` or `..` segment, no `//`, no trailing `/`, not a system directory."""
+    if not value.startswith("/"):
+        return value
+    normal = posixpath.normpath(value)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    if normal != value:
+        raise ValueError(
+            f"a normalised path: write it as {normal!r} (no '.' or '..' segment, no '//', no trailing '/'; "
+            "the model is mounted and, with modelSync, mirrored at exactly this path)"
+        )
+    if value in SYSTEM_DIRS or value.startswith(SYSTEM_TREES) or re.fullmatch(r"/home/[^/]+", value):
+        raise ValueError(
+            "a directory of its own (such as /models/Name), not a system or home directory: it is mounted into "
+            "every container, and modelSync deletes on the other nodes what the source lacks there"
+        )
+    return value
+
+
+def _repo_id(value: str) -> str:
+    """A Hugging Face repo id as the Hub takes it (huggingface_hub utils/_validators.py validate_repo_id)."""
+    if value.startswith("/"):
+        return value
+    if "--" in value or ".." in value:
+        raise ValueError("a Hugging Face repo id without '--' or '..' (the Hub refuses both)")
+    if value.endswith(".git") or value.endswith((".", "-")) or len(value.split("/")[1]) > 96:
+        raise ValueError("a Hugging Face repo id (a name of at most 96 characters, not ending in '.', '-' or '.git')")
+    return value
+
+
 ModelRef = Annotated[
     str,
     _pattern(
-        r"/[A-Za-z0-9._+@=-]+(/[A-Za-z0-9._+@=-]+)*/?|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*",
+        r"/+[A-Za-z0-9._+@=-]+(/+[A-Za-z0-9._+@=-]+)*/*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*",
         "an absolute path (/models/Name) or a Hugging Face repo id (org/name)",
     ),
+    AfterValidator(_normal_path),
+    AfterValidator(_repo_id),
 ]
 HttpEndpoint = Annotated[
     str,
@@ -84,13 +134,18 @@ HttpEndpoint = Annotated[
     ),
 ]
 AbsolutePath = Annotated[
-    str, _pattern(r"/[A-Za-z0-9._+@=-]+(/[A-Za-z0-9._+@=-]+)*/?", "an absolute path of A-Z a-z 0-9 . _ + @ = -")
+    str,
+    _pattern(r"/+[A-Za-z0-9._+@=-]+(/+[A-Za-z0-9._+@=-]+)*/*", "an absolute path of A-Z a-z 0-9 . _ + @ = -"),
+    AfterValidator(_normal_path),
 ]
 ServedName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", "a model name of A-Z a-z 0-9 . _ / : + -")]
 ParserName = Annotated[str, _pattern(r"[a-z0-9][a-z0-9_-]{0,63}", "a parser name such as qwen3 (a-z, 0-9, _, -)")]
 StackName = Annotated[
     str,
-    _pattern(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}", "a stack name, fully qualified as organization/project/stack"),
+    _pattern(
+        r"(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+(/(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+){0,2}",
+        "a stack name, fully qualified as organization/project/stack (no '.' or '..' part)",
+    ),
 ]
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -111,10 +166,50 @@ def _host_key(value: str) -> str:
             "an ed25519 (or ecdsa) key: an ssh-rsa host key makes the remote commands offer SHA-1 RSA, which "
             "OpenSSH 8.8 and later refuse (get the ed25519 one: `ssh-keyscan -t ed25519 HOST`)"
         )
+    problem = host_key_problem(value)
+    if problem is not None:
+        raise ValueError(
+            f"a public host key line whose key is whole: {problem} (copy it again from "
+            "`ssh-keyscan -t ed25519 HOST`, the part after the host name)"
+        )
     return value
 
 
 HostKeyLine = Annotated[str, AfterValidator(_host_key)]
+
+
+_EMPTY_MEANS = {
+    "apiKey": "no key reaches vLLM, which then serves every caller",
+    "hfToken": "the Hub is asked without a token: a gated model fails to download",
+}
+
+
+def _token_secret(value: SecretStr, info: ValidationInfo) -> SecretStr:
+    """An API key or token: set means something, sent as one HTTP header word."""
+    key = to_camel(info.field_name or "apiKey")
+    text = value.get_secret_value()
+    if not text.strip():
+        raise ValueError(
+            f"a value: it is set but empty, which counts as none ({_EMPTY_MEANS.get(key, 'nothing is sent')}); "
+            f"set one (`pulumi config set --secret {key} …`) or remove it (`pulumi config rm {key}`)"
+        )
+    if any(ch.isspace() or ord(ch) < 33 or ord(ch) == 127 for ch in text):
+        raise ValueError(
+            "a key without spaces, line breaks or control characters (a newline copied with it?): clients send it "
+            "as one word in the Authorization header"
+        )
+    return value
+
+
+def _private_key_secret(value: SecretStr) -> SecretStr:
+    problem = private_key_problem(value.get_secret_value())
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+TokenSecret = Annotated[SecretStr, AfterValidator(_token_secret)]
+PrivateKeySecret = Annotated[SecretStr, AfterValidator(_private_key_secret)]
 
 
 def _extra_arg(value: str) -> str:
@@ -124,35 +219,6 @@ def _extra_arg(value: str) -> str:
 
 
 ExtraArg = Annotated[str, AfterValidator(_extra_arg)]
-
-# Flags the program sets itself from typed keys. Letting extraArgs repeat them would make two
-# sources of truth (and --api-key would put the secret on a command line).
-MANAGED_VLLM_FLAGS = frozenset(
-    {
-        "--tensor-parallel-size",
-        "-tp",
-        "--pipeline-parallel-size",
-        "-pp",
-        "--distributed-executor-backend",
-        "--max-model-len",
-        "--gpu-memory-utilization",
-        "--host",
-        "--port",
-        "--served-model-name",
-        "--trust-remote-code",
-        "--no-trust-remote-code",
-        "--reasoning-parser",
-        "--tool-call-parser",
-        "--enable-auto-tool-choice",
-        "--no-enable-auto-tool-choice",
-        "--api-key",
-        "--nnodes",
-        "--node-rank",
-        "--master-addr",
-        "--master-port",
-        "--headless",
-    }
-)
 
 
 class _Model(BaseModel):
@@ -208,7 +274,9 @@ class VllmConfig(_Model):
     enable_auto_tool_choice: bool = Field(False, description="`--enable-auto-tool-choice` (needs toolCallParser).")
     extra_args: list[ExtraArg] = Field(
         default_factory=list,
-        description="Further `vllm serve` arguments, appended last, each one word (e.g. ['--max-num-seqs', '8']).",
+        description="Further `vllm serve` arguments, appended last, each one word (e.g. ['--max-num-seqs', '8']). "
+        "Read as vLLM's parser reads them ('_' is '-', a unique prefix is the whole flag): a flag the program sets "
+        "from a key, a secret (--api-key, --hf-token), --config, or a flag and its value in one element are refused.",
     )
     ready_timeout_seconds: PositiveInt = Field(
         1800, description="How long `pulumi up` waits for /health and /v1/models after starting vLLM."
@@ -489,7 +557,9 @@ class ClusterConfig(_Model):
         None, description="Container image with vLLM and Ray; pinned to the pulled image id on every node."
     )
     model: Optional[ModelRef] = Field(
-        None, description="Model path (mounted read-only at the same path on every node) or Hugging Face repo id."
+        None,
+        description="Model path (mounted read-only at the same path on every node; normalised, not a system or home "
+        "directory) or Hugging Face repo id.",
     )
     executor: Literal["ray", "mp"] = Field(
         "ray",
@@ -540,9 +610,11 @@ class ClusterConfig(_Model):
         None,
         description="With promoteFrom: deploy only the release with this fingerprint (the one reviewed).",
     )
-    api_key: Optional[SecretStr] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
-    hf_token: Optional[SecretStr] = Field(None, description="Secret. Hugging Face token (HF_TOKEN in the containers).")
-    ssh_private_key: Optional[SecretStr] = Field(
+    api_key: Optional[TokenSecret] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
+    hf_token: Optional[TokenSecret] = Field(
+        None, description="Secret. Hugging Face token (HF_TOKEN in the containers)."
+    )
+    ssh_private_key: Optional[PrivateKeySecret] = Field(
         None,
         description="Secret. SSH private key for every node, used by both transports. Default: the ssh-agent at "
         "SSH_AUTH_SOCK (~/.ssh/id_* alone is not enough: remote commands never read it).",
@@ -550,7 +622,8 @@ class ClusterConfig(_Model):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ClusterConfig:
-        problems = [*_node_problems(self), *_parallelism_problems(self), *_serving_problems(self)]
+        problems = [*_node_problems(self), *_fabric_address_problems(self), *_parallelism_problems(self)]
+        problems += _serving_problems(self)
         problems += _runtime_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
@@ -727,6 +800,70 @@ def _node_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _fabric_address_problems(cfg: Any) -> list[str]:
+    """Fabric addresses that can never carry Ray, NCCL and Gloo between the nodes; with network.manage,
+    addresses that the netplan it writes would not put on one subnet."""
+    if cfg.nodes is INVALID:
+        return []
+    problems: list[str] = []
+    several = len(cfg.nodes) > 1
+    valid = [(i, n) for i, n in enumerate(cfg.nodes) if n is not INVALID and n.fabric_address is not INVALID]
+    for index, node in valid:
+        address = node.fabric_address
+        why = None
+        if address.is_unspecified:
+            why = "0.0.0.0 means every address, not one"
+        elif address.is_multicast:
+            why = "a multicast address (224.0.0.0/4) is no host's"
+        elif address == ipaddress.IPv4Address("255.255.255.255") or address in ipaddress.IPv4Network("240.0.0.0/4"):
+            why = "a reserved or broadcast address is no host's"
+        elif several and address.is_loopback:
+            why = "a loopback address never leaves its own machine, and the other nodes must reach it"
+        elif several and address.is_link_local:
+            why = (
+                "a link-local address (169.254.0.0/16) is what an interface takes when no address was set; "
+                "it is not the fabric's"
+            )
+        if why:
+            problems.append(
+                _problem(
+                    f"nodes[{index}].fabricAddress",
+                    str(address),
+                    f"the node's address on the RoCE/InfiniBand link (e.g. 192.168.100.10): {why}",
+                )
+            )
+    network = cfg.network
+    if not several or network is INVALID or network.manage is not True or network.prefix_length is INVALID:
+        return problems
+    prefix = network.prefix_length
+    subnets: dict[ipaddress.IPv4Network, list[str]] = {}
+    for index, node in valid:
+        subnet = ipaddress.IPv4Network(f"{node.fabric_address}/{prefix}", strict=False)
+        subnets.setdefault(subnet, []).append(node.name if node.name is not INVALID else f"nodes[{index}]")
+        if prefix <= 30 and node.fabric_address in (subnet.network_address, subnet.broadcast_address):
+            kind = "network" if node.fabric_address == subnet.network_address else "broadcast"
+            problems.append(
+                _problem(
+                    f"nodes[{index}].fabricAddress",
+                    str(node.fabric_address),
+                    f"a host address of {subnet}: with network.manage the netplan gives it prefix {prefix}, "
+                    f"where it is the {kind} address",
+                )
+            )
+    if len(subnets) > 1:
+        listing = "; ".join(f"{subnet}: {', '.join(names)}" for subnet, names in subnets.items())
+        problems.append(
+            _problem(
+                "network.prefixLength",
+                prefix,
+                f"one subnet holding every fabricAddress, because network.manage writes each node's address with "
+                f"this prefix and the nodes then reach each other only inside it; at /{prefix} they fall in "
+                f"{len(subnets)} ({listing}): change the addresses or the prefix length",
+            )
+        )
+    return problems
+
+
 def _parallelism_problems(cfg: Any) -> list[str]:
     facts = [cfg.nodes, cfg.tensor_parallel_size, cfg.pipeline_parallel_size]
     if INVALID in facts or not cfg.nodes or any(node is INVALID or node.gpus is INVALID for node in cfg.nodes):
@@ -810,12 +947,9 @@ def _serving_problems(cfg: Any) -> list[str]:
                 "or set vllm.allowUnauthenticated: true to serve without one",
             )
         )
-    for index, arg in enumerate([] if cfg.vllm.extra_args is INVALID else cfg.vllm.extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_VLLM_FLAGS:
-            problems.append(
-                _problem(f"vllm.extraArgs[{index}]", arg, "a flag the program does not set itself: use its own key")
-            )
+    if cfg.vllm.extra_args is not INVALID:
+        for index, shown, expected in read_extra_args(cfg.vllm.extra_args).problems:
+            problems.append(_problem(f"vllm.extraArgs[{index}]", shown, expected))
     return problems
 
 
@@ -1160,26 +1294,111 @@ def _plain_secret_problems(raw: dict[str, Any], plain: Collection[str]) -> list[
     return problems
 
 
-def load_cluster_config(raw: dict[str, Any], plain: Collection[str] = ()) -> ClusterConfig:
+def _edit_distance(a: str, b: str) -> int:
+    """Damerau-Levenshtein distance (optimal string alignment): a swapped pair of letters counts once."""
+    rows = [list(range(len(b) + 1))] + [[i] + [0] * len(b) for i in range(1, len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
+    return rows[-1][-1]
+
+
+def near_namespace(namespace: str) -> bool:
+    """Whether `namespace` is a misspelling of this project's (`spark_vllm`, `Spark-vLLM`, `spark-vlm`,
+    `sprak-vllm`), not another namespace (`docker`, `pulumi`, `aws`)."""
+    if namespace == NAMESPACE:
+        return False
+    folded = re.sub(r"[^a-z0-9]", "", namespace.lower())
+    return folded == re.sub(r"[^a-z0-9]", "", NAMESPACE) or _edit_distance(namespace.lower(), NAMESPACE) <= 2
+
+
+def namespace_problems(foreign: Mapping[str, Any], secret: Collection[str] = ()) -> list[str]:
+    """Keys of another namespace (`full key → value`) that misspell this project's: Pulumi hands them to
+    the program like any other namespace's, and the program would never read them. `secret` names the
+    full keys held as secrets (their values are not shown)."""
+    problems = []
+    for full_key in sorted(foreign):
+        namespace, sep, key = full_key.partition(":")
+        if not sep or not near_namespace(namespace):
+            continue
+        value = "[secret]" if full_key in secret or key in SECRET_KEYS else foreign[full_key]
+        flag = "--secret " if full_key in secret or key in SECRET_KEYS else ""
+        problems.append(
+            _problem(
+                full_key,
+                value,
+                f"a key of the {NAMESPACE!r} namespace: {namespace!r} is not {NAMESPACE!r}, so the program never "
+                f"reads it; `pulumi config rm {shlex.quote(full_key)}` then `pulumi config set {flag}--path "
+                f"{shlex.quote(NAMESPACE + ':' + key)} …`",
+            )
+        )
+    return problems
+
+
+def _qualified(name: str, this_stack: str) -> tuple[str, ...]:
+    """A stack name as organization/project/stack, filled from `this_stack` (Pulumi reads `stack` and
+    `organization/stack` within the current project)."""
+    organization, project, _ = this_stack.split("/")
+    parts = name.split("/")
+    if len(parts) == 1:
+        return organization, project, parts[0]
+    if len(parts) == 2:
+        return parts[0], project, parts[1]
+    return tuple(parts)
+
+
+def _self_promotion_problems(raw: dict[str, Any], this_stack: Optional[str]) -> list[str]:
+    promote = raw.get("promoteFrom")
+    if this_stack is None or not isinstance(promote, str) or this_stack.count("/") != 2:
+        return []
+    if _qualified(promote, this_stack) != tuple(this_stack.split("/")):
+        return []
+    return [
+        _problem(
+            "promoteFrom",
+            promote,
+            f"another stack than this one ({this_stack}): a stack promoting from itself redeploys its own last "
+            "release and validates nothing; name the stack that validated the release (e.g. "
+            f"{this_stack.rsplit('/', 1)[0]}/staging)",
+        )
+    ]
+
+
+def load_cluster_config(
+    raw: dict[str, Any],
+    plain: Collection[str] = (),
+    *,
+    this_stack: Optional[str] = None,
+    foreign: Optional[Mapping[str, Any]] = None,
+    foreign_secret: Collection[str] = (),
+) -> ClusterConfig:
     """Validate the `spark-vllm:` namespace given as a dict of camelCase keys. `plain` names the keys
     the stack holds in plain text (not `--secret`): any of apiKey, hfToken, sshPrivateKey there is refused.
+    `this_stack` (organization/project/stack) refuses a promoteFrom of itself; `foreign` (the stack's
+    keys of other namespaces, `foreign_secret` those held as secrets) refuses a misspelt namespace.
 
     Raises ConfigError naming every problem; nothing else in the program runs before this.
     """
-    secret_problems = _plain_secret_problems(raw, plain)
+    outer_problems = _plain_secret_problems(raw, plain)
+    outer_problems += _self_promotion_problems(raw, this_stack)
+    outer_problems += namespace_problems(foreign or {}, foreign_secret)
     try:
         cfg = ClusterConfig.model_validate(raw)
     except ValidationError as error:
         problems = [line for item in error.errors() for line in _describe(item)]
     else:
-        if not secret_problems:
+        if not outer_problems:
             return cfg
-        raise ConfigError(secret_problems)
-    problems += [line for line in secret_problems if line not in problems]
+        raise ConfigError(outer_problems)
+    problems += [line for line in outer_problems if line not in problems]
     view = _lenient(ClusterConfig, raw)
     if view is not INVALID:
         for line in [
             *_node_problems(view),
+            *_fabric_address_problems(view),
             *_parallelism_problems(view),
             *_serving_problems(view),
             *_runtime_problems(view),

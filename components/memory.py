@@ -25,6 +25,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from components.vllm_args import read_extra_args
+
 GIB = 1024**3
 MIB = 1024**2
 ALLOWANCE_BYTES = 3 * GIB  # per GPU: runtime (~1 GiB), activations (~1 GiB), CUDA graphs (~1 GiB)
@@ -103,13 +105,8 @@ def model_shape(config: dict[str, Any], kv_cache_dtype: str = "auto") -> ModelSh
 
 
 def kv_cache_dtype(extra_args: list[str]) -> str:
-    """`--kv-cache-dtype` from vllm.extraArgs (either spelling), else "auto"."""
-    for index, arg in enumerate(extra_args):
-        if arg.startswith("--kv-cache-dtype="):
-            return arg.split("=", 1)[1]
-        if arg == "--kv-cache-dtype" and index + 1 < len(extra_args):
-            return extra_args[index + 1]
-    return "auto"
+    """`--kv-cache-dtype` from vllm.extraArgs in any spelling vLLM reads (`--kv_cache_dtype=fp8`), else "auto"."""
+    return read_extra_args(extra_args).value_of("--kv-cache-dtype", extra_args) or "auto"
 
 
 @dataclass(frozen=True)

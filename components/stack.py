@@ -35,6 +35,20 @@ def raw_stack_config(namespace: str = NAMESPACE) -> dict[str, Any]:
     return raw
 
 
+def foreign_config(namespace: str = NAMESPACE) -> tuple[dict[str, Any], set[str]]:
+    """The stack's keys of every other namespace (full key → value) and which of them are secrets:
+    the config rules refuse the ones that misspell `namespace`."""
+    everything = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    foreign = {key: value for key, value in everything.items() if not key.startswith(f"{namespace}:")}
+    return foreign, {key for key in foreign if runtime_config.is_config_secret(key)}
+
+
+def this_stack() -> str:
+    """organization/project/stack of the running program (the file backend's organization is `organization`)."""
+    organization = pulumi.get_organization() or "organization"
+    return f"{organization}/{pulumi.get_project()}/{pulumi.get_stack()}"
+
+
 def plain_text_keys(raw: dict[str, Any], namespace: str = NAMESPACE) -> set[str]:
     """The keys of `raw` that the stack holds in plain text, not as secrets (`--secret`)."""
     return {key for key in raw if not runtime_config.is_config_secret(f"{namespace}:{key}")}
@@ -42,7 +56,10 @@ def plain_text_keys(raw: dict[str, Any], namespace: str = NAMESPACE) -> set[str]
 
 def load_stack_config() -> ClusterConfig:
     raw = raw_stack_config()
-    cfg = load_cluster_config(raw, plain_text_keys(raw))
+    foreign, foreign_secret = foreign_config()
+    cfg = load_cluster_config(
+        raw, plain_text_keys(raw), this_stack=this_stack(), foreign=foreign, foreign_secret=foreign_secret
+    )
     for node in cfg.nodes:
         if node.host_key is None:
             pulumi.log.warn(

@@ -385,11 +385,16 @@ def run_program(
     stack: str = "test",
     mocks: Optional[pulumi.runtime.Mocks] = None,
     on_exports: Optional[Callable[[dict], None]] = None,
+    foreign: Optional[dict[str, str]] = None,
 ) -> ProgramRun:
+    """The program under mocks with `config` and `secrets` in the project's namespace; `foreign`: full
+    keys of other namespaces (`docker:host`, a misspelt `spark_vllm:model`)."""
     secrets = secrets or {}
     monitor = RecordingMonitor(mocks or FakeCloud())
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config(stack_config({**config, **secrets}), [f"{PROJECT}:{key}" for key in secrets])
+    pulumi.runtime.set_all_config(
+        {**stack_config({**config, **secrets}), **(foreign or {})}, [f"{PROJECT}:{key}" for key in secrets]
+    )
     exports: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
     secret: set[str] = set()

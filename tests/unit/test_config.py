@@ -5,6 +5,7 @@ import copy
 import pytest
 
 from components.config import ConfigError, load_cluster_config
+from tests.keys import openssh_private_key
 
 BASE = {
     "nodes": [
@@ -223,7 +224,7 @@ BAD = [
     ),
     (
         config(vllm__extraArgs=["--api-key", "x"]),
-        "vllm.extraArgs[0]: '--api-key' — a flag the program does not set itself",
+        "vllm.extraArgs[0]: '--api-key' — no secret in extraArgs, where it sits in plain text in the stack file",
     ),
     (
         config(vllm__extraArgs=["--max-model-len=9"]),
@@ -280,7 +281,7 @@ def test_a_secret_set_in_plain_text_is_refused_with_the_command_that_fixes_it(ke
 
 
 def test_the_same_secrets_set_with_secret_pass():
-    keys = {"apiKey": "sk-1", "hfToken": "hf_1", "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}
+    keys = {"apiKey": "sk-1", "hfToken": "hf_1", "sshPrivateKey": openssh_private_key("plain")}
     load_cluster_config(config(**keys), plain={"image", "model", "nodes"})
 
 

@@ -14,10 +14,11 @@ import pytest
 from components.config import load_cluster_config
 from components.ssh import SshAccess, agent_key_count, keyscan_command, ssh_access, ssh_access_problems
 from components.stack import raw_stack_config
+from tests.keys import host_key_line, openssh_private_key
 from tests.ssh_agent import ssh_agent
 from tests.unit.test_config import config
 
-HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA1"
+HOST_KEY = host_key_line("test-ssh")
 
 
 def node(**changes):
@@ -88,7 +89,7 @@ def test_agent_key_count_talks_to_a_real_agent(tmp_path):
 
 
 def test_credential_problems_name_the_fix_and_pass_a_key_beside_a_live_agent():
-    with_key = load_cluster_config({**config(), "sshPrivateKey": "-----BEGIN KEY-----"})
+    with_key = load_cluster_config({**config(), "sshPrivateKey": openssh_private_key("ssh-test")})
     without = load_cluster_config(config())
     assert ssh_access_problems(with_key, {}, lambda p: None) == []
     assert ssh_access_problems(with_key, {"SSH_AUTH_SOCK": "/a"}, lambda p: 2) == []
@@ -102,11 +103,12 @@ def test_credential_problems_name_the_fix_and_pass_a_key_beside_a_live_agent():
 
 
 def test_the_key_file_is_private_and_stable(tmp_path):
-    cfg = load_cluster_config({**config(), "sshPrivateKey": "-----BEGIN KEY-----\nBODY\n-----END KEY-----"})
+    key = openssh_private_key("ssh-test").rstrip("\n")  # the file ends in a newline even when the secret does not
+    cfg = load_cluster_config({**config(), "sshPrivateKey": key})
     access = ssh_access(cfg, "proj", "dev", {"SPARK_VLLM_HOME": str(tmp_path)})
     path = tmp_path / "proj" / "dev" / "id_spark_vllm"
     assert access.identity == str(path)
-    assert path.read_text() == "-----BEGIN KEY-----\nBODY\n-----END KEY-----\n"
+    assert path.read_text() == key + "\n"
     assert path.stat().st_mode & 0o777 == 0o600
     mtime = path.stat().st_mtime_ns
     ssh_access(cfg, "proj", "dev", {"SPARK_VLLM_HOME": str(tmp_path)})
