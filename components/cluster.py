@@ -96,6 +96,14 @@ def same_image(ids_by_node: dict[str, str]) -> str:
     return distinct[0]
 
 
+def data_only(value: pulumi.Output) -> pulumi.Output:
+    """`value` without the resources it came from as dependencies. The memory plan reads every node's
+    checks; vLLM's arguments take one number from it, and whatever takes those arguments (the serve
+    steps, their triggers on every node) would otherwise list every node's checks again: N² edges for
+    the SDK's cycle check, for an order the head container's gate already enforces."""
+    return pulumi.Output(set(), value.future(with_unknowns=True), value.is_known(), value.is_secret())
+
+
 @dataclass(frozen=True)
 class VllmClusterArgs:
     config: ClusterConfig
@@ -131,6 +139,7 @@ class VllmCluster(pulumi.ComponentResource):
                 api_key=secrets.get("apiKey"),
                 # with Ray: every worker joined; with mp: every container runs
                 depends_on=[n.joined or n.supervisor for n in self.nodes.values()],
+                max_num_seqs=data_only(self.memory_plan.apply(lambda plan: (plan.get("maxNumSeqs") or {}).get("set"))),
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -519,6 +528,8 @@ class VllmCluster(pulumi.ComponentResource):
         def judge(parts: list) -> dict:
             fingerprint, engine, *found = parts
             plan = memory_plan(cfg, fingerprint, found, engine)
+            for note in plan.notes():
+                pulumi.log.info(note)
             if not plan.fits:
                 if cfg.memory_check == "enforce":
                     raise MemoryPlanError(memory_message(plan))

@@ -16,13 +16,14 @@ import typing
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     TypeAdapter,
     ValidationError,
@@ -277,6 +278,13 @@ class VllmConfig(_Model):
         description="Further `vllm serve` arguments, appended last, each one word (e.g. ['--max-num-seqs', '8']). "
         "Read as vLLM's parser reads them ('_' is '-', a unique prefix is the whole flag): a flag the program sets "
         "from a key, a secret (--api-key, --hf-token), --config, or a flag and its value in one element are refused.",
+    )
+    max_num_seqs: Union[Literal["auto"], PositiveInt] = Field(
+        "auto",
+        description="`--max-num-seqs`: sequences vLLM runs at once. auto: vLLM's default, except for a hybrid model "
+        "(Qwen3.5, Qwen3-Next) whose cache holds fewer sequences than that default (1024 on a GPU of 70 GiB or "
+        "more): then the memory plan sets what its cache blocks hold, as vLLM would otherwise refuse to start. "
+        "A number is checked against those blocks before any container starts.",
     )
     ready_timeout_seconds: PositiveInt = Field(
         1800, description="How long `pulumi up` waits for /health and /v1/models after starting vLLM."
@@ -561,10 +569,12 @@ class ClusterConfig(_Model):
         description="Model path (mounted read-only at the same path on every node; normalised, not a system or home "
         "directory) or Hugging Face repo id.",
     )
-    executor: Literal["ray", "mp"] = Field(
-        "ray",
+    executor: Literal["auto", "ray", "mp"] = Field(
+        "auto",
         description="How vLLM spans the nodes: 'ray' (Ray head and workers, `vllm serve` on the head) or 'mp' "
-        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers).",
+        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers). 'auto' picks "
+        "by the image: mp for the stock vllm/vllm-openai image (no Ray in it since v0.19), ray for other images "
+        "(Spark builds carry Ray); the image check on every node confirms it before any container starts.",
     )
     tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size`.")
     pipeline_parallel_size: PositiveInt = Field(
@@ -619,6 +629,25 @@ class ClusterConfig(_Model):
         description="Secret. SSH private key for every node, used by both transports. Default: the ssh-agent at "
         "SSH_AUTH_SOCK (~/.ssh/id_* alone is not enough: remote commands never read it).",
     )
+
+    _executor_reason: Optional[str] = PrivateAttr(None)  # why executor auto chose what it did
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _resolve_executor(cls, data: Any, handler: Any) -> ClusterConfig:
+        """executor auto becomes ray or mp here (from the image), so every rule and renderer sees one of them."""
+        reason = None
+        if isinstance(data, dict) and data.get("executor", "auto") == "auto":
+            chosen, reason = auto_executor(data.get("image"))
+            data = {**data, "executor": chosen}
+        model = handler(data)
+        model._executor_reason = reason
+        return model
+
+    @property
+    def executor_reason(self) -> Optional[str]:
+        """With executor auto: which executor it chose and why (None when the config names one)."""
+        return self._executor_reason
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ClusterConfig:
@@ -679,6 +708,39 @@ class ClusterConfig(_Model):
 
 
 SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey")
+# The stock vLLM image ships without Ray since this release (vLLM 0.19 made its own mp executor the
+# multi-node default); NVIDIA's Spark playbook and community Spark images add Ray themselves.
+STOCK_IMAGE = "vllm/vllm-openai"
+STOCK_WITHOUT_RAY_SINCE = (0, 19)
+
+
+def _image_repository_and_tag(image: str) -> tuple[str, Optional[str]]:
+    name = image.split("@", 1)[0]
+    repository, tag = name, None
+    if ":" in name.rsplit("/", 1)[-1]:
+        repository, tag = name.rsplit(":", 1)
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        repository = repository.removeprefix(prefix)
+    return repository, tag
+
+
+def auto_executor(image: Any) -> tuple[str, str]:
+    """(executor, why) for executor auto: mp for the stock vllm/vllm-openai image (no Ray in it since
+    v0.19), ray for every other image (the Spark images people run carry Ray) and without an image
+    (promoteFrom: the release's image is known only later, and the image check catches a missing Ray)."""
+    if not isinstance(image, str) or not image:
+        return (
+            "ray",
+            "executor auto: ray (no image in the config: promoteFrom decides it; the image check refuses an image "
+            "without Ray)",
+        )
+    repository, tag = _image_repository_and_tag(image)
+    if repository != STOCK_IMAGE:
+        return "ray", f"executor auto: ray ({image} is not the stock {STOCK_IMAGE} image, and Spark images carry Ray)"
+    found = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)*(rc\d+|\.post\d+)?", tag or "")
+    if found and (int(found.group(1)), int(found.group(2))) < STOCK_WITHOUT_RAY_SINCE:
+        return "ray", f"executor auto: ray ({image}: the stock image carried Ray before vLLM 0.19)"
+    return "mp", f"executor auto: mp ({image}: the stock vLLM image has no Ray since vLLM 0.19)"
 
 
 def _problem(path: str, value: Any, expected: str) -> str:
@@ -712,6 +774,8 @@ def _lenient(model: type[BaseModel], raw: Any) -> Any:
     """
     if not isinstance(raw, dict):
         return INVALID
+    if model is ClusterConfig and raw.get("executor", "auto") == "auto":
+        raw = {**raw, "executor": auto_executor(raw.get("image"))[0]}  # as the model resolves it
     values = {}
     for name, field in model.model_fields.items():
         key = field.alias or name
@@ -948,8 +1012,18 @@ def _serving_problems(cfg: Any) -> list[str]:
             )
         )
     if cfg.vllm.extra_args is not INVALID:
-        for index, shown, expected in read_extra_args(cfg.vllm.extra_args).problems:
+        read = read_extra_args(cfg.vllm.extra_args)
+        for index, shown, expected in read.problems:
             problems.append(_problem(f"vllm.extraArgs[{index}]", shown, expected))
+        if isinstance(cfg.vllm.max_num_seqs, int) and read.has("--max-num-seqs"):
+            problems.append(
+                _problem(
+                    "vllm.maxNumSeqs",
+                    cfg.vllm.max_num_seqs,
+                    "one place for it: vllm.extraArgs sets --max-num-seqs too (remove it there; the key is "
+                    "checked against the memory plan)",
+                )
+            )
     return problems
 
 

@@ -9,9 +9,10 @@ how vLLM spends memory on each GPU:
   layers over PP; the small replicated parts are ignored);
 * KV cache: per token, 2 (K and V) × KV heads on this rank (heads / TP, at least 1) × head size ×
   bytes per element, for the layers on this rank that keep a KV cache. Hybrid models (Qwen3.5,
-  Qwen3-Next: linear attention with a full-attention layer every few) count only their
-  full-attention layers; their linear-attention layers keep a fixed state per sequence instead,
-  counted per sequence. vLLM needs room for at least one sequence of `maxModelLen` tokens;
+  Qwen3-Next: linear attention with a full-attention layer every few) share one pool of blocks
+  between their full-attention layers and their linear layers' fixed state, laid out as vLLM lays
+  it out (components/hybrid_cache.py); their max_num_seqs is held against the pool's blocks.
+  vLLM needs room for at least one sequence of `maxModelLen` tokens;
 * an allowance for the rest: CUDA context and NCCL buffers, activations of the largest batch, CUDA
   graphs (`ALLOWANCE_BYTES`, a round figure: vLLM measures the real one when it starts).
 
@@ -25,6 +26,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from components.hybrid_cache import (
+    DEFAULT_BLOCK_TOKENS,
+    HybridCache,
+    LinearAttention,
+    SeqsVerdict,
+    default_max_num_seqs,
+    hybrid_cache,
+    seqs_verdict,
+)
 from components.vllm_args import read_extra_args
 
 GIB = 1024**3
@@ -51,11 +61,56 @@ class ModelShape:
     head_dim: int
     dtype_bytes: int
     max_position: Optional[int]
-    state_bytes_per_layer: int = 0  # linear-attention layers: recurrent + conv state per sequence
+    linear: Optional[LinearAttention] = None  # a hybrid model's linear-attention layers (components.hybrid_cache)
 
     @property
     def linear_layers(self) -> int:
         return self.layers - self.kv_layers
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The engine settings in vllm.extraArgs that change how vLLM spends memory."""
+
+    kv_cache_dtype: str = "auto"
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    block_size: Optional[int] = None
+    prefix_caching: Optional[bool] = None
+    mamba_cache_mode: Optional[str] = None
+    enforce_eager: bool = False
+    max_num_seqs: Optional[int] = None
+    throughput: bool = False
+
+
+def engine_knobs(extra_args: list[str]) -> EngineKnobs:
+    """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`)."""
+    read = read_extra_args(extra_args)
+
+    def value(flag: str) -> Optional[str]:
+        return read.value_of(flag, extra_args)
+
+    def number(flag: str) -> Optional[int]:
+        text = value(flag)
+        return int(text) if text is not None and text.isdigit() else None
+
+    prefix = True if read.has("--enable-prefix-caching") else False if read.has("--no-enable-prefix-caching") else None
+    return EngineKnobs(
+        kv_cache_dtype=value("--kv-cache-dtype") or "auto",
+        mamba_cache_dtype=value("--mamba-cache-dtype") or "auto",
+        mamba_ssm_cache_dtype=value("--mamba-ssm-cache-dtype") or "auto",
+        block_size=number("--block-size"),
+        prefix_caching=prefix,
+        mamba_cache_mode=value("--mamba-cache-mode"),
+        enforce_eager=read.has("--enforce-eager"),
+        max_num_seqs=number("--max-num-seqs"),
+        throughput=value("--performance-mode") == "throughput",
+    )
+
+
+def kv_cache_dtype(extra_args: list[str]) -> str:
+    """`--kv-cache-dtype` from vllm.extraArgs in any spelling vLLM reads (`--kv_cache_dtype=fp8`), else "auto"."""
+    return engine_knobs(extra_args).kv_cache_dtype
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -64,8 +119,15 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, **inner}
 
 
-def model_shape(config: dict[str, Any], kv_cache_dtype: str = "auto") -> ModelShape:
+def _dtype_bytes(name: Any, default: int = 2) -> int:
+    return DTYPE_BYTES.get(str(name), default)
+
+
+def model_shape(
+    config: dict[str, Any], kv_cache_dtype: str = "auto", knobs: Optional[EngineKnobs] = None
+) -> ModelShape:
     """The KV-relevant facts of a config.json; ValueError naming what is missing."""
+    knobs = knobs or EngineKnobs(kv_cache_dtype=kv_cache_dtype)
     text = _text_config(config)
     missing = [k for k in ("num_hidden_layers", "num_attention_heads") if not text.get(k)]
     if missing:
@@ -84,29 +146,30 @@ def model_shape(config: dict[str, Any], kv_cache_dtype: str = "auto") -> ModelSh
     else:
         kv_layers = layers
     model_dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    if kv_cache_dtype == "auto":
-        # An fp8-quantized model still computes (and caches) in 16 bits unless told otherwise.
-        dtype_bytes = max(2, DTYPE_BYTES.get(model_dtype, 2))
-    else:
-        dtype_bytes = DTYPE_BYTES.get(kv_cache_dtype, 2)
-    state = 0
+    # An fp8-quantized checkpoint still computes (and caches) in 16 bits unless told otherwise: vLLM's
+    # model dtype is the config's torch_dtype, and the "auto" cache dtypes follow it.
+    compute_bytes = max(2, _dtype_bytes(model_dtype))
+    dtype_bytes = compute_bytes if knobs.kv_cache_dtype == "auto" else _dtype_bytes(knobs.kv_cache_dtype)
+    linear = None
     if kv_layers < layers and text.get("linear_num_value_heads"):
         value_heads = int(text["linear_num_value_heads"])
-        key_dim = int(text.get("linear_key_head_dim") or 128)
-        value_dim = int(text.get("linear_value_head_dim") or 128)
-        conv = int(text.get("linear_conv_kernel_dim") or 4)
-        key_heads = int(text.get("linear_num_key_heads") or value_heads)
-        conv_channels = 2 * key_heads * key_dim + value_heads * value_dim
-        state = value_heads * key_dim * value_dim * 4 + conv_channels * conv * 2  # fp32 state, 16-bit conv
+        conv_bytes = compute_bytes if knobs.mamba_cache_dtype == "auto" else _dtype_bytes(knobs.mamba_cache_dtype)
+        ssm = knobs.mamba_ssm_cache_dtype
+        if ssm == "auto":
+            ssm = text.get("mamba_ssm_dtype") or "auto"  # Qwen3.5's config names its recurrent state's dtype
+        linear = LinearAttention(
+            key_heads=int(text.get("linear_num_key_heads") or value_heads),
+            value_heads=value_heads,
+            key_dim=int(text.get("linear_key_head_dim") or 128),
+            value_dim=int(text.get("linear_value_head_dim") or 128),
+            conv_kernel=int(text.get("linear_conv_kernel_dim") or 4),
+            conv_bytes=conv_bytes,
+            ssm_bytes=conv_bytes if ssm == "auto" else _dtype_bytes(ssm, 4),
+        )
     max_position = text.get("max_position_embeddings")
     return ModelShape(
-        layers, kv_layers, kv_heads, head_dim, dtype_bytes, int(max_position) if max_position else None, state
+        layers, kv_layers, kv_heads, head_dim, dtype_bytes, int(max_position) if max_position else None, linear
     )
-
-
-def kv_cache_dtype(extra_args: list[str]) -> str:
-    """`--kv-cache-dtype` from vllm.extraArgs in any spelling vLLM reads (`--kv_cache_dtype=fp8`), else "auto"."""
-    return read_extra_args(extra_args).value_of("--kv-cache-dtype", extra_args) or "auto"
 
 
 @dataclass(frozen=True)
@@ -133,6 +196,11 @@ class NodePlan:
     os_left_gib: Optional[float]  # unified memory: what vLLM's fraction leaves the OS
     fits: bool
     free_gib: Optional[float] = None  # free on the node now (vLLM's start-up check wants the budget free)
+    cache_blocks: Optional[int] = None  # a hybrid model: the blocks of vLLM's shared pool the room holds
+
+    def output(self) -> dict[str, Any]:
+        # cache_blocks only where there is one: a dense model's plan reads as it always did
+        return {k: v for k, v in asdict(self).items() if k != "node" and (k != "cache_blocks" or v is not None)}
 
 
 @dataclass(frozen=True)
@@ -141,6 +209,9 @@ class Plan:
     max_model_len: int
     problems: list[str]
     suggestions: list[str]
+    hybrid: Optional[HybridCache] = None
+    seqs: Optional[SeqsVerdict] = None
+    set_max_num_seqs: Optional[int] = None  # vllm.maxNumSeqs auto: what --max-num-seqs the plan sets
 
     @property
     def fits(self) -> bool:
@@ -148,16 +219,65 @@ class Plan:
 
     def output(self) -> dict[str, Any]:
         """The `memoryPlan` stack output."""
-        return {
+        output = {
             "fits": self.fits,
             "maxModelLen": self.max_model_len,
-            "nodes": {plan.node: {k: v for k, v in asdict(plan).items() if k != "node"} for plan in self.nodes},
+            "nodes": {plan.node: plan.output() for plan in self.nodes},
             "suggestions": self.suggestions,
         }
+        if self.hybrid is not None:
+            output["hybridCache"] = self.hybrid.output()
+        if self.seqs is not None:
+            output["maxNumSeqs"] = {
+                "wanted": self.seqs.wanted,
+                "source": self.seqs.source,
+                "cacheBlocks": self.seqs.blocks,
+                "kept": self.seqs.kept,
+                "checked": self.seqs.checked,
+                "set": self.set_max_num_seqs,
+            }
+        return output
+
+    def notes(self) -> list[str]:
+        """What the plan decided that the user should see in `pulumi up` (not a problem)."""
+        if self.set_max_num_seqs is None or self.seqs is None:
+            return []
+        return [
+            f"memory plan: {self.seqs.source} is {self.seqs.wanted}, more than the {self.seqs.kept} sequences the "
+            f"hybrid cache's {self.seqs.blocks} blocks keep (vLLM would refuse to start: max_num_seqs exceeds "
+            f"available Mamba cache blocks), so vllm.maxNumSeqs auto sets --max-num-seqs={self.set_max_num_seqs}"
+        ]
 
 
 def _gib(value: float) -> float:
     return round(value / GIB, 2)
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """What sequences cost on one rank: dense (per token) or hybrid (blocks of the shared pool)."""
+
+    per_token: float
+    hybrid: Optional[HybridCache]
+
+    def one_sequence(self, tokens: int) -> float:
+        if self.hybrid is None:
+            return self.per_token * tokens
+        return self.hybrid.blocks_per_sequence(tokens) * self.hybrid.block_bytes
+
+    def sequences(self, room: float, tokens: int) -> int:
+        if self.hybrid is None:
+            cost = self.one_sequence(tokens)
+            return max(0, int(room // cost)) if cost > 0 else 0
+        return self.hybrid.blocks(room) // self.hybrid.blocks_per_sequence(tokens)
+
+    def longest(self, room: float) -> int:
+        """The longest sequence the room holds (0: none)."""
+        if self.hybrid is None:
+            return int(room // self.per_token) if self.per_token > 0 else 0
+        cache = self.hybrid
+        spare = cache.blocks(room) - cache.state_groups * cache.state_blocks_per_sequence
+        return max(0, spare // cache.attention_groups) * cache.block_tokens
 
 
 def plan_memory(
@@ -170,17 +290,34 @@ def plan_memory(
     gpu_memory_utilization: float,
     os_reserve_bytes: int,
     allowance_bytes: int = ALLOWANCE_BYTES,
+    knobs: Optional[EngineKnobs] = None,
+    max_num_seqs: Optional[int] = None,
 ) -> Plan:
-    """The plan for every node, the problems that stop the deploy, and the ways out."""
+    """The plan for every node, the problems that stop the deploy, and the ways out. `knobs`: the engine
+    settings of extraArgs; `max_num_seqs`: vllm.maxNumSeqs when a number (None: auto)."""
+    knobs = knobs or EngineKnobs()
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
     weights = weight_bytes / ranks
     kv_layers_per_rank = math.ceil(shape.kv_layers / pipeline_parallel)
-    state_layers_per_rank = math.ceil(shape.linear_layers / pipeline_parallel)
     kv_heads_per_rank = max(1, shape.kv_heads // tensor_parallel)
-    per_token = 2 * kv_heads_per_rank * shape.head_dim * shape.dtype_bytes * kv_layers_per_rank
-    per_sequence_state = shape.state_bytes_per_layer * state_layers_per_rank / tensor_parallel
-    one_sequence = per_token * length + per_sequence_state
+    layer_token = 2 * kv_heads_per_rank * shape.head_dim * shape.dtype_bytes  # one layer's K and V, one token
+    per_token = layer_token * kv_layers_per_rank
+    cache = None
+    if shape.linear is not None and kv_layers_per_rank > 0:
+        cache = hybrid_cache(
+            shape.linear,
+            kv_layers_per_rank,
+            math.ceil(shape.linear_layers / pipeline_parallel),
+            layer_token,
+            tensor_parallel,
+            block_tokens=knobs.block_size or DEFAULT_BLOCK_TOKENS,
+            # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM picks
+            # where the model supports it, is counted the same: the plan's figure is then approximate)
+            prefix_caching=bool(knobs.prefix_caching) or knobs.mamba_cache_mode in ("align", "all"),
+        )
+    cost = _Cost(per_token, cache)
+    one_sequence = cost.one_sequence(length)
     plans, problems = [], []
     for node in nodes:
         budget = node.memory_bytes * gpu_memory_utilization
@@ -200,11 +337,12 @@ def plan_memory(
             kv_one_sequence_gib=_gib(one_sequence),
             allowance_gib=_gib(allowance_bytes),
             kv_room_gib=_gib(room),
-            max_sequences=max(0, int(room // one_sequence)) if one_sequence > 0 else 0,
+            max_sequences=cost.sequences(room, length),
             headroom_gib=_gib(headroom),
             os_left_gib=None if os_left is None else _gib(os_left),
             fits=headroom >= 0 and not starved and not busy,
             free_gib=None if node.free_bytes is None else _gib(node.free_bytes),
+            cache_blocks=None if cache is None else cache.blocks(room),
         )
         plans.append(plan)
         need = weights + one_sequence + allowance_bytes
@@ -228,18 +366,55 @@ def plan_memory(
                 f"{plan.os_left_gib} GiB of its {plan.memory_gib} GiB unified memory, less than "
                 f"memory.osReserveGiB {_gib(os_reserve_bytes)} (the box would swap and freeze)"
             )
+    seqs, set_seqs = None, None
+    if cache is not None and not problems:
+        seqs, set_seqs, problem = _max_num_seqs(plans, nodes, knobs, max_num_seqs)
+        problems += [problem] if problem else []
     suggestions = _ways_out(
-        nodes, weights, per_token, per_sequence_state, allowance_bytes, gpu_memory_utilization, os_reserve_bytes,
-        weight_bytes, ranks,
+        nodes, weights, cost, allowance_bytes, gpu_memory_utilization, os_reserve_bytes, weight_bytes, ranks
     ) if problems else []  # fmt: skip
-    return Plan(plans, length, problems, suggestions)
+    return Plan(plans, length, problems, suggestions, cache, seqs, set_seqs)
+
+
+def _max_num_seqs(
+    plans: list[NodePlan], nodes: list[NodeMemory], knobs: EngineKnobs, configured: Optional[int]
+) -> tuple[SeqsVerdict, Optional[int], Optional[str]]:
+    """max_num_seqs against the hybrid cache's blocks on the smallest node: (the verdict, what auto sets,
+    the problem when a number set by hand does not fit)."""
+    smallest = min(plans, key=lambda p: p.cache_blocks or 0)
+    gpu_bytes = min(node.memory_bytes for node in nodes)
+    if configured is not None:
+        wanted, source = configured, "vllm.maxNumSeqs"
+    elif knobs.max_num_seqs is not None:
+        wanted, source = knobs.max_num_seqs, "--max-num-seqs in vllm.extraArgs"
+    else:
+        wanted = default_max_num_seqs(gpu_bytes, knobs.throughput)
+        source = "vLLM's default max_num_seqs"
+        source += " (doubled by --performance-mode throughput)" if knobs.throughput else ""
+    verdict = seqs_verdict(wanted, source, smallest.cache_blocks or 0, checked=not knobs.enforce_eager)
+    if verdict.fits:
+        return verdict, None, None
+    by_hand = configured is not None or knobs.max_num_seqs is not None
+    if not by_hand and verdict.kept >= 1:
+        return verdict, verdict.kept, None
+    return (
+        verdict,
+        None,
+        (
+            f"{smallest.node}: {source} {wanted} exceeds the {verdict.blocks} Mamba cache blocks of this hybrid "
+            f"model's cache ({verdict.kept} kept: the plan's KV room runs up to 15 % above vLLM's), and vLLM "
+            f"refuses to start with more sequences than blocks ('max_num_seqs ({wanted}) exceeds available Mamba "
+            f"cache blocks'): set vllm.maxNumSeqs to {verdict.kept} or less (auto does), raise "
+            "vllm.gpuMemoryUtilization (maxModelLen does not change the block count), or add --enforce-eager to "
+            "extraArgs (no CUDA graphs, no such check: slower)"
+        ),
+    )
 
 
 def _ways_out(
     nodes: list[NodeMemory],
     weights: float,
-    per_token: float,
-    state: float,
+    cost: _Cost,
     allowance: int,
     utilization: float,
     os_reserve: int,
@@ -249,12 +424,11 @@ def _ways_out(
     ways = []
     smallest = min(nodes, key=lambda n: n.memory_bytes)
     budget = smallest.memory_bytes * utilization
-    if per_token > 0:
-        longest = int((budget - weights - allowance - state) // per_token)
-        if longest >= 1:
-            ways.append(f"maxModelLen {longest} or less fits at gpuMemoryUtilization {utilization}")
+    longest = cost.longest(budget - weights - allowance)
+    if longest >= 1:
+        ways.append(f"maxModelLen {longest} or less fits at gpuMemoryUtilization {utilization}")
     most = 1 - os_reserve / smallest.memory_bytes if smallest.unified else 0.95
-    need = weights + allowance + state + per_token
+    need = weights + allowance + cost.one_sequence(1)
     wanted = need / smallest.memory_bytes
     if wanted <= most:
         ways.append(

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
-from components.memory import GIB, MIB, NodeMemory, Plan, kv_cache_dtype, model_shape, plan_memory
+from components.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
 from components.render import container_name
 
 MAX_DIFFERENCES = 5
@@ -138,7 +138,10 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
     if cfg.executor == "ray":
         ray = facts.get("ray")
         if not ray:
-            problems.append(f"{where}: the image has no Ray — use executor: mp, or an image with Ray installed")
+            chosen = f" ({cfg.executor_reason})" if cfg.executor_reason else ""
+            problems.append(
+                f"{where}: the image has no Ray{chosen} — set executor: mp, or use an image with Ray installed"
+            )
         else:
             if cfg.ray.auth == "token" and _release(ray)[:2] < RAY_AUTH_SINCE:
                 problems.append(
@@ -215,7 +218,8 @@ def memory_plan(
     """The memory plan for this stack from what the nodes reported: the model's weight sizes and
     config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
     fingerprint = parse_fingerprint(fingerprint_stdout)
-    shape = model_shape(fingerprint.get("config") or {}, kv_cache_dtype(list(engine.get("extraArgs") or [])))
+    knobs = engine_knobs(list(engine.get("extraArgs") or []))
+    shape = model_shape(fingerprint.get("config") or {}, knobs=knobs)
     return plan_memory(
         memories,
         weight_bytes(fingerprint),
@@ -225,4 +229,6 @@ def memory_plan(
         engine.get("maxModelLen"),
         cfg.vllm.gpu_memory_utilization,
         int(cfg.memory.os_reserve_gib * GIB),
+        knobs=knobs,
+        max_num_seqs=cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else None,
     )

@@ -36,6 +36,7 @@ STATUS_FILE = f"{RUN_DIR}/status.json"
 VLLM_STOP_GRACE_SECONDS = 30
 POLL_SECONDS = 1  # the waits notice a ready server (or a joined node) within this
 PROGRESS_SECONDS = 30
+SILENT_SECONDS = 60  # vLLM's log silent this long: the readiness progress says which long step it is in
 SERVE_HANDOVER_SECONDS = 120  # for a supervisor to take up new settings (stopping the old vLLM first)
 SMOKE_PROMPT = "Reply with the single word: ready"
 SMOKE_MAX_TOKENS = 16
@@ -155,10 +156,15 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
 
 
 def serve_argv(
-    cfg: ClusterConfig, model: str, engine: dict[str, Any] | None = None, node: NodeConfig | None = None
+    cfg: ClusterConfig,
+    model: str,
+    engine: dict[str, Any] | None = None,
+    node: NodeConfig | None = None,
+    max_num_seqs: int | None = None,
 ) -> list[str]:
     """`vllm serve …` for `node` (default: the head). `engine` overrides the engine settings of a
-    promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless."""
+    promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless.
+    `max_num_seqs`: what the memory plan set for vllm.maxNumSeqs auto (a hybrid model's cache blocks)."""
     settings = engine_settings(cfg) if engine is None else engine
     argv = [
         "vllm",
@@ -198,6 +204,9 @@ def serve_argv(
         argv.append(f"--tool-call-parser={settings['toolCallParser']}")
     if settings.get("enableAutoToolChoice"):
         argv.append("--enable-auto-tool-choice")
+    seqs = cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else max_num_seqs
+    if seqs is not None:
+        argv.append(f"--max-num-seqs={seqs}")
     return argv + list(settings.get("extraArgs", []))
 
 
@@ -261,6 +270,7 @@ def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         "timeout_seconds": cfg.vllm.ready_timeout_seconds,
         "poll_seconds": POLL_SECONDS,
         "progress_seconds": PROGRESS_SECONDS,
+        "silent_seconds": SILENT_SECONDS,
         "log_file": VLLM_LOG,
         "status_file": STATUS_FILE,
     }

@@ -54,6 +54,8 @@ class VllmServerArgs:
     connections: Mapping[str, command.remote.ConnectionArgs]
     api_key: Optional[pulumi.Input[str]]  # secret
     depends_on: Sequence[pulumi.Resource]
+    # vllm.maxNumSeqs auto: the --max-num-seqs the memory plan set (a hybrid model's cache), or None
+    max_num_seqs: pulumi.Input[Optional[int]] = None
 
 
 def last_json_line(stdout: str) -> dict[str, Any]:
@@ -82,7 +84,7 @@ class VllmServer(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         cfg = args.config
         self._args = args
-        self.argv = pulumi.Output.all(args.model, args.engine).apply(lambda p: serve_argv(cfg, p[0], p[1]))
+        self.argv = self._argv(None)
         self.served_model_name = pulumi.Output.from_input(args.model).apply(
             lambda model: cfg.vllm.served_model_name or model
         )
@@ -100,6 +102,12 @@ class VllmServer(pulumi.ComponentResource):
             self.benchmark.stdout.apply(last_json_line) if self.benchmark else pulumi.Output.from_input(None)
         )
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
+
+    def _argv(self, node: Optional[NodeConfig]) -> pulumi.Output[list[str]]:
+        args = self._args
+        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs).apply(
+            lambda p: serve_argv(args.config, p[0], p[1], node, max_num_seqs=p[2])
+        )
 
     def _head_command(self, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs) -> command.remote.Command:
         return self._node_command(self._args.config.head_node, name, timeout, stdin, **kwargs)
@@ -179,11 +187,7 @@ class VllmServer(pulumi.ComponentResource):
         args = self._args
         cfg = args.config
         container = args.containers[node.name]
-        argv = (
-            self.argv
-            if node.name == cfg.head_node.name
-            else pulumi.Output.all(args.model, args.engine).apply(lambda p: serve_argv(cfg, p[0], p[1], node))
-        )
+        argv = self.argv if node.name == cfg.head_node.name else self._argv(node)
 
         def program(parts: list) -> str:
             node_argv, api_key = parts

@@ -68,6 +68,8 @@ def load_stack_config() -> ClusterConfig:
                 f"it from the start, set nodes[].hostKey from `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}` "
                 "(security.requireHostKeys: true makes it required)"
             )
+    if cfg.executor_reason:
+        pulumi.log.info(cfg.executor_reason)  # shown in preview: which executor auto chose, and why
     if cfg.vllm.trust_remote_code:
         pulumi.log.warn(f"vllm.trustRemoteCode is on: the code shipped with model {cfg.model or '(promoted)'} runs")
     if cfg.vllm.allow_unauthenticated and cfg.api_key is None and not cfg.vllm.host.is_loopback:

@@ -67,6 +67,7 @@ CONFIG_KEYS = (
     "layer_types",
     "full_attention_interval",
     "max_position_embeddings",
+    "mamba_ssm_dtype",
     "torch_dtype",
     "dtype",
     "linear_num_value_heads",

@@ -15,6 +15,8 @@ BASE = {
     "image": "vllm/vllm-openai:v0.33.0",
     "model": "/models/Qwen3-0.6B",
     "tensorParallelSize": 2,
+    # named: with executor auto the stock image would run mp (tests/unit/test_config_inputs.py covers auto)
+    "executor": "ray",
     "vllm": {"allowUnauthenticated": True},
 }
 
@@ -124,7 +126,7 @@ BAD = [
         "makes the remote commands offer SHA-1 RSA, which OpenSSH 8.8 and later refuse (get the ed25519 one: "
         "`ssh-keyscan -t ed25519 HOST`)",
     ),
-    (config(executor="slurm"), "executor: 'slurm' — Input should be 'ray' or 'mp'"),
+    (config(executor="slurm"), "executor: 'slurm' — Input should be 'auto', 'ray' or 'mp'"),
     (
         config(executor="mp", nodes__0__gpus=2, tensorParallelSize=3),
         "nodes[].gpus: 'spark-01: 2, spark-02: 1' — the same number on every node with executor mp",

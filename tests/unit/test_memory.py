@@ -38,9 +38,10 @@ QWEN35_122B_FP8 = {
         "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4,
         "max_position_embeddings": 262144,
+        "mamba_ssm_dtype": "float32",
         "torch_dtype": "bfloat16",
     },
-    "quantization_config": {"quant_method": "fp8"},
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
 }
 QWEN35_122B_FP8_BYTES = 126_000_000_000
 
@@ -80,7 +81,7 @@ def test_a_hybrid_model_counts_only_its_full_attention_layers():
     shape = model_shape(QWEN35_122B_FP8)
     assert (shape.layers, shape.kv_layers, shape.kv_heads, shape.head_dim) == (48, 12, 2, 256)
     assert shape.dtype_bytes == 2  # an fp8 checkpoint caches in bf16 unless --kv-cache-dtype says otherwise
-    assert shape.state_bytes_per_layer > 0  # the linear-attention layers' state, per sequence
+    assert shape.linear is not None and shape.linear.value_heads == 64  # the linear layers keep a state
     assert model_shape(QWEN35_122B_FP8, "fp8").dtype_bytes == 1
     dense = model_shape({**QWEN35_122B_FP8["text_config"], "full_attention_interval": None})
     assert dense.kv_layers == 48
@@ -103,7 +104,7 @@ def test_the_seed_recipe_fits_on_two_sparks():
 def test_the_same_model_with_tp1_on_one_spark_does_not_fit_and_says_what_would():
     result = plan(QWEN35_122B_FP8, QWEN35_122B_FP8_BYTES, sparks(1), tp=1, length=32768)
     assert not result.fits
-    assert result.problems[0].startswith("spark-01: needs 121.24 GiB per GPU (weights 117.35 + KV for one 32768-token")
+    assert result.problems[0].startswith("spark-01: needs 121.26 GiB per GPU (weights 117.35 + KV for one 32768-token")
     assert "has 107.29 GiB (119.21 GiB × gpuMemoryUtilization 0.9)" in result.problems[0]
     assert any(s.startswith("2 GPUs or more") for s in result.suggestions)
     text = message(result)
