@@ -65,6 +65,19 @@ RAY_STOP_GRACE_SECONDS = 5
 LEFTOVER_GRACE_SECONDS = 2  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
 # vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): the GPU lacks what it asks for.
 GPU_BUSY_MESSAGE = "on startup is less than desired GPU memory utilization"
+# vLLM refusing its own settings while it starts (vLLM 0.25's messages): the same settings are refused
+# again at every start, so restarting only burns minutes (a hybrid model's refusal comes after loading
+# and compiling, ~4 min on an H200). vLLM has not served in that run when one of these is its reason.
+START_REFUSALS = (
+    "exceeds available Mamba cache blocks",  # vllm/config/compilation.py: max_num_seqs above the blocks
+    "To serve at least one request with the model's max seq len",  # vllm/v1/core/kv_cache_utils.py
+    "No available memory for the cache blocks",  # vllm/v1/core/kv_cache_utils.py
+    "User-specified max_model_len",  # vllm/config/model.py: above what the model allows
+    "error: unrecognized arguments",  # argparse: an unknown flag in extraArgs
+    "error: argument ",  # argparse: a flag's value it cannot take ("invalid choice", "expected one argument")
+    "error: ambiguous option",  # argparse: a prefix of several flags
+    " validation error for ",  # pydantic: a value vLLM's config dataclasses refuse
+)
 RAY_CHECK = """
 import json, ray
 ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
@@ -107,6 +120,14 @@ def error_line(text, lines=200):
             continue
         if any(word in line for word in ("Error", "ERROR", "error:", "Traceback", "unrecognized")):
             return line.strip()[:300]
+    return ""
+
+
+def start_refusal(text):
+    """The line of vLLM's output that refuses its settings at start (START_REFUSALS), or ""."""
+    for line in reversed(text.splitlines()[-400:]):
+        if "=== spark-vllm:" not in line and any(needle in line for needle in START_REFUSALS):
+            return line.strip()[:400]
     return ""
 
 
@@ -369,6 +390,7 @@ class Supervisor:
         self.last_exit = None
         self.started_at = None
         self.serving = False
+        self.served_since_start = False  # a refusal at start is told from a crash after serving
         self.next_probe = 0.0
         self.next_ray_check = 0.0
         self.spec = None
@@ -515,6 +537,7 @@ class Supervisor:
             handle.write(str(self.vllm.pid))
         self.started_at = now
         self.serving = False
+        self.served_since_start = False
         self.state = "starting"
         say(f"vLLM started (pid {self.vllm.pid})")
 
@@ -566,6 +589,17 @@ class Supervisor:
             say(f"vLLM could not start because the GPU is still busy; not counted as a crash ({error})")
             self.gpu_wait(now, self.gpu_busy)
             return
+        refusal = "" if self.served_since_start else start_refusal(output)
+        if refusal:
+            # Not a crash to recover from: vLLM refuses these settings and would refuse them again.
+            self.failed = (
+                f"vLLM refused its settings while starting, and would refuse them again at every restart, so it "
+                f"is not restarted: {refusal} — change the setting it names (`pulumi up` hands vLLM the new "
+                "settings and it starts again)"
+            )
+            self.state = "failed"
+            say(self.failed)
+            return
         window = recovery["window_seconds"]
         self.exits.append(now)
         while self.exits and now - self.exits[0] > window:
@@ -613,6 +647,7 @@ class Supervisor:
         except (urllib.error.URLError, OSError, ValueError):
             self.serving = False
         if self.serving:
+            self.served_since_start = True
             self.state = "running"
             self.gpu_busy_since, self.gpu_busy = None, None
 

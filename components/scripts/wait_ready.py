@@ -4,6 +4,8 @@
 # vLLM (it kept exiting) or the time runs out, prints the log tail and a hint for the known
 # causes, and exits 1. While vLLM restarts after an exit, it keeps waiting.
 import json
+import os
+import re
 import sys
 import time
 import urllib.error
@@ -22,6 +24,16 @@ HINTS = [
         "NCCL fell back to TCP sockets (slow or failing): check nodes[].rdmaDevices, the RoCE link and "
         "nccl.ibDisable; NCCL_DEBUG=INFO shows NET/IB when RDMA works.",
     ),
+    (
+        "exceeds available Mamba cache blocks",
+        "A hybrid model's cache holds fewer sequences than max_num_seqs: vllm.maxNumSeqs auto (the default) sets "
+        "what the memory plan finds; or a lower vllm.maxNumSeqs, or a higher vllm.gpuMemoryUtilization.",
+    ),
+    (
+        "To serve at least one request with the model's max seq len",
+        "The KV cache cannot hold one maxModelLen-long sequence: lower maxModelLen (vLLM's message names the "
+        "longest that fits) or raise vllm.gpuMemoryUtilization.",
+    ),
     ("out of memory", "Out of memory: lower vllm.gpuMemoryUtilization or maxModelLen, or use more GPUs."),
     ("OutOfMemoryError", "Out of memory: lower vllm.gpuMemoryUtilization or maxModelLen, or use more GPUs."),
     (
@@ -30,6 +42,69 @@ HINTS = [
         "(`ray status` on the head) and tensorParallelSize × pipelineParallelSize must match them.",
     ),
 ]
+
+
+# What vLLM is doing while its log says nothing, read from its last lines (vLLM 0.25's own messages,
+# the latest that matches decides). A first start sits minutes in some of these without a line.
+STEPS = [
+    (re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)%"), "loading the weights ({} % of the shards)"),
+    (re.compile(r"Capturing CUDA graphs[^:]*:\s*(\d+)%"), "capturing CUDA graphs ({} %)"),
+    ("Kernel JIT monitor activated", "warming up: kernels JIT-compile on a first start"),
+    ("Graph capturing finished", "warming up after CUDA graph capture: FlashInfer's and Triton's kernels JIT-compile"),
+    ("Available KV cache memory", "allocating the KV cache, then capturing CUDA graphs"),
+    ("torch.compile took", "profiling memory after torch.compile, JIT-compiling kernels (FlashInfer, Triton)"),
+    ("Dynamo bytecode transform time", "compiling the model (torch.compile, Inductor)"),
+    ("Compiling a graph for", "compiling the model (torch.compile, Inductor)"),
+    ("Model loading took", "compiling the model (torch.compile)"),
+    ("Starting to load model", "loading the weights"),
+]
+GDN_JIT = "Using FlashInfer GDN prefill kernel"  # vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
+
+
+def long_step(text):
+    """What vLLM is busy with, judged from its output since it started (None when nothing matches)."""
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    for line in reversed(lines[-200:]):
+        for needle, what in STEPS:
+            if isinstance(needle, str):
+                if needle in line:
+                    return with_gdn_note(what, text)
+            else:
+                found = needle.search(line)
+                if found:
+                    return what.format(found.group(1))
+    return None
+
+
+def with_gdn_note(what, text):
+    if GDN_JIT in text and ("JIT" in what or "torch.compile" in what):
+        return (
+            f"{what}; this model's GDN prefill kernel is FlashInfer's, JIT-compiled on a first start for minutes "
+            "without a log line (kept in container.compileCache; --gdn-prefill-backend triton skips it)"
+        )
+    return what
+
+
+def since_start(text):
+    """vLLM's output since the supervisor last started it (its `=== spark-vllm: … starting …` line)."""
+    found = [match.start() for match in re.finditer(r"^=== spark-vllm: \S+ \S+ starting ", text, re.M)]
+    return text[found[-1] :] if found else text
+
+
+def log_text(limit=1_000_000):
+    try:
+        with open(P["log_file"], "rb") as handle:
+            handle.seek(max(0, os.path.getsize(P["log_file"]) - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def log_size():
+    try:
+        return os.path.getsize(P["log_file"])
+    except OSError:
+        return -1
 
 
 def log_lines(count):
@@ -80,6 +155,7 @@ def fail(reason):
 def main():
     start = time.monotonic()
     last_progress = start
+    size, grew = log_size(), start  # when vLLM's log last grew
     key = P.get("api_key")
     health = None
     while True:
@@ -101,15 +177,21 @@ def main():
             return fail(status["failed"])
         if elapsed >= P["timeout_seconds"]:
             return fail(f"not ready after {P['timeout_seconds']} s (last /health: {health})")
-        if time.monotonic() - last_progress >= P["progress_seconds"]:
-            last_progress = time.monotonic()
+        now = time.monotonic()
+        if log_size() != size:
+            size, grew = log_size(), now
+        if now - last_progress >= P["progress_seconds"]:
+            last_progress = now
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
             state = status.get("state", "unknown")
-            print(
-                f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
-                f"log: {last[:200]}",
-                flush=True,
-            )
+            line = f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
+            silent = now - grew
+            step = long_step(since_start(log_text())) if silent >= P.get("silent_seconds", 60) else None
+            if step:
+                line += f"its log has been silent for {silent:.0f} s: vLLM is {step} (a healthy first start waits here)"
+            else:
+                line += f"log: {last[-200:]}"
+            print(line, flush=True)
         time.sleep(P["poll_seconds"])
 
 

@@ -67,6 +67,51 @@ def test_wait_ready_prints_progress_with_the_last_log_line(vllm_process):
     assert progress and "Loading safetensors checkpoint shards: 40% Completed" in progress[0]
 
 
+SILENT_STARTS = [
+    ("Loading safetensors checkpoint shards:  62% Completed | 5/8\r", "loading the weights (62 % of the shards)"),
+    ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5  | 23/51\r", "capturing CUDA graphs (45 %)"),
+    ("(EngineCore pid=9) INFO 12-02 10:00:00 [monitor.py:34] torch.compile took 32.03 s in total",
+     "profiling memory after torch.compile, JIT-compiling kernels"),
+    ("(EngineCore pid=9) INFO 12-02 10:00:00 [gpu_model_runner.py:6708] Graph capturing finished in 41 secs",
+     "warming up after CUDA graph capture"),
+    ("(EngineCore pid=9) INFO 12-02 10:00:00 [gpu_model_runner.py:5210] Starting to load model /models/x...",
+     "loading the weights"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("last", "step"), SILENT_STARTS)
+def test_wait_ready_says_which_long_step_vllm_is_in_when_its_log_is_silent(vllm_process, last, step):
+    _, status, log = vllm_process
+    log.write_text("=== spark-vllm: 12-02 09:59:00 starting vllm serve m\nINFO earlier\n" + last + "\n")
+    with FakeVllm(ready_after=3) as server:
+        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=1, silent_seconds=1.2))
+    assert result.returncode == 0, result.stdout
+    silent = [line for line in result.stdout.splitlines() if "its log has been silent for" in line]
+    assert silent and f"vLLM is {step}" in silent[-1], result.stdout
+    assert "a healthy first start waits here" in silent[-1]
+
+
+def test_wait_ready_names_flashinfers_gdn_jit_after_torch_compile(vllm_process):
+    _, status, log = vllm_process
+    log.write_text(
+        "=== spark-vllm: 12-02 09:59:00 starting vllm serve m\n"
+        "(EngineCore pid=9) INFO 12-02 10:00:00 [qwen_gdn_linear_attn.py:229] Using FlashInfer GDN prefill kernel "
+        "(requested=auto, head_k_dim=128).\n"
+        "(EngineCore pid=9) INFO 12-02 10:01:00 [monitor.py:34] torch.compile took 32.03 s in total\n"
+    )
+    with FakeVllm(ready_after=2.5) as server:
+        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=1, silent_seconds=1))
+    assert "--gdn-prefill-backend triton skips it" in result.stdout
+
+
+def test_wait_ready_shows_the_last_line_while_the_log_moves(vllm_process, tmp_path):
+    _, status, log = vllm_process
+    log.write_text("=== spark-vllm: 12-02 09:59:00 starting vllm serve m\nStarting to load model m...\n")
+    with FakeVllm(ready_after=2.5) as server:
+        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=1, silent_seconds=60))
+    assert "its log has been silent" not in result.stdout and "log: Starting to load model m..." in result.stdout
+
+
 def test_wait_ready_times_out_on_503_with_the_log_tail_and_a_hint(vllm_process):
     _, pid_file, log = vllm_process
     log.write_text(

@@ -43,9 +43,15 @@ if os.environ.get("FAKE_VLLM_FACTORS"):  # what vLLM 0.25's worker writes while 
 print("(APIServer pid=1) WARNING 12-01 20:42:04 [system_utils.py:299] Found ulimit of 20000 and failed to "
       "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
       "like `OSError: [Errno 24] Too many open files`.", flush=True)
+if os.environ.get("FAKE_VLLM_REFUSE"):  # vLLM 0.25 refusing its settings at start (after loading, compiling)
+    time.sleep(0.3)
+    print("(EngineCore pid=1) ERROR 12-02 10:11:12 [core.py:1100] ValueError: max_num_seqs (1024) exceeds available "
+          "Mamba cache blocks (609). Each decode sequence requires one Mamba cache block, so CUDA graph capture cannot "
+          "proceed. Please lower max_num_seqs to at most 609 or increase gpu_memory_utilization.", flush=True)
+    sys.exit(1)
 if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
     time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
-    print("ERROR EngineCore failed: out of memory", flush=True)
+    print(os.environ.get("FAKE_VLLM_CRASH_LINE", "ERROR EngineCore failed: out of memory"), flush=True)
     sys.exit(1)
 if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -249,6 +255,29 @@ def test_a_crash_loop_stops_after_max_restarts_and_says_why(node):
     assert again.returncode == 1 and "does not start: vLLM exited 4 times" in again.stdout
     assert "out of memory" in again.stdout  # the log tail
     del result
+
+
+def test_a_start_vllm_refuses_for_its_own_settings_ends_the_loop_at_once(node):
+    process = node.start(FAKE_VLLM_REFUSE="1")
+    node.serve(timeout=5, health_url=None)  # it never serves
+    assert wait_for(lambda: node.status().get("state") == "failed", 20)
+    status = node.status()
+    assert status["failed"].startswith("vLLM refused its settings while starting, and would refuse them again")
+    assert "max_num_seqs (1024) exceeds available Mamba cache blocks (609)" in status["failed"]
+    assert status["restarts_total"] == 0 and status["restarts_in_window"] == 0  # one start, no restart
+    assert node.log().count("vLLM started (pid") == 1
+    assert process.poll() is None  # the container stays up, saying why
+    again = node.serve(timeout=10, health_url=None)
+    assert again.returncode == 1 and "exceeds available Mamba cache blocks" in again.stdout
+
+
+def test_a_crash_after_serving_is_restarted_even_with_a_refusal_like_line(node):
+    node.start(
+        FAKE_VLLM_CRASH_AFTER="1.5", FAKE_VLLM_CRASH_LINE="pydantic_core.ValidationError: 1 validation error for X"
+    )
+    node.serve(timeout=10)  # the fixture's /health answers: it served before it crashed
+    assert wait_for(lambda: node.status().get("restarts_total", 0) >= 1, 20)
+    assert "vLLM refused its settings" not in (node.status().get("failed") or "")
 
 
 def test_stopping_is_graceful_takes_the_whole_group_and_is_safe_twice(node, tmp_path):
