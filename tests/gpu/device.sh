@@ -4,6 +4,8 @@
 #   bash tests/gpu/device.sh receive N      keep .gpu/parts/part-NN (carried by this call) in /var/tmp/lane
 #   bash tests/gpu/device.sh run LANE-ARGS  join the parts (sha256 checked) and install the wheels once into
 #                                           /var/tmp/lane/site, then python3 -m tests.gpu.lane LANE-ARGS
+#   bash tests/gpu/device.sh flags OUT.json the same install, then vLLM's serve options (tests/gpu/flags.py) and
+#                                           the image probe's facts in that environment (OUT-image-probe.json)
 #   bash tests/gpu/device.sh nccl ARGS      the fabric gate's NCCL test on the machine's own torch: only the
 #                                           config's wheels (pydantic…, carried as .gpu/nccl), no vLLM
 #
@@ -24,7 +26,8 @@ case "${1:-}" in
       df -h /var/tmp | tail -1; nproc; free -g | head -2
     fi
     ;;
-  run)
+  run|flags)
+    what=$1
     shift
     if [ ! -f "$LANE/site/.installed" ]; then
       start=$(date +%s)
@@ -46,6 +49,12 @@ case "${1:-}" in
     export PYTHONPATH="$LANE/site:$PWD" PATH="$LANE/site/bin:$PATH" PYTHONUNBUFFERED=1
     # NVLink multicast stays off wherever the lane runs (shared GPUs; see the device docs).
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    if [ "$what" = flags ]; then
+      # vLLM's serve options, then the image probe in this environment (what the README shows as checked)
+      python3 -m tests.gpu.flags "$1"
+      python3 - < components/scripts/image_probe.py | tee "${1%.json}-image-probe.json"
+      exit 0
+    fi
     exec python3 -u -m tests.gpu.lane "$@"
     ;;
   nccl)
@@ -55,7 +64,7 @@ case "${1:-}" in
     exec python3 -u -m tests.gpu.nccl "$@"
     ;;
   *)
-    echo "usage: $0 receive N | run LANE-ARGS | nccl ARGS" >&2
+    echo "usage: $0 receive N | run LANE-ARGS | flags OUT.json | nccl ARGS" >&2
     exit 2
     ;;
 esac

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,13 +54,17 @@ from components.render import (  # noqa: E402
     smoke_params,
     supervisor_params,
 )
-from tests.gpu.model import make_model  # noqa: E402
+from tests.gpu.model import SHAPES, make_model  # noqa: E402
 
 KV_PATTERNS = {
     "available_kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
     "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
     "max_concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
     "model_loading_gib": r"Model loading took ([\d.]+) GiB",
+    # a hybrid model's cache (vllm/platforms/interface.py, vllm/config/compilation.py)
+    "attention_block_tokens": r"Setting attention block size to (\d+) tokens",
+    "mamba_padding_percent": r"Padding mamba page size by ([\d.]+)%",
+    "mamba_cache_blocks_refused": r"exceeds available Mamba cache blocks \((\d+)\)",
 }
 # Where a restart's time goes: the first line of each of vLLM's processes, and its milestones.
 TIMELINE_MARKS = (
@@ -344,6 +349,8 @@ def run_lane(args) -> dict:
     raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric)
     if args.stable_key:
         raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
+    if args.max_num_seqs is not None:
+        raw["vllm"]["maxNumSeqs"] = args.max_num_seqs
     cfg = load_cluster_config(raw)
     api_key = raw["apiKey"]
     served = cfg.vllm.served_model_name or model_dir
@@ -384,7 +391,7 @@ def run_lane(args) -> dict:
 
     fingerprint = fingerprint_stdout(model_dir)
     plan = memory_plan(cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line())], engine_settings(cfg))
-    report["memory_plan"] = plan.output()
+    report["memory_plan"] = {**plan.output(), "problems": plan.problems, "notes": plan.notes()}
     started = time.monotonic()
     node.start()
     try:
@@ -392,7 +399,7 @@ def run_lane(args) -> dict:
             params = cluster_wait_params(cfg)
             if not step("cluster_ready", *node.exec_python("ray_join.py", params, params["timeout_seconds"] + 60)):
                 return report
-        argv = serve_argv(cfg, model_dir)
+        argv = serve_argv(cfg, model_dir, max_num_seqs=plan.set_max_num_seqs)  # as the program renders it
         handover_at = time.monotonic()
         if not step(
             "handover", *node.exec_python("serve_spec.py", handover_params(cfg, node.node, argv, api_key), 180)
@@ -402,9 +409,12 @@ def run_lane(args) -> dict:
         ready.update(log_file=str(node.run_dir / "vllm.log"), status_file=str(node.run_dir / "status.json"))
         code, output, _ = node.exec_python("wait_ready.py", ready, cfg.vllm.ready_timeout_seconds + 60)
         step("ready", code, output, time.monotonic() - handover_at)
-        if code:
-            return report
         report["kv"] = kv_figures(node.vllm_log())
+        if code:
+            status = node.status()
+            report["supervisor_at_failure"] = {key: status.get(key) for key in ("state", "failed", "restarts_total")}
+            report["vllm_starts"] = node.vllm_log().count("vLLM started (pid")
+            return report
         report["ray_env_lines"] = [
             line[-300:]
             for line in node.vllm_log().splitlines()
@@ -531,6 +541,20 @@ def summary(report: dict) -> str:
         lines.append(f"  {key}: {json.dumps(after)[:600]}")
         for event in report[key].get("timeline", []):
             lines.append(f"    {event['at']:6.1f} s  {event['what']}")
+    hybrid = plan.get("hybridCache")
+    if hybrid:
+        seqs = plan.get("maxNumSeqs") or {}
+        lines.append(
+            f"  hybrid cache: block vLLM {kv.get('attention_block_tokens')} / plan {hybrid['blockTokens']} tokens, "
+            f"padding vLLM {kv.get('mamba_padding_percent')} / plan {hybrid['statePaddingPercent']} %; blocks: plan "
+            f"{seqs.get('cacheBlocks')} (kept {seqs.get('kept')}), vLLM refused at {kv.get('mamba_cache_blocks_refused')}; "
+            f"max_num_seqs wanted {seqs.get('wanted')}, set {seqs.get('set')}; concurrency vLLM "
+            f"{kv.get('max_concurrency')} / plan {next(iter(plan.get('nodes', {}).values()), {}).get('max_sequences')}"
+        )
+    if report.get("supervisor_at_failure"):
+        lines.append(
+            f"  supervisor: {json.dumps(report['supervisor_at_failure'])[:500]}; starts {report.get('vllm_starts')}"
+        )
     if "import_seconds" in report:
         lines.append(f"  imports (fresh python, twice): {json.dumps(report['import_seconds'])}")
     if "stop" in report:
@@ -541,10 +565,21 @@ def summary(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executor", choices=("ray", "mp"), default="ray")
-    parser.add_argument("--model", choices=("qwen3-8b", "qwen3-30b-a3b"), default="qwen3-8b")
+    parser.add_argument("--model", choices=sorted(SHAPES), default="qwen3-8b")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="vllm.maxNumSeqs by hand (default auto): the plan's verdict is recorded, and vLLM runs with it anyway",
+    )
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--utilization", type=float, default=0.9)
-    parser.add_argument("--extra-args", nargs="*", default=["--load-format", "dummy"])
+    parser.add_argument(
+        "--extra-args",
+        type=shlex.split,
+        default=["--load-format", "dummy"],
+        help="vllm.extraArgs as one string: --extra-args='--load-format dummy --language-model-only'",
+    )
     parser.add_argument(
         "--phases",
         default="kill",

@@ -66,6 +66,80 @@ SHAPES = {
         61_064_448_000,
     ),
 }
+
+
+def _qwen35_moe(quantized: bool) -> dict:
+    """Qwen/Qwen3.5-35B-A3B's config.json (the keys vLLM and the memory plan read): a hybrid of Gated
+    DeltaNet layers and a full-attention layer every 4th, a mixture of experts, registered in vLLM 0.25 as
+    multimodal (served text-only with --language-model-only). Its recurrent state is float32
+    (`mamba_ssm_dtype`), as in Qwen's own config. `quantized`: block-quantized fp8, as
+    Qwen3.5-122B-A10B-FP8's `quantization_config` is."""
+    text = {
+        "model_type": "qwen3_5_moe_text",
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "attn_output_gate": True,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "vocab_size": 248320,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "mamba_ssm_dtype": "float32",
+        "dtype": "bfloat16",
+    }
+    config = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if quantized:
+        config["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": [
+                "lm_head",
+                "mlp.gate",
+                "mlp.shared_expert_gate",
+                "linear_attn.in_proj_a",
+                "linear_attn.in_proj_b",
+            ],  # fmt: skip
+        }
+    return config
+
+
+# Checkpoint sizes: 71.9 GB for the bf16 weights (the size the earlier lane run's plan read, 66.96 GiB);
+# for fp8, the experts and projections (33.5 B parameters) in one byte, embeddings and lm_head (1.0 B) in
+# two, block scales and the vision tower besides: about 36.5 GB.
+SHAPES["qwen3.5-35b-a3b"] = (_qwen35_moe(False), 71_900_000_000)
+SHAPES["qwen3.5-35b-a3b-fp8"] = (_qwen35_moe(True), 36_500_000_000)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -118,7 +192,10 @@ def make_model(kind: str, into: Path) -> Path:
         return model
     model.mkdir(parents=True, exist_ok=True)
     eos = tokenizer_files(model)
-    (model / "config.json").write_text(json.dumps({**config, "bos_token_id": eos, "eos_token_id": eos}, indent=1))
+    ids = {"bos_token_id": eos, "eos_token_id": eos}
+    if "text_config" in config:  # multimodal: the language model's own ids too
+        config = {**config, "text_config": {**config["text_config"], **ids}}
+    (model / "config.json").write_text(json.dumps({**config, **ids}, indent=1))
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
     for index in range(WEIGHT_FILES):
         with open(model / f"model-{index + 1:05d}-of-{WEIGHT_FILES:05d}.safetensors", "wb") as handle:

@@ -9,6 +9,7 @@ promoting from itself; a misspelt namespace.
 from __future__ import annotations
 
 import argparse
+import json
 import posixpath
 import re
 
@@ -18,7 +19,8 @@ from hypothesis import strategies as st
 
 from components.config import ConfigError, load_cluster_config, near_namespace
 from components.ssh_keys import host_key_problem, private_key_problem
-from components.vllm_args import MANAGED_FLAGS, SECRET_FLAGS, normalise, read_extra_args
+from components.vllm_args import MANAGED_FLAGS, REFUSED_FLAGS, SECRET_FLAGS, normalise, read_extra_args
+from tests.harness import ROOT
 from tests.keys import ed25519_public_blob, host_key_line, openssh_private_key
 from tests.unit.test_config import config
 
@@ -186,17 +188,17 @@ def test_the_memory_plan_reads_a_flag_in_any_spelling():
     assert read_extra_args(args).value_of("--kv-cache-dtype", args) == "fp8_e5m2"  # argparse keeps the last
 
 
-# vLLM 0.25's own option strings that share a start with a protected one (vllm/engine/arg_utils.py,
-# vllm/entrypoints/openai/cli_args.py): the oracle below resolves prefixes among all of them.
-OTHER_VLLM_FLAGS = [
-    "--max-num-seqs", "--max-num-batched-tokens", "--max-logprobs", "--max-loras", "--max-lora-rank",
-    "--tokenizer", "--tokenizer-mode", "--tool-parser-plugin", "--tool-server", "--trust-request-chat-template",
-    "--pipeline-parallel-size-unused", "--port-offset-unused", "--reasoning-parser-plugin", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enable-lora", "--enable-sleep-mode", "--hf-config-path", "--hf-overrides",
-    "--api-server-count", "--master-addr-unused", "--headless-unused", "--host-unused", "--served-model-alias-unused",
-    "--gpu-memory-utilization-unused", "--distributed-timeout-seconds", "--data-parallel-size", "-dp", "-dcp", "-pcp",
-    "-ep", "-q", "-sc", "-cc", "-ac", "--quantization", "--kv-cache-dtype", "--load-format", "--model-impl",
-]  # fmt: skip
+# vLLM 0.25's own option strings, read from its serve parser on the GPU machine (tests/gpu/flags.py): the oracle
+# below resolves prefixes among all of them, as vLLM's argparse does.
+VLLM_FLAGS = json.loads((ROOT / "tests/gpu/results/2026-12-03/vllm-0.25.0-serve-flags.json").read_text())
+OTHER_VLLM_FLAGS = sorted(set(VLLM_FLAGS["options"]) - {*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "-h", "--help"})
+
+
+def test_every_protected_flag_is_vllms_and_none_of_vllms_others_is_a_prefix_of_one():
+    """What lets the reader refuse any prefix of a protected flag: in vLLM 0.25 no other flag is one."""
+    protected = {*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "--help", "-h"}
+    assert protected <= set(VLLM_FLAGS["options"])
+    assert not [(o, p) for o in OTHER_VLLM_FLAGS for p in protected if p.startswith(o)]
 
 
 class _Oracle(argparse.ArgumentParser):
@@ -218,18 +220,19 @@ def argparse_reads(parser: argparse.ArgumentParser, arg: str) -> set[str]:
     rewritten = name if value is None else f"{name}={value}"
     try:
         found = parser._parse_optional(rewritten)
-    except argparse.ArgumentError:  # ambiguous: vLLM refuses at start, between these
+    except argparse.ArgumentError:  # ambiguous: vLLM refuses at start, between these (argparse's own matching)
+        prefix = rewritten.split("=")[0] if rewritten.startswith("--") else rewritten
         return {
             flag
             for flag in parser._option_string_actions
-            if flag.startswith(rewritten.split("=")[0]) or rewritten.startswith(flag)
+            if flag.startswith(prefix) or (not rewritten.startswith("--") and flag == rewritten[:2])
         }
     if found is None or found[0] is None:
         return set()
     return {found[1]}
 
 
-PROTECTED = [*MANAGED_FLAGS, *SECRET_FLAGS]
+PROTECTED = [*MANAGED_FLAGS, *SECRET_FLAGS, *REFUSED_FLAGS]
 spellings = st.builds(
     lambda flag, cut, underscores, value: (
         "".join(
