@@ -2,7 +2,7 @@
 
 No I/O happens here: the models are filled from a plain dict (``load_cluster_config``), so the
 same rules run under `pulumi up`, under Pulumi's mocks and in pure unit tests. Field descriptions
-feed the README's config reference (``tests/unit/test_readme.py`` keeps the two in step).
+feed the config reference in docs/config.md (``tests/unit/test_readme.py`` keeps the two in step).
 """
 
 from __future__ import annotations
@@ -418,8 +418,8 @@ class ContainerConfig(_Model):
         description="Keep vLLM's torch.compile cache and FlashInfer's JIT cache (/root/.cache/vllm and "
         "/root/.cache/flashinfer in the container, about 100 MB) in the node's Docker volumes "
         "spark-vllm-compile-cache and spark-vllm-flashinfer-cache, so a re-created container (a changed container "
-        "setting, a container removed by hand, the same vLLM re-pulled) starts from what the last one compiled: "
-        "on an H200 (Qwen3-8B) 48.8–51.7 s from handover to ready with them, 165.9 s without. Entries are keyed "
+        "setting, a container removed by hand, the same vLLM re-pulled) starts from what the last one compiled "
+        "(about 3x sooner on an H200: docs/measurements.md). Entries are keyed "
         "(vLLM: its version, the model and its settings; FlashInfer: its version and the GPU), so another vLLM or "
         "model compiles anew beside them. Kept when the stack is destroyed, like the Hugging Face cache.",
     )
@@ -1297,7 +1297,7 @@ def _model_at(loc: tuple) -> Optional[type[BaseModel]]:
 
 def config_keys(model: Optional[type[BaseModel]] = None, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
     """Every key of the stack config with its full path (`nodes[].gpus`) and its field: a model's own
-    keys first, then each nested model's (the order of the README's config reference)."""
+    keys first, then each nested model's (the order of docs/config.md's reference)."""
     nested = []
     for name, field in (model or ClusterConfig).model_fields.items():
         path = prefix + (field.alias or name)

@@ -1,4 +1,4 @@
-"""The config reference, generated from the pydantic models: the README's table and the `config:`
+"""The config reference, generated from the pydantic models: docs/config.md's table and the `config:`
 declaration in Pulumi.yaml (`--write` updates both; without it, prints the table).
 
 tests/unit/test_readme.py fails when either disagrees with the models.
@@ -102,7 +102,7 @@ def project_config() -> str:
             p.split(".", 1)[1].removeprefix("[].") for p, _ in config_keys() if p.startswith((f"{path}.", f"{path}[]."))
         ]
         if sub:
-            description += f" Keys: {', '.join(sub)} (README: config reference)."
+            description += f" Keys: {', '.join(sub)} (docs/config.md)."
         entry = {"type": kind, **extra, "description": description}
         if field.is_required():
             declared.append((path, entry))
@@ -131,7 +131,7 @@ def _replace(path: Path, begin: str, end: str, text: str) -> None:
 
 def main() -> int:
     if "--write" in sys.argv:
-        _replace(ROOT / "README.md", BEGIN, END, reference())
+        _replace(ROOT / "docs" / "config.md", BEGIN, END, reference())
         _replace(ROOT / "Pulumi.yaml", YAML_BEGIN, YAML_END, project_config())
     elif "--project" in sys.argv:
         print(project_config())

@@ -10,7 +10,7 @@
 # the version stamped in. Cold: about 4 minutes on 2 cores; warm: nothing to do.
 #
 # The Python language host and the pulumi-command provider are not built here: the Go module
-# proxy does not serve them (see README, "The rehearsal's toolchain"). The rehearsal runs the
+# proxy does not serve them (see docs/development.md, "What in the rehearsal is real"). The rehearsal runs the
 # program inline (Automation API) and uses stand-in provider plugins from tests/e2e/providers.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@ changes nothing. Then the same stack switched to Ray in one `up` (its preview sa
 replaced) and the same faults. Then a vLLM that always crashes: its supervisor gives up after
 recovery.maxRestarts, the containers stay up, and the status command says why (three nodes with
 mp and pipeline parallelism: tests/e2e/test_three_nodes.py, on its nodes). Recovery times are
-printed (`-s`) for the README.
+printed (`-s`) for docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 #                                           config's wheels (pydantic…, carried as .gpu/nccl), no vLLM
 #
 # Files stay on the machine only while it is warm (about 30 s after a call): make the calls back to back.
-# The README's "GPU lane" section has the whole sequence; tests/gpu/pack.py makes the parts.
+# docs/measurements.md's "GPU lane" section has the whole sequence; tests/gpu/pack.py makes the parts.
 set -euo pipefail
 LANE=/var/tmp/lane
 mkdir -p "$LANE/parts"
@@ -50,7 +50,7 @@ case "${1:-}" in
     # NVLink multicast stays off wherever the lane runs (shared GPUs; see the device docs).
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     if [ "$what" = flags ]; then
-      # vLLM's serve options, then the image probe in this environment (what the README shows as checked)
+      # vLLM's serve options, then the image probe in this environment (what docs/measurements.md shows as checked)
       python3 -m tests.gpu.flags "$1"
       python3 - < components/scripts/image_probe.py | tee "${1%.json}-image-probe.json"
       exit 0

@@ -3,7 +3,7 @@
 The stand-in run proves the lane's own steps in CI: the supervisor as the container's main process,
 the handover, readiness, smoke, a SIGKILL of the API server alone (whose engine core holds the
 "GPU") and the recovery, a SIGTERM stop; the same code then runs real vLLM on the GPU machine
-(`SPARK_VLLM_GPU_LANE=1`, through tests/gpu/device.sh; the README's "GPU lane" says how).
+(`SPARK_VLLM_GPU_LANE=1`, through tests/gpu/device.sh; docs/measurements.md's "GPU lane" says how).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Stand-in for the pulumi-command provider (v1.2.1): `command:remote:Command` and `command:local:Command`.
 
 NOT pulumi-command. The real provider cannot be built on our machines (its Go module is not served
-by the Go module proxy we reach; see README "Rehearsal toolchain"), so the rehearsal runs this test
+by the Go module proxy we reach; see docs/development.md), so the rehearsal runs this test
 double in its place, behind the real Pulumi CLI and engine. Every rule below was read from
 pulumi-command v1.2.1 and pulumi-go-provider v1.3.0 (provider/pkg/provider/remote/*.go, local/*.go,
 infer/resource.go) and is kept as strict as the original:
