@@ -113,7 +113,8 @@ def test_the_readme_is_a_front_door():
 def test_every_page_the_readme_links_to_exists_and_every_link_lands():
     pages = {ROOT / "README.md": README, **DOCS}
     anchors = {
-        path: {github_anchor(line) for line in text.splitlines() if line.startswith("#")} for path, text in pages.items()
+        path: {github_anchor(line) for line in text.splitlines() if line.startswith("#")}
+        for path, text in pages.items()
     }
     broken = []
     for path, text in pages.items():

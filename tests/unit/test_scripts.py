@@ -83,9 +83,11 @@ SILENT_STARTS = [
 def test_wait_ready_says_which_long_step_vllm_is_in_when_its_log_is_silent(vllm_process, last, step):
     _, status, log = vllm_process
     log.write_text("=== spark-vllm: 12-02 09:59:00 starting vllm serve m\nINFO earlier\n" + last + "\n")
-    with FakeVllm(ready_after=3) as server:
-        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=1, silent_seconds=1.2))
-    assert result.returncode == 0, result.stdout
+    with FakeVllm(health=503) as server:  # never ready: the wait's own clock, not the machine's load, decides
+        result = run_script(
+            "wait_ready.py",
+            ready_params(server, status, log, progress_seconds=1, silent_seconds=1.2, timeout_seconds=4),
+        )
     silent = [line for line in result.stdout.splitlines() if "its log has been silent for" in line]
     assert silent and f"vLLM is {step}" in silent[-1], result.stdout
     assert "a healthy first start waits here" in silent[-1]
@@ -99,8 +101,11 @@ def test_wait_ready_names_flashinfers_gdn_jit_after_torch_compile(vllm_process):
         "(requested=auto, head_k_dim=128).\n"
         "(EngineCore pid=9) INFO 12-02 10:01:00 [monitor.py:34] torch.compile took 32.03 s in total\n"
     )
-    with FakeVllm(ready_after=2.5) as server:
-        result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=1, silent_seconds=1))
+    with FakeVllm(health=503) as server:
+        result = run_script(
+            "wait_ready.py",
+            ready_params(server, status, log, progress_seconds=1, silent_seconds=1, timeout_seconds=3.5),
+        )
     assert "--gdn-prefill-backend triton skips it" in result.stdout
 
 

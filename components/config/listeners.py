@@ -1,0 +1,109 @@
+"""The ports each node's listeners take with a config: sshd, vLLM, Ray's (fixed and ranges), the fabric
+gate's test, Prometheus, the copy depot. The port rule (rules.py) refuses two on one port; network.guard
+(components/guard.py) fences exactly these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from components.config.sections import FabricConfig, FabricCopyConfig, MetricsConfig, NodeConfig, RayConfig, VllmConfig
+
+# Ray's listeners: (key under `ray`, on the head only, what listens there).
+RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
+# Where Ray's raylet, object manager, agents and metrics listen, and NCCL/Gloo/torch: ports the kernel
+# hands out (net.ipv4.ip_local_port_range; Linux's default range, which network.guard reads on the node).
+EPHEMERAL_KEY, EPHEMERAL_RANGE = "the kernel's ephemeral range", (32768, 60999)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A port (or a range of ports) something the program starts, or sshd, listens on at a node."""
+
+    key: str  # the config key that sets it
+    what: str
+    first: int
+    last: int
+    default: bool  # the key's value is its default (so a clash is more likely the other key's doing)
+
+    def __str__(self) -> str:
+        where = str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+        return f"{self.key} {where} ({self.what})"
+
+    def overlaps(self, other: Listener) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+
+def _default(model: type[BaseModel], field: str) -> int:
+    return model.model_fields[field].default
+
+
+def node_listeners(cfg: Any, index: int) -> list[Listener]:
+    """What listens on the ports of node `index` with this config (a ClusterConfig, or the view the port
+    rule gets of one: components/config/rules.py)."""
+    found: list[Listener] = []
+
+    def add(key: str, what: str, first: Any, last: Any = None, default: Any = None) -> None:
+        """`default`: the key's default (first, last); None for a port no key sets."""
+        last = first if last is None else last
+        if first is not None and last is not None:
+            found.append(Listener(key, what, first, last, default is None or (first, last) == default))
+
+    def single(model: type[BaseModel], field: str) -> tuple[int, int]:
+        return _default(model, field), _default(model, field)
+
+    node = cfg.nodes[index]
+    add(f"nodes[{index}].sshPort", "sshd, never touched", node.ssh_port, default=single(NodeConfig, "ssh_port"))
+    head_name = cfg.head if cfg.head is not None else cfg.nodes[0].name
+    is_head = node.name == head_name
+    vllm = cfg.vllm
+    if is_head:
+        add("vllm.port", "vLLM API server", vllm.port, default=single(VllmConfig, "port"))
+    if cfg.executor == "mp" and is_head and len(cfg.nodes) > 1:
+        add(
+            "vllm.masterPort",
+            "vLLM rank 0 with executor mp",
+            vllm.master_port,
+            default=single(VllmConfig, "master_port"),
+        )
+    ray = cfg.ray
+    if cfg.executor == "ray":
+        if is_head:
+            add("ray.port", "Ray GCS", ray.port, default=single(RayConfig, "port"))
+            if ray.dashboard is True:
+                add(
+                    "ray.dashboardPort",
+                    "Ray dashboard",
+                    ray.dashboard_port,
+                    default=single(RayConfig, "dashboard_port"),
+                )
+            # Not settable without the `ray[client]` extra (`ray start` refuses the flag), so Ray's own.
+            add(RAY_CLIENT_KEY, "Ray Client server, with ray[client]", RAY_CLIENT_PORT)
+        if ray.min_worker_port <= ray.max_worker_port:
+            workers = (_default(RayConfig, "min_worker_port"), _default(RayConfig, "max_worker_port"))
+            add("ray.minWorkerPort-maxWorkerPort", "Ray worker processes", ray.min_worker_port, ray.max_worker_port,
+                default=workers)  # fmt: skip
+        if ray.metrics_export_port is not None:
+            add("ray.metricsExportPort", "Ray's metrics", ray.metrics_export_port)
+        add(EPHEMERAL_KEY, "Ray's raylet, object manager and agents, NCCL, Gloo", *EPHEMERAL_RANGE)
+    fabric = cfg.fabric
+    testing = len(cfg.nodes) > 1 and fabric.gate != "off"
+    if testing and fabric.bandwidth_test == "tcp":
+        add("fabric.testPort", "fabric gate's bandwidth test, during the checks", fabric.test_port,
+            default=single(FabricConfig, "test_port"))  # fmt: skip
+    if testing and fabric.bandwidth_test == "nccl" and is_head:  # the other ranks only connect
+        add("fabric.testPort", "the NCCL test's rendezvous, during the checks", fabric.test_port,
+            default=single(FabricConfig, "test_port"))  # fmt: skip
+    metrics = cfg.metrics
+    if metrics.prometheus_node == node.name:
+        add("metrics.prometheusPort", "Prometheus", metrics.prometheus_port,
+            default=single(MetricsConfig, "prometheus_port"))  # fmt: skip
+    transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
+    copying = transfer.method == "copy" or sync.enabled is True
+    if copying and len(cfg.nodes) > 1:
+        source = copy.source if copy.source is not None else head_name
+        if node.name == source:
+            add("fabricCopy.port", "fabric copy depot", copy.port, default=single(FabricCopyConfig, "port"))
+    return found

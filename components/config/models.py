@@ -1,0 +1,228 @@
+"""The whole `spark-vllm:` namespace as one pydantic model, ClusterConfig, and what follows from it
+(the head, the workers, the copy source). Its cross-field rules live in components/config/rules.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import Field, PrivateAttr, model_validator
+
+from components.config.sections import (
+    BenchmarkConfig,
+    ContainerConfig,
+    FabricConfig,
+    FabricCopyConfig,
+    ImageTransferConfig,
+    MemoryConfig,
+    MetricsConfig,
+    ModelSyncConfig,
+    NcclConfig,
+    NetworkConfig,
+    NodeConfig,
+    RayConfig,
+    RecoveryConfig,
+    ReleaseConfig,
+    SecurityConfig,
+    SshConfig,
+    VllmConfig,
+    _Model,
+)
+from components.config.types import (
+    DnsLabel,
+    ImageRef,
+    ModelRef,
+    PositiveInt,
+    PrivateKeySecret,
+    StackName,
+    TokenSecret,
+    _pattern,
+)
+
+SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey")
+# The stock vLLM image ships without Ray since this release (vLLM 0.19 made its own mp executor the
+# multi-node default); NVIDIA's Spark playbook and community Spark images add Ray themselves.
+STOCK_IMAGE = "vllm/vllm-openai"
+STOCK_WITHOUT_RAY_SINCE = (0, 19)
+
+
+def _image_repository_and_tag(image: str) -> tuple[str, Optional[str]]:
+    name = image.split("@", 1)[0]
+    repository, tag = name, None
+    if ":" in name.rsplit("/", 1)[-1]:
+        repository, tag = name.rsplit(":", 1)
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        repository = repository.removeprefix(prefix)
+    return repository, tag
+
+
+def auto_executor(image: Any) -> tuple[str, str]:
+    """(executor, why) for executor auto: mp for the stock vllm/vllm-openai image (no Ray in it since
+    v0.19), ray for every other image (the Spark images people run carry Ray) and without an image
+    (promoteFrom: the release's image is known only later, and the image check catches a missing Ray)."""
+    if not isinstance(image, str) or not image:
+        return (
+            "ray",
+            "executor auto: ray (no image in the config: promoteFrom decides it; the image check refuses an image "
+            "without Ray)",
+        )
+    repository, tag = _image_repository_and_tag(image)
+    if repository != STOCK_IMAGE:
+        return "ray", f"executor auto: ray ({image} is not the stock {STOCK_IMAGE} image, and Spark images carry Ray)"
+    found = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)*(rc\d+|\.post\d+)?", tag or "")
+    if found and (int(found.group(1)), int(found.group(2))) < STOCK_WITHOUT_RAY_SINCE:
+        return "ray", f"executor auto: ray ({image}: the stock image carried Ray before vLLM 0.19)"
+    return "mp", f"executor auto: mp ({image}: the stock vLLM image has no Ray since vLLM 0.19)"
+
+
+class ClusterConfig(_Model):
+    """The whole `spark-vllm:` namespace of a stack."""
+
+    nodes: list[NodeConfig] = Field(min_length=1, description="The machines, in order.")
+    head: Optional[DnsLabel] = Field(
+        None, description="Node running the Ray head and vLLM's API server (rank 0). Default: the first."
+    )
+    image: Optional[ImageRef] = Field(
+        None, description="Container image with vLLM and Ray; pinned to the pulled image id on every node."
+    )
+    model: Optional[ModelRef] = Field(
+        None,
+        description="Model path (mounted read-only at the same path on every node; normalised, not a system or home "
+        "directory) or Hugging Face repo id.",
+    )
+    executor: Literal["auto", "ray", "mp"] = Field(
+        "auto",
+        description="How vLLM spans the nodes: 'ray' (Ray head and workers, `vllm serve` on the head) or 'mp' "
+        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers). 'auto' picks "
+        "by the image: mp for the stock vllm/vllm-openai image (no Ray in it since v0.19), ray for other images "
+        "(Spark builds carry Ray); the image check on every node confirms it before any container starts.",
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size`.")
+    pipeline_parallel_size: PositiveInt = Field(
+        1, description="`--pipeline-parallel-size`. TP × PP = GPUs of all nodes."
+    )
+    max_model_len: Optional[PositiveInt] = Field(None, description="`--max-model-len`.")
+    smoke_test: bool = Field(True, description="Send one chat completion after the server is ready.")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="`vllm serve` settings.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster settings.")
+    nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description="The fabric gate: the link checked first.")
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description="The node containers' settings.")
+    memory_check: Literal["enforce", "warn", "off"] = Field(
+        "enforce",
+        description="The memory plan (weights, KV cache for maxModelLen, allowance) against each node's memory, "
+        "before anything starts: stop the deploy when it does not fit, warn, or skip it.",
+    )
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory plan settings.")
+    recovery: RecoveryConfig = Field(
+        default_factory=RecoveryConfig, description="How each node's supervisor restarts vLLM after it exits."
+    )
+    image_transfer: ImageTransferConfig = Field(
+        default_factory=ImageTransferConfig, description="How the image reaches each node."
+    )
+    model_sync: ModelSyncConfig = Field(
+        default_factory=ModelSyncConfig, description="The model copied from the copy source to the other nodes."
+    )
+    fabric_copy: FabricCopyConfig = Field(
+        default_factory=FabricCopyConfig, description="Where copies over the fabric come from."
+    )
+    ssh: SshConfig = Field(default_factory=SshConfig, description="How the remote commands reach the nodes.")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig, description="How fast it serves, after deploy.")
+    release: ReleaseConfig = Field(default_factory=ReleaseConfig, description="Floors a promoted release must meet.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus targets, and a Prometheus.")
+    security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
+    promote_from: Optional[StackName] = Field(
+        None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
+    )
+    promote_fingerprint: Optional[
+        Annotated[str, _pattern(r"[0-9a-f]{16}", "a release fingerprint (16 hex digits)")]
+    ] = Field(
+        None,
+        description="With promoteFrom: deploy only the release with this fingerprint (the one reviewed).",
+    )
+    api_key: Optional[TokenSecret] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
+    hf_token: Optional[TokenSecret] = Field(
+        None, description="Secret. Hugging Face token (HF_TOKEN in the containers)."
+    )
+    ssh_private_key: Optional[PrivateKeySecret] = Field(
+        None,
+        description="Secret. SSH private key for every node, used by both transports. Default: the ssh-agent at "
+        "SSH_AUTH_SOCK (~/.ssh/id_* alone is not enough: remote commands never read it).",
+    )
+
+    _executor_reason: Optional[str] = PrivateAttr(None)  # why executor auto chose what it did
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _resolve_executor(cls, data: Any, handler: Any) -> ClusterConfig:
+        """executor auto becomes ray or mp here (from the image), so every rule and renderer sees one of them."""
+        reason = None
+        if isinstance(data, dict) and data.get("executor", "auto") == "auto":
+            chosen, reason = auto_executor(data.get("image"))
+            data = {**data, "executor": chosen}
+        model = handler(data)
+        model._executor_reason = reason
+        return model
+
+    @property
+    def executor_reason(self) -> Optional[str]:
+        """With executor auto: which executor it chose and why (None when the config names one)."""
+        return self._executor_reason
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> ClusterConfig:
+        from components.config.rules import run_rules  # the rules read the models' defaults
+
+        problems = run_rules(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def head_node(self) -> NodeConfig:
+        name = self.head or self.nodes[0].name
+        return next(node for node in self.nodes if node.name == name)
+
+    @property
+    def copy_source(self) -> NodeConfig:
+        """The node the others receive the image and the model from."""
+        name = self.fabric_copy.source or self.head_node.name
+        return next(node for node in self.nodes if node.name == name)
+
+    @property
+    def uses_depot(self) -> bool:
+        """Whether the copy source runs a depot (something is copied over the fabric)."""
+        return len(self.nodes) > 1 and (self.image_transfer.method == "copy" or self.model_sync.enabled)
+
+    @property
+    def downloads_once(self) -> bool:
+        """Whether a Hugging Face repo id is downloaded once on the copy source and synced from there
+        (modelSync with container.hfCacheDir; a promoted release may turn out to be a path)."""
+        return (
+            self.uses_depot
+            and self.model_sync.enabled
+            and self.container.hf_cache_dir is not None
+            and not (self.model or "").startswith("/")
+        )
+
+    def synced_model_dir(self, model: str) -> str:
+        """What modelSync reads on the source and writes on the others for `model`: the directory, or
+        for a repo id its repository in the Hugging Face cache (blobs, refs and snapshots)."""
+        if model.startswith("/"):
+            return model
+        if self.container.hf_cache_dir is None:
+            raise ValueError(f"modelSync of the repo id {model!r} needs container.hfCacheDir")
+        return f"{self.container.hf_cache_dir.rstrip('/')}/hub/models--{model.replace('/', '--')}"
+
+    @property
+    def workers(self) -> list[NodeConfig]:
+        return [node for node in self.nodes if node.name != self.head_node.name]
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def served_model_name(self) -> str:
+        return self.vllm.served_model_name or (self.model or "")

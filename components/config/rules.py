@@ -1,0 +1,430 @@
+"""The stack config's cross-field rules, each with the keys it reads (components/config/runner.py runs
+them). A rule returns its problems, one line each: key path, value found, what is expected."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from components.config.errors import problem
+from components.config.listeners import node_listeners
+from components.config.runner import rule, run
+from components.vllm_args import read_extra_args
+
+
+def run_rules(source: Any) -> list[str]:
+    """Every rule that can run on `source` (a ClusterConfig or a partial view of one)."""
+    return run(source)
+
+
+def _head(cfg: Any) -> str:
+    return cfg.head if cfg.head is not None else cfg.nodes[0].name
+
+
+# --- the nodes ---------------------------------------------------------------------------------------
+
+
+@rule("nodes[].name")
+def unique_names(cfg: Any) -> list[str]:
+    problems, seen = [], {}
+    for node in cfg.nodes:
+        if node.name in seen:
+            problems.append(
+                problem(f"nodes[{node.index}].name", node.name, f"a unique name (nodes[{seen[node.name]}] has it)")
+            )
+        else:
+            seen[node.name] = node.index
+    return problems
+
+
+@rule("nodes[].fabricAddress")
+def unique_fabric_addresses(cfg: Any) -> list[str]:
+    problems, seen = [], {}
+    for node in cfg.nodes:
+        address = str(node.fabric_address)
+        if address in seen:
+            problems.append(
+                problem(
+                    f"nodes[{node.index}].fabricAddress", address, f"a unique address (nodes[{seen[address]}] has it)"
+                )
+            )
+        else:
+            seen[address] = node.index
+    return problems
+
+
+@rule("nodes[].host", "nodes[].sshPort")
+def one_node_a_machine(cfg: Any) -> list[str]:
+    problems, seen = [], {}
+    for node in cfg.nodes:
+        machine = (node.host.lower(), node.ssh_port)
+        if machine not in seen:
+            seen[machine] = node
+            continue
+        other = seen[machine]
+        problems.append(
+            problem(
+                f"nodes[{node.index}].host",
+                node.host,
+                f"a machine no other node has: nodes[{other.index}] ({other.label}) is {node.host} port "
+                f"{node.ssh_port} too, and two Ray nodes on one machine claim the same GPU and ports "
+                "(a machine with several GPUs is one node with gpus: N)",
+            )
+        )
+    return problems
+
+
+@rule("security.requireHostKeys", "nodes[].hostKey", "nodes[].host", "nodes[].sshPort")
+def host_keys_required(cfg: Any) -> list[str]:
+    if not cfg.security.require_host_keys:
+        return []
+    return [
+        problem(
+            f"nodes[{node.index}].hostKey",
+            None,
+            "the node's public host key, because security.requireHostKeys is true "
+            f"(get it with `ssh-keyscan -p {node.ssh_port} -t ed25519 {node.host}`)",
+        )
+        for node in cfg.nodes
+        if node.host_key is None
+    ]
+
+
+def _names_a_node(cfg: Any, key: str, value: Any) -> list[str]:
+    """`value` (of `key`) names a node. A name that a node has but got refused is left to that node's message."""
+    names = [node.name for node in cfg.nodes]
+    if value is None or value in names or value in cfg.failed_values("nodes[].name"):
+        return []
+    return [problem(key, value, f"one of the node names {sorted(names)}")]
+
+
+@rule("head", "nodes[].name")
+def head_is_a_node(cfg: Any) -> list[str]:
+    return _names_a_node(cfg, "head", cfg.head)
+
+
+@rule("fabricCopy.source", "nodes[].name")
+def copy_source_is_a_node(cfg: Any) -> list[str]:
+    return _names_a_node(cfg, "fabricCopy.source", cfg.fabric_copy.source)
+
+
+@rule("nodes[].fabricAddress")
+def fabric_addresses_can_work(cfg: Any) -> list[str]:
+    """Fabric addresses that can never carry Ray, NCCL and Gloo between the nodes."""
+    problems = []
+    several = cfg.node_count > 1
+    for node in cfg.nodes:
+        address, why = node.fabric_address, None
+        if address.is_unspecified:
+            why = "0.0.0.0 means every address, not one"
+        elif address.is_multicast:
+            why = "a multicast address (224.0.0.0/4) is no host's"
+        elif address == ipaddress.IPv4Address("255.255.255.255") or address in ipaddress.IPv4Network("240.0.0.0/4"):
+            why = "a reserved or broadcast address is no host's"
+        elif several and address.is_loopback:
+            why = "a loopback address never leaves its own machine, and the other nodes must reach it"
+        elif several and address.is_link_local:
+            why = (
+                "a link-local address (169.254.0.0/16) is what an interface takes when no address was set; "
+                "it is not the fabric's"
+            )
+        if why:
+            problems.append(
+                problem(
+                    f"nodes[{node.index}].fabricAddress",
+                    str(address),
+                    f"the node's address on the RoCE/InfiniBand link (e.g. 192.168.100.10): {why}",
+                )
+            )
+    return problems
+
+
+@rule("network.manage", "network.prefixLength", "nodes[].fabricAddress")
+def managed_fabric_is_one_subnet(cfg: Any) -> list[str]:
+    """With network.manage, addresses that the netplan it writes would not put on one subnet."""
+    if cfg.node_count < 2 or not cfg.network.manage:
+        return []
+    prefix, problems = cfg.network.prefix_length, []
+    subnets: dict[ipaddress.IPv4Network, list[str]] = {}
+    for node in cfg.nodes:
+        subnet = ipaddress.IPv4Network(f"{node.fabric_address}/{prefix}", strict=False)
+        subnets.setdefault(subnet, []).append(node.label)
+        if prefix <= 30 and node.fabric_address in (subnet.network_address, subnet.broadcast_address):
+            kind = "network" if node.fabric_address == subnet.network_address else "broadcast"
+            problems.append(
+                problem(
+                    f"nodes[{node.index}].fabricAddress",
+                    str(node.fabric_address),
+                    f"a host address of {subnet}: with network.manage the netplan gives it prefix {prefix}, "
+                    f"where it is the {kind} address",
+                )
+            )
+    if len(subnets) > 1:
+        listing = "; ".join(f"{subnet}: {', '.join(names)}" for subnet, names in subnets.items())
+        problems.append(
+            problem(
+                "network.prefixLength",
+                prefix,
+                f"one subnet holding every fabricAddress, because network.manage writes each node's address with "
+                f"this prefix and the nodes then reach each other only inside it; at /{prefix} they fall in "
+                f"{len(subnets)} ({listing}): change the addresses or the prefix length",
+            )
+        )
+    return problems
+
+
+@rule("nodes[*].gpus", "tensorParallelSize", "pipelineParallelSize", "executor")
+def parallelism_fits_the_gpus(cfg: Any) -> list[str]:
+    nodes = cfg.nodes
+    if cfg.executor == "mp" and len({node.gpus for node in nodes}) > 1:
+        counts = ", ".join(f"{node.label}: {node.gpus}" for node in nodes)
+        return [
+            problem(
+                "nodes[].gpus",
+                counts,
+                "the same number on every node with executor mp (vLLM runs TP × PP / nodes ranks on each)",
+            )
+        ]
+    total_gpus = sum(node.gpus for node in nodes)
+    world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+    if world == total_gpus:
+        return []
+    value = f"{cfg.tensor_parallel_size} × {cfg.pipeline_parallel_size} = {world}"
+    hint = ""
+    if world < total_gpus:
+        kept, gpus = 0, 0
+        while gpus < world:
+            gpus += nodes[kept].gpus
+            kept += 1
+        hint = f"drop nodes {[node.label for node in nodes[kept:]]}" if gpus == world else ""
+    fits = [f"TP {tp} × PP {total_gpus // tp}" for tp in range(1, total_gpus + 1) if total_gpus % tp == 0]
+    advice = "; ".join(part for part in (hint, "or use " + " or ".join(fits)) if part)
+    return [
+        problem(
+            "tensorParallelSize × pipelineParallelSize", value, f"the GPUs of the listed nodes ({total_gpus}): {advice}"
+        )
+    ]
+
+
+# --- what is served, and from where ------------------------------------------------------------------
+
+
+def _set_or_promoted(cfg: Any, key: str, value: Any) -> list[str]:
+    if cfg.promote_from is None and value is None:
+        return [problem(key, None, "a value (or promoteFrom: a stack whose release to deploy)")]
+    if cfg.promote_from is not None and value is not None:
+        return [problem(key, value, f"no value: promoteFrom {cfg.promote_from!r} decides it (remove one of the two)")]
+    return []
+
+
+@rule("promoteFrom", "image")
+def image_or_promotion(cfg: Any) -> list[str]:
+    return _set_or_promoted(cfg, "image", cfg.image)
+
+
+@rule("promoteFrom", "model")
+def model_or_promotion(cfg: Any) -> list[str]:
+    return _set_or_promoted(cfg, "model", cfg.model)
+
+
+@rule("promoteFrom", "promoteFingerprint")
+def fingerprint_with_promotion(cfg: Any) -> list[str]:
+    if cfg.promote_fingerprint is not None and cfg.promote_from is None:
+        return [problem("promoteFingerprint", cfg.promote_fingerprint, "promoteFrom beside it (or remove it)")]
+    return []
+
+
+@rule("promoteFrom", "release.minOutputTokensPerSecond", "release.maxP99TtftMs")
+def floors_with_promotion(cfg: Any) -> list[str]:
+    if cfg.promote_from is not None:
+        return []
+    floors = (("minOutputTokensPerSecond", cfg.release.min_output_tokens_per_second),
+              ("maxP99TtftMs", cfg.release.max_p99_ttft_ms))  # fmt: skip
+    return [
+        problem(f"release.{key}", value, "promoteFrom beside it: a floor for the promoted release")
+        for key, value in floors
+        if value is not None
+    ]
+
+
+@rule("benchmark.enabled", "benchmark.promptTokens", "benchmark.outputTokens", "maxModelLen")
+def benchmark_fits_the_context(cfg: Any) -> list[str]:
+    bench = cfg.benchmark
+    if not bench.enabled or cfg.max_model_len is None:
+        return []
+    total = bench.prompt_tokens + bench.output_tokens
+    if total <= cfg.max_model_len:
+        return []
+    return [
+        problem(
+            "benchmark.promptTokens + benchmark.outputTokens",
+            total,
+            f"at most maxModelLen ({cfg.max_model_len}): vLLM refuses longer requests",
+        )
+    ]
+
+
+@rule("metrics.prometheusNode", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.apiSources")
+def prometheus_reaches_vllm(cfg: Any) -> list[str]:
+    """The metrics' Prometheus runs on a node, and that node reaches vLLM on the head."""
+    wanted = cfg.metrics.prometheus_node
+    if wanted is None:
+        return []
+    nodes = {node.name: node for node in cfg.nodes}
+    if wanted not in nodes:
+        return [problem("metrics.prometheusNode", wanted, f"one of the nodes {list(nodes)}")]
+    node, head, problems = nodes[wanted], _head(cfg), []
+    if node.name != head and cfg.vllm.host.is_loopback:
+        problems.append(
+            problem(
+                "metrics.prometheusNode",
+                node.name,
+                f"the head ({head}): vLLM binds {cfg.vllm.host} (vllm.host), which only the head itself reaches",
+            )
+        )
+    sources = cfg.network.api_sources
+    if node.name != head and sources and not any(node.fabric_address in source for source in sources):
+        problems.append(
+            problem(
+                "network.apiSources",
+                [str(source) for source in sources],
+                f"a network holding {node.fabric_address}, metrics.prometheusNode {node.name}'s fabric address: "
+                "its Prometheus scrapes vLLM's /metrics on the head",
+            )
+        )
+    return problems
+
+
+@rule("vllm.enableAutoToolChoice", "vllm.toolCallParser")
+def tool_choice_has_a_parser(cfg: Any) -> list[str]:
+    if cfg.vllm.enable_auto_tool_choice and cfg.vllm.tool_call_parser is None:
+        return [
+            problem("vllm.toolCallParser", None, "a parser (e.g. qwen3_coder) because enableAutoToolChoice is true")
+        ]
+    return []
+
+
+@rule("vllm.host", "vllm.allowUnauthenticated", "apiKey")
+def a_public_bind_has_a_key(cfg: Any) -> list[str]:
+    host = cfg.vllm.host
+    if host.is_loopback or cfg.api_key is not None or cfg.vllm.allow_unauthenticated:
+        return []
+    return [
+        problem(
+            "apiKey",
+            None,
+            f"a secret (`pulumi config set --secret apiKey …`) because vLLM binds {host}; "
+            "or set vllm.allowUnauthenticated: true to serve without one",
+        )
+    ]
+
+
+@rule("vllm.extraArgs", "vllm.maxNumSeqs")
+def extra_args_as_vllm_reads_them(cfg: Any) -> list[str]:
+    read = read_extra_args(cfg.vllm.extra_args)
+    problems = [problem(f"vllm.extraArgs[{index}]", shown, expected) for index, shown, expected in read.problems]
+    if isinstance(cfg.vllm.max_num_seqs, int) and read.has("--max-num-seqs"):
+        problems.append(
+            problem(
+                "vllm.maxNumSeqs",
+                cfg.vllm.max_num_seqs,
+                "one place for it: vllm.extraArgs sets --max-num-seqs too (remove it there; the key is "
+                "checked against the memory plan)",
+            )
+        )
+    return problems
+
+
+# --- how it runs -------------------------------------------------------------------------------------
+
+
+@rule("recovery.backoffSeconds", "recovery.maxBackoffSeconds")
+def backoff_grows(cfg: Any) -> list[str]:
+    recovery = cfg.recovery
+    if recovery.max_backoff_seconds >= recovery.backoff_seconds:
+        return []
+    return [
+        problem(
+            "recovery.maxBackoffSeconds",
+            recovery.max_backoff_seconds,
+            f"at least recovery.backoffSeconds ({recovery.backoff_seconds})",
+        )
+    ]
+
+
+@rule("ray.minWorkerPort", "ray.maxWorkerPort")
+def worker_range_is_a_range(cfg: Any) -> list[str]:
+    if cfg.ray.max_worker_port >= cfg.ray.min_worker_port:
+        return []
+    return [
+        problem("ray.maxWorkerPort", cfg.ray.max_worker_port, f"at least ray.minWorkerPort ({cfg.ray.min_worker_port})")
+    ]
+
+
+PORT_KEYS = (
+    "nodes[*].name", "nodes[*].sshPort", "head", "executor", "vllm.port", "vllm.masterPort", "ray.port",
+    "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
+    "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
+    "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
+)  # fmt: skip
+
+
+@rule(*PORT_KEYS)
+def one_listener_a_port(cfg: Any) -> list[str]:
+    """One listener a port on each node: with host networking the second dies at start."""
+    problems: list[str] = []
+    for node in cfg.nodes:
+        listeners = node_listeners(cfg, node.index)
+        for later, listener in enumerate(listeners):
+            clash = next((other for other in listeners[:later] if other.overlaps(listener)), None)
+            if clash is None:
+                continue
+            # Name the key most likely at fault: a single port before a range, a changed value before a default.
+            singles = [item for item in (listener, clash) if item.first == item.last] or [listener]
+            blamed = next((item for item in singles if not item.default), singles[0])
+            line = problem(
+                blamed.key,
+                blamed.first,
+                f"a port nothing else on node {node.name} listens on: {clash} and {listener} collide "
+                f"(ports in use there: {'; '.join(str(item) for item in listeners)})",
+            )
+            if line.split(" — ")[0] not in {p.split(" — ")[0] for p in problems}:
+                problems.append(line)
+    return problems
+
+
+@rule("network.apiSources", "network.guard")
+def api_sources_need_the_guard(cfg: Any) -> list[str]:
+    if not cfg.network.api_sources or cfg.network.guard:
+        return []
+    sources = [str(source) for source in cfg.network.api_sources]
+    return [problem("network.apiSources", sources, "network.guard: true beside it (the guard enforces it)")]
+
+
+@rule("fabric.bandwidthTest", "fabric.gate", "container.gpus")
+def nccl_test_needs_gpus(cfg: Any) -> list[str]:
+    if cfg.fabric.bandwidth_test != "nccl" or cfg.fabric.gate == "off" or cfg.container.gpus:
+        return []
+    return [
+        problem(
+            "fabric.bandwidthTest",
+            "nccl",
+            "tcp or off with container.gpus: false (the NCCL test runs on the nodes' GPUs)",
+        )
+    ]
+
+
+@rule("modelSync.enabled", "model", "container.hfCacheDir")
+def synced_repo_ids_need_a_directory(cfg: Any) -> list[str]:
+    model = cfg.model
+    if not cfg.model_sync.enabled or model is None or model.startswith("/") or cfg.container.hf_cache_dir is not None:
+        return []
+    return [
+        problem(
+            "container.hfCacheDir",
+            None,
+            f"a host directory, because modelSync copies model {model!r}, a Hugging Face repo id: the copy "
+            "source downloads it there once and the other nodes receive it at the same path (a Docker volume "
+            "cannot be copied over SSH)",
+        )
+    ]
