@@ -3,7 +3,7 @@
     sudo venv/bin/python -m benchmarks.cli_timing [--nodes 2 8] [--previews 3]
 
 For each node count N: simulated nodes (tests/e2e/nodes.py) pulling from one registry, a stack
-driven by the real Pulumi CLI and engine with the stand-in provider plugins (tests/e2e/stack.py),
+driven by the real Pulumi CLI and engine with the stand-in provider plugins (tests/e2e/cli_stack.py),
 `pulumi up` once (a first deployment: pull, checks, Ray, vLLM, smoke test), then `pulumi preview
 --diff` with nothing changed `--previews` times, then `pulumi destroy`. Printed per N:
 
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from tests.e2e import nodes as simnodes
+from tests.e2e.cli_stack import RehearsalStack, cli_missing
 from tests.e2e.image.build import publish
 from tests.e2e.rehearsal import CACHE_DIR, make_model, rehearsal_config, stage_times
-from tests.e2e.stack import RehearsalStack, cli_missing
 
 
 def measure(count: int, previews: int, workdir: Path, registry) -> dict:

@@ -1,4 +1,4 @@
-"""Copies over the simulated fabric: components/scripts/fabric_copy.py against a raw stream.
+"""Copies over the simulated fabric: components/scripts/node_fabric_copy.py against a raw stream.
 
     sudo venv/bin/python -m benchmarks.fabric_copy [--model-gib 2] [--pairs 3] [--decide-gib 100]
 
@@ -49,7 +49,7 @@ def depot(node, port: int, *, model_dir: Path | None = None, bind: Path | None =
     mount namespace where `bind` shows at `model_dir`, as the source node's own copy would)."""
     params = {"role": "serve", "node": node.name, "source": node.name, "address": node.fabric_ip, "port": port,
               "model_dir": str(model_dir) if model_dir else None, "image_id": image_id}  # fmt: skip
-    argv = [sys.executable, "-u", "-c", script_program("fabric_copy.py", params)]
+    argv = [sys.executable, "-u", "-c", script_program("node_fabric_copy.py", params)]
     if bind:
         script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(bind), str(model_dir),
@@ -69,7 +69,7 @@ def client(node, source, port: int, role: str, **params) -> tuple[float, dict]:
     started = time.monotonic()
     result = subprocess.run(
         ["nsenter", f"--net={node.netns_path}", sys.executable, "-"],
-        input=script_program("fabric_copy.py", params),
+        input=script_program("node_fabric_copy.py", params),
         capture_output=True,
         text=True,
         env=env,

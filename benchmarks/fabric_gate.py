@@ -4,7 +4,7 @@
 
 Two simulated nodes (tests/e2e/nodes.py: network namespaces with their own sshd, joined by the
 fabric bridge). Each run does what `pulumi up` does for the gate: the command the program renders
-for each node (`python3 -` with components/scripts/fabric_gate.py and its PARAMS, as
+for each node (`python3 -` with components/scripts/node_fabric_gate.py and its PARAMS, as
 components/checks.py sends it) over SSH to both nodes at once, then the judge on what they printed.
 It prints, per run, the wall time until both answered, each probe's own seconds and the bandwidth it
 measured; then the median. Beside it, the same two SSH sessions running `true` (what any command of
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_cluster_config(config_for(cluster))
         gate = {
             node.name: with_script(
-                shell_line(["python3", "-"]), script_program("fabric_gate.py", fabric.gate_params(cfg, node))
+                shell_line(["python3", "-"]), script_program("node_fabric_gate.py", fabric.gate_params(cfg, node))
             )
             for node in cfg.nodes
         }

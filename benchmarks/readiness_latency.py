@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from components.render import POLL_SECONDS, script_program
+from components.names import POLL_SECONDS
+from components.render import script_program
 from tests.fake_vllm_http import FakeVllm
 
 TARGET_SECONDS = 2.0

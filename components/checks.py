@@ -52,12 +52,12 @@ def fabric_gate_probe(
     after: Sequence[pulumi.Resource],
     parent: pulumi.Resource,
 ) -> command.remote.Command:
-    """`<node>-fabric-gate`: components/scripts/fabric_gate.py on the node's host. Every node's runs at
+    """`<node>-fabric-gate`: components/scripts/node_fabric_gate.py on the node's host. Every node's runs at
     once (the bandwidth test needs the peers' probes listening) as soon as the node is reachable: it
     waits for nothing but the fabric networks. Read-only; runs again when `triggers` change."""
     return command.remote.Command(
         f"{node.name}-fabric-gate",
-        create=with_script(shell_line(["python3", "-"]), script_program("fabric_gate.py", gate_params(cfg, node))),
+        create=with_script(shell_line(["python3", "-"]), script_program("node_fabric_gate.py", gate_params(cfg, node))),
         triggers=list(triggers),
         connection=connection,
         add_previous_output_in_env=False,

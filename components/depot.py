@@ -1,7 +1,7 @@
 """Copies over the fabric: the depot on the copy source, and what the receiving nodes run.
 
 The depot is a long-lived container on the copy source (`fabricCopy.source`, default the head):
-components/scripts/fabric_copy.py in its "serve" role, bound to that node's fabric address. It
+components/scripts/node_fabric_copy.py in its "serve" role, bound to that node's fabric address. It
 serves the image id the source holds (`imageTransfer.method: copy`) and the model directory
 (`modelSync.enabled`) to clients proving the stack's copy token, and writes nothing. Being a
 container with a restart policy, it is there for a node added later and for a copy retried after a
@@ -35,7 +35,7 @@ TOKEN_ENV = "SPARK_VLLM_COPY_TOKEN"
 def sync_root(model_dir: str) -> str:
     """What the copy reads and writes: the model directory, or for a Hugging Face snapshot
     (…/models--org--name/snapshots/REV) its repository, whose blobs/ the snapshot links into.
-    (The same rule as sync_root in components/scripts/fabric_copy.py.)"""
+    (The same rule as sync_root in components/scripts/node_fabric_copy.py.)"""
     model_dir = model_dir.rstrip("/") or "/"
     parent = posixpath.dirname(model_dir)
     repository = posixpath.dirname(parent)
@@ -58,15 +58,15 @@ def depot_params(cfg: ClusterConfig, image_id: Optional[str], model: Optional[st
 
 
 def receive_image_program(cfg: ClusterConfig, node: NodeConfig, image_id: str, reference: str, token: str) -> str:
-    """fabric_copy.py as an image receiver on `node`, for `python3 -` (secret: it holds the token)."""
-    return script_program("fabric_copy.py", {**_client(cfg, node, token), "role": "image", "image_id": image_id,
+    """node_fabric_copy.py as an image receiver on `node`, for `python3 -` (secret: it holds the token)."""
+    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "image", "image_id": image_id,
                                              "reference": reference,
                                              "progress_seconds": cfg.image_transfer.progress_seconds})  # fmt: skip
 
 
 def sync_model_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: str) -> str:
-    """fabric_copy.py as a model receiver on `node`, for `python3 -` (secret: it holds the token)."""
-    return script_program("fabric_copy.py", {**_client(cfg, node, token), "role": "model", "model_dir": model,
+    """node_fabric_copy.py as a model receiver on `node`, for `python3 -` (secret: it holds the token)."""
+    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "model", "model_dir": model,
                                              "progress_seconds": cfg.model_sync.progress_seconds})  # fmt: skip
 
 
@@ -123,7 +123,7 @@ class Depot(pulumi.ComponentResource):
             "spark-vllm-depot",
             name=DEPOT_CONTAINER,
             image=args.image_id,  # the source has it: nothing else to fetch
-            entrypoints=params.apply(lambda p: ["python3", "-u", "-c", script_program("fabric_copy.py", p)]),
+            entrypoints=params.apply(lambda p: ["python3", "-u", "-c", script_program("node_fabric_copy.py", p)]),
             envs=pulumi.Output.secret(self.token.apply(lambda value: [f"{TOKEN_ENV}={value}"])),
             network_mode="host",  # listens on the fabric address
             mounts=mounts,

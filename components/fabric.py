@@ -1,4 +1,4 @@
-"""The fabric gate: what each node's probe is asked (components/scripts/fabric_gate.py) and how the
+"""The fabric gate: what each node's probe is asked (components/scripts/node_fabric_gate.py) and how the
 facts that every node reports are judged, per node and across the nodes.
 
 Pure functions, no Pulumi and no I/O. Every problem is one line naming the node and the interface,
@@ -53,7 +53,7 @@ def nccl_test(cfg: ClusterConfig) -> bool:
 
 
 def gate_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
-    """PARAMS of fabric_gate.py on `node`."""
+    """PARAMS of node_fabric_gate.py on `node`."""
     bandwidth = None
     if tcp_test(cfg):
         expect = [other.name for other in cfg.nodes if node.name in bandwidth_targets(cfg, other)]

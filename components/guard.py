@@ -7,7 +7,7 @@ Per node, with `network.guard: true`:
   rules. The rules outlive the guard container on purpose: replacing or restarting it never
   leaves Ray open for a moment.
 * `<node>-guard` (container `spark-vllm.guard`, the node's image, host network, CAP_NET_ADMIN):
-  applies the rules (components/scripts/guard.py), puts them back if something removes them, and,
+  applies the rules (components/scripts/node_guard.py), puts them back if something removes them, and,
   started by Docker after a reboot, applies them again; the marker it writes (boot id, spec hash)
   in the `spark-vllm-guard` volume lets the node's supervisor hold Ray back until then.
 * `<node>-guard-ready` (remote command): waits until the container applied this spec; the node's
@@ -24,8 +24,8 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig, node_listeners
+from components.names import GUARD_VOLUME
 from components.render import (
-    GUARD_VOLUME,
     exec_python,
     fingerprint,
     script_program,
@@ -91,7 +91,7 @@ def one_off_argv(image_id: str) -> list[str]:
 
 
 def host_command(cfg: ClusterConfig, node: NodeConfig, image_id: str, action: str) -> str:
-    program = script_program("guard.py", guard_params(cfg, node, action))
+    program = script_program("node_guard.py", guard_params(cfg, node, action))
     command_line = with_script(shell_line(one_off_argv(image_id)), program)
     if action == "remove":
         # The marker's volume goes with the rules (a container still using it keeps it).
@@ -129,7 +129,7 @@ class NodeGuard(pulumi.ComponentResource):
             f"{name}-guard",
             name=GUARD_CONTAINER,
             image=image_id,
-            entrypoints=["python3", "-u", "-c", script_program("guard.py", params)],
+            entrypoints=["python3", "-u", "-c", script_program("node_guard.py", params)],
             network_mode="host",  # the node's own network namespace: its rules
             capabilities=docker.ContainerCapabilitiesArgs(adds=["NET_ADMIN"]),
             mounts=[
@@ -152,7 +152,7 @@ class NodeGuard(pulumi.ComponentResource):
                 parent=self, provider=args.provider, delete_before_replace=True, depends_on=[host]
             ),
         )
-        ready = script_program("guard.py", guard_params(cfg, node, "ready"))
+        ready = script_program("node_guard.py", guard_params(cfg, node, "ready"))
         self.ready = command.remote.Command(
             f"{name}-guard-ready",
             connection=args.connection,

@@ -20,12 +20,16 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.fabric import rdma_in_container
-from components.render import (
+from components.names import (
     COMPILE_CACHE_VOLUMES,
     GUARD_MARKER_DIR_IN_NODE,
     GUARD_VOLUME,
     HF_CACHE_IN_CONTAINER,
     HF_CACHE_VOLUME,
+    POLL_SECONDS,
+    PROGRESS_SECONDS,
+)
+from components.render import (
     container_name,
     exec_python,
     install_supervisor_argv,
@@ -36,9 +40,6 @@ from components.render import (
     supervisor_params,
     with_log_tail_on_failure,
 )
-
-POLL_SECONDS = 1
-PROGRESS_SECONDS = 30
 
 
 @dataclass(frozen=True)

@@ -14,33 +14,22 @@ from importlib import resources
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
-
-CONTAINER_PREFIX = "spark-vllm"
-HF_CACHE_VOLUME = "spark-vllm-hf-cache"
-HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
-# container.compileCache: the caches that carry a new container's first start (volume, path in the container)
-COMPILE_CACHE_VOLUMES = (
-    ("spark-vllm-compile-cache", "/root/.cache/vllm"),  # vllm/envs.py VLLM_CACHE_ROOT's default
-    ("spark-vllm-flashinfer-cache", "/root/.cache/flashinfer"),  # FlashInfer's JIT cache, under the home
+from components.names import (
+    CONTAINER_PREFIX,
+    GUARD_MARKER_IN_NODE,
+    POLL_SECONDS,
+    PROGRESS_SECONDS,
+    RUN_DIR,
+    SERVE_HANDOVER_SECONDS,
+    SILENT_SECONDS,
+    SMOKE_MAX_TOKENS,
+    SMOKE_PROMPT,
+    SMOKE_TIMEOUT_SECONDS,
+    STATUS_FILE,
+    SUPERVISOR_IN_CONTAINER,
+    VLLM_LOG,
+    VLLM_STOP_GRACE_SECONDS,
 )
-# network.guard's marker (its volume, read-only in every node's container): the supervisor starts
-# Ray only once the guard applied its rules in this boot.
-GUARD_VOLUME = "spark-vllm-guard"
-GUARD_MARKER_DIR_IN_NODE = "/run/spark-vllm-guard"
-GUARD_MARKER_IN_NODE = f"{GUARD_MARKER_DIR_IN_NODE}/applied.json"
-RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
-SUPERVISOR_IN_CONTAINER = "/opt/spark-vllm/supervisor.py"  # supervisor_boot.py runs what is installed here
-VLLM_LOG = f"{RUN_DIR}/vllm.log"
-STATUS_FILE = f"{RUN_DIR}/status.json"
-# Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
-VLLM_STOP_GRACE_SECONDS = 30
-POLL_SECONDS = 1  # the waits notice a ready server (or a joined node) within this
-PROGRESS_SECONDS = 30
-SILENT_SECONDS = 60  # vLLM's log silent this long: the readiness progress says which long step it is in
-SERVE_HANDOVER_SECONDS = 120  # for a supervisor to take up new settings (stopping the old vLLM first)
-SMOKE_PROMPT = "Reply with the single word: ready"
-SMOKE_MAX_TOKENS = 16
-SMOKE_TIMEOUT_SECONDS = 120
 
 
 def container_name(node: NodeConfig) -> str:
@@ -289,7 +278,7 @@ def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
 
 
 def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str | None) -> dict[str, Any]:
-    """benchmark.py on the head: the configured load against the served model (`model`: what vLLM
+    """node_benchmark.py on the head: the configured load against the served model (`model`: what vLLM
     loaded, the tokenizer `vllm bench serve` needs)."""
     bench = cfg.benchmark
     return {
@@ -327,10 +316,11 @@ def local_http_host(cfg: ClusterConfig) -> str:
 
 # Scripts that share code: what each needs is prepended to it (each still travels as one program).
 SCRIPT_HELPERS = {
+    "supervisor.py": ("node_processes.py", "node_gpus.py", "node_compile_cache.py", "node_vllm_output.py"),
     "model_fingerprint.py": ("vllm_weights.py",),
-    "hf_download.py": ("vllm_weights.py",),
-    "image_pull.py": ("docker_api.py",),
-    "fabric_copy.py": ("docker_api.py",),
+    "hf_download.py": ("vllm_weights.py", "node_common.py"),
+    "image_pull.py": ("docker_api.py", "node_common.py"),
+    "node_fabric_copy.py": ("docker_api.py", "node_common.py", "node_copy_channel.py", "node_copy_tree.py"),
 }
 
 

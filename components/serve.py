@@ -20,13 +20,15 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig, NodeConfig
-from components.render import (
+from components.names import (
     RUN_DIR,
     SERVE_HANDOVER_SECONDS,
     SMOKE_TIMEOUT_SECONDS,
     STATUS_FILE,
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
+)
+from components.render import (
     benchmark_params,
     cluster_wait_params,
     exec_python,
@@ -250,13 +252,13 @@ class VllmServer(pulumi.ComponentResource):
         )
 
     def _create_benchmark(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
-        """benchmark.enabled: the configured load after the smoke test (components/scripts/benchmark.py).
+        """benchmark.enabled: the configured load after the smoke test (components/scripts/node_benchmark.py).
         Runs again when vLLM started anew or the benchmark's settings changed; read-only, no delete."""
         cfg = self._args.config
 
         def program(parts: list) -> str:
             served, model, api_key = parts
-            return script_program("benchmark.py", benchmark_params(cfg, served, model, api_key))
+            return script_program("node_benchmark.py", benchmark_params(cfg, served, model, api_key))
 
         settings = fingerprint(cfg.benchmark.model_dump(mode="json"))
         after = self.smoke or self.ready

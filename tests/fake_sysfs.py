@@ -1,6 +1,6 @@
 """A fake /sys/class/infiniband for the fabric gate's RDMA part (no simulated node has RDMA): the
 files the kernel's ib_core shows per device port (state, link_layer, the GID table with each entry's
-type and network device), as components/scripts/fabric_gate.py reads them."""
+type and network device), as components/scripts/node_fabric_gate.py reads them."""
 
 from __future__ import annotations
 

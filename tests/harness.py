@@ -192,7 +192,7 @@ class FakeCloud(pulumi.runtime.Mocks):
     benchmark_output_tokens_per_second = 412.5
 
     def benchmark_figures(self, stdin: str) -> dict[str, Any]:
-        """What benchmark.py prints for its PARAMS (the program's, read back from the command's stdin)."""
+        """What node_benchmark.py prints for its PARAMS (the program's, read back from the command's stdin)."""
         params = json.loads(json.loads(stdin.split("\n", 1)[0].split("=", 1)[1])) if stdin else {}
         return {
             "tool": "spark-vllm",
@@ -210,7 +210,7 @@ class FakeCloud(pulumi.runtime.Mocks):
         }  # fmt: skip
 
     def fabric_facts(self, params: dict[str, Any]) -> dict[str, Any]:
-        """What fabric_gate.py reports of a good DGX Spark fabric: the interface up at 200 Gb/s with MTU
+        """What node_fabric_gate.py reports of a good DGX Spark fabric: the interface up at 200 Gb/s with MTU
         9000, both RoCE twins ACTIVE (the fabric one with a RoCE v2 GID), every peer answering full-size
         packets, ~23 Gb/s to each target."""
         interface, address = params["interface"], params["address"]

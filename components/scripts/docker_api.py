@@ -1,6 +1,6 @@
 # The Docker Engine API over its unix socket (DOCKER_HOST when it is unix://, else /var/run/docker.sock),
 # for the scripts that talk to it: prepended (by components.render.script) to image_pull.py and
-# fabric_copy.py, which each still travel as one program. Standard library only, no side effects.
+# node_fabric_copy.py, which each still travel as one program. Standard library only, no side effects.
 import http.client
 import json
 import os

@@ -23,17 +23,6 @@ if P.get("token"):
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx", ".npz")
 
 
-def say(message):
-    print(f"[{P['node']}] {message}", flush=True)
-
-
-def human(count):
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(count) < 1000 or unit == "TB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1000.0
-
-
 def repo_dir():
     return os.path.join(P["hf_home"], "hub", "models--" + P["repo"].replace("/", "--"))
 

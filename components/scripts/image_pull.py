@@ -19,17 +19,6 @@ import urllib.parse
 P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
 
 
-def say(message):
-    print(f"[{P['node']}] {message}", flush=True)
-
-
-def human(count):
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(count) < 1000 or unit == "TB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1000.0
-
-
 def request(method, path, headers=None, timeout=60):
     connection = UnixConnection(docker_socket(), timeout)
     connection.request(method, api_prefix() + path, headers=headers or {})

@@ -6,7 +6,7 @@
 #   PEERS        space-separated fabric addresses of the other nodes; NAME=ADDR names them in messages
 #   MODEL        absolute model path, or empty when the model is a repo id
 #   CONTAINER    this stack's container on the node (its vLLM holds the GPU while it runs)
-#   FABRIC_CHECKS 0 when the fabric gate (fabric_gate.py) checks the link instead: the interface and
+#   FABRIC_CHECKS 0 when the fabric gate (node_fabric_gate.py) checks the link instead: the interface and
 #                the peers are then left to it; 1 (the default) checks them here
 # Runs every check; each problem is one line on stderr, `preflight NODE: what is wrong — what to do`.
 # Exit 0 and `preflight NODE: ok` on stdout when all pass, 1 otherwise; then, on its own line, the

@@ -33,10 +33,8 @@
 # SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
 # and exits 0.
 import collections
-import glob
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -48,36 +46,15 @@ P = json.loads(sys.argv[1])  # what the container is: node, executor, run_dir, r
 RUN = P["run_dir"]
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # What vLLM is, from the serve step's spec: argv, env, fingerprint, recovery (max_restarts,
-# window_seconds, backoff_seconds, max_backoff_seconds), health_url (the head), ray_ready (the Ray
-# head: {address, nodes, gpus}). In the spec, not the container, so that changing them (a node added,
-# another port) touches no container.
-DEFAULT_RECOVERY = {
-    "max_restarts": 5,
-    "window_seconds": 600,
-    "backoff_seconds": 2,
-    "max_backoff_seconds": 60,
-    "gpu_wait_seconds": 180,
-}
+# window_seconds, backoff_seconds, max_backoff_seconds, gpu_wait_seconds: the stack's `recovery` keys,
+# every one rendered by components.render.supervisor_spec, so their defaults live in the config alone),
+# health_url (the head), ray_ready (the Ray head: {address, nodes, gpus}). In the spec, not the
+# container, so that changing them (a node added, another port) touches no container.
 # Ray's `ray start --block` drains "for up to 30 s" on SIGTERM. By then vLLM is stopped and there is
 # nothing to drain; a head whose workers were already gone waited the whole 30 s in the rehearsal
 # (its container's delete took 31.7 s of a 39.7 s destroy). A single node drains in 0.5 s (H200).
 RAY_STOP_GRACE_SECONDS = 5
 LEFTOVER_GRACE_SECONDS = 2  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
-# vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): the GPU lacks what it asks for.
-GPU_BUSY_MESSAGE = "on startup is less than desired GPU memory utilization"
-# vLLM refusing its own settings while it starts (vLLM 0.25's messages): the same settings are refused
-# again at every start, so restarting only burns minutes (a hybrid model's refusal comes after loading
-# and compiling, ~4 min on an H200). vLLM has not served in that run when one of these is its reason.
-START_REFUSALS = (
-    "exceeds available Mamba cache blocks",  # vllm/config/compilation.py: max_num_seqs above the blocks
-    "To serve at least one request with the model's max seq len",  # vllm/v1/core/kv_cache_utils.py
-    "No available memory for the cache blocks",  # vllm/v1/core/kv_cache_utils.py
-    "User-specified max_model_len",  # vllm/config/model.py: above what the model allows
-    "error: unrecognized arguments",  # argparse: an unknown flag in extraArgs
-    "error: argument ",  # argparse: a flag's value it cannot take ("invalid choice", "expected one argument")
-    "error: ambiguous option",  # argparse: a prefix of several flags
-    " validation error for ",  # pydantic: a value vLLM's config dataclasses refuse
-)
 RAY_CHECK = """
 import json, ray
 ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
@@ -105,267 +82,6 @@ def read_spec():
             return json.load(handle)
     except (OSError, ValueError):
         return None
-
-
-# vLLM's own log lines carry their level ("(APIServer pid=7) WARNING 12-01 20:42:04 [...]"): a warning
-# that mentions an error (its ulimit notice names OSError) is not why vLLM exited.
-NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d ")
-
-
-def error_line(text, lines=200):
-    """The last error-like line of vLLM's output (since its start), or ""."""
-    tail = [line for line in text.splitlines()[-lines:] if line.strip() and "=== spark-vllm:" not in line]
-    for line in reversed(tail):
-        if NOT_AN_ERROR.search(line):
-            continue
-        if any(word in line for word in ("Error", "ERROR", "error:", "Traceback", "unrecognized")):
-            return line.strip()[:300]
-    return ""
-
-
-def start_refusal(text):
-    """The line of vLLM's output that refuses its settings at start (START_REFUSALS), or ""."""
-    for line in reversed(text.splitlines()[-400:]):
-        if "=== spark-vllm:" not in line and any(needle in line for needle in START_REFUSALS):
-            return line.strip()[:400]
-    return ""
-
-
-def exit_reason(code, text):
-    """Why vLLM exited, as far as it shows: the signal that ended it, else its last error line (or
-    its last line when none looks like an error)."""
-    error = error_line(text)
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}" + (f"; its log's last error: {error}" if error else "")
-    if error:
-        return error
-    lines = [line for line in text.splitlines() if line.strip() and "=== spark-vllm:" not in line]
-    return lines[-1].strip()[:300] if lines else ""
-
-
-# vLLM 0.25 hashes every VLLM_* variable of a worker into its torch.compile cache key and writes their raw
-# values beside the compiled graphs, once per cache directory (vllm/envs.py compile_factors,
-# vllm/compilation/backends.py: <VLLM_CACHE_ROOT>/torch_compile_cache/<hash>/rank_<r>_<dp>/<part>/
-# cache_key_factors.json), VLLM_API_KEY among them: with mp the workers have the API server's environment.
-# The supervisor puts a mark in place of any secret it finds there (the file is only metadata: vLLM
-# never reads it back; the cache stays valid).
-SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN", "RAY_AUTH_TOKEN")
-COMPILE_FACTORS = "torch_compile_cache/*/*/*/cache_key_factors.json"
-REDACTED = "<redacted by spark-vllm>"
-
-
-def vllm_cache_root(env):
-    """Where vLLM keeps its caches (vllm/envs.py VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, ~/.cache/vllm)."""
-    if env.get("VLLM_CACHE_ROOT"):
-        return os.path.expanduser(env["VLLM_CACHE_ROOT"])
-    return os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
-
-
-def redact_compile_factors(env, seen):
-    """Secrets of `env` out of vLLM's cache_key_factors.json files (those not in `seen`, path -> (mtime, size));
-    returns the paths changed."""
-    secrets = [env[name] for name in SECRET_ENV if len(env.get(name) or "") >= 8]
-    changed = []
-    for path in glob.glob(os.path.join(vllm_cache_root(env), COMPILE_FACTORS)):
-        try:
-            # size too: a file read between its creation and vLLM's write can keep its mtime (the
-            # kernel's timestamps are coarse), and would then be skipped with the key in it
-            stat = os.stat(path)
-            if seen.get(path) == (stat.st_mtime_ns, stat.st_size):
-                continue
-            with open(path) as handle:
-                text = handle.read()
-            cleaned = text
-            for secret in secrets:
-                cleaned = cleaned.replace(json.dumps(secret)[1:-1], REDACTED)
-            if cleaned != text:
-                with open(f"{path}.tmp", "w") as handle:
-                    handle.write(cleaned)
-                os.chmod(f"{path}.tmp", os.stat(path).st_mode & 0o777)
-                os.replace(f"{path}.tmp", path)
-                changed.append(path)
-            stat = os.stat(path)
-            seen[path] = (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            continue  # written this moment, or removed: looked at again next time
-    return changed
-
-
-def proc_stat(pid):
-    """(ppid, pgid, sid, start time) of a process, or None when it is gone (or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] == "Z":
-        return None
-    return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
-
-
-def all_processes():
-    """{pid: (ppid, pgid, sid, start time)} of every live process this container sees."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = proc_stat(int(entry))
-            if stat is not None:
-                found[int(entry)] = stat
-    return found
-
-
-def describe(pid):
-    """`pid 812 VLLM::EngineCore` (its name, else the start of its command line)."""
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            name = handle.read().strip()
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            line = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return f"pid {pid}"
-    if line and name.lower() in ("python", "python3", "python3.12", "python3.11", "python3.10"):
-        name = line[:80]
-    return f"pid {pid} {name}"
-
-
-def descendants(roots, processes):
-    """`roots` and every process below them."""
-    children = collections.defaultdict(list)
-    for pid, (ppid, *_rest) in processes.items():
-        children[ppid].append(pid)
-    found, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-class Tree:
-    """Everything one start of vLLM made: its process group and session (the API server leads both),
-    every process below it, and those seen below it earlier (a SIGKILLed parent's children are
-    re-parented away, but they keep the session, and the supervisor remembers them)."""
-
-    def __init__(self, leader):
-        self.leader = leader
-        self.seen = {}  # pid -> start time: processes once below the leader
-
-    def remember(self):
-        processes = all_processes()
-        for pid in self._members(processes):
-            self.seen.setdefault(pid, processes[pid][3])
-
-    def _members(self, processes):
-        mine = {pid for pid, (_, pgid, sid, _) in processes.items() if self.leader in (pgid, sid)}
-        mine |= {pid for pid, start in self.seen.items() if pid in processes and processes[pid][3] == start}
-        if self.leader in processes:
-            mine.add(self.leader)
-        return descendants(mine, processes) & set(processes)
-
-    def alive(self):
-        return self._members(all_processes())
-
-    def signal(self, signum):
-        for pid in self.alive():
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def gone_within(self, seconds, reap=None):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if reap:
-                reap()  # our own child must be waited for, or it lingers as a zombie
-            if not self.alive():
-                return True
-            time.sleep(0.2)
-        return False
-
-    def end(self, grace, reap=None):
-        """SIGTERM to all of it, up to `grace` seconds, SIGKILL to what is left; True once all is gone."""
-        if not self.alive():
-            return True
-        self.signal(signal.SIGTERM)
-        if self.gone_within(grace, reap):
-            return True
-        left = sorted(self.alive())
-        say(f"SIGKILL to what is left of vLLM after {grace:g} s: {', '.join(describe(pid) for pid in left)}")
-        self.signal(signal.SIGKILL)
-        return self.gone_within(10, reap)
-
-
-def stop_group(process, grace):
-    """Ray's `ray start --block` and its children: SIGTERM to its process group, `grace`, SIGKILL."""
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        say(f"Ray did not stop within {grace:g} s of SIGTERM: SIGKILL to its processes")
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-
-
-def gpu_holders():
-    """Processes in this container with a GPU open (/dev/nvidiaN), named."""
-    held = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            targets = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-        except OSError:
-            continue
-        if any(t.startswith("/dev/nvidia") and t[len("/dev/nvidia") :].isdigit() for t in targets):
-            held.append(describe(int(entry)))
-    return sorted(held)
-
-
-def gpu_memory(visible):
-    """[(index, total MiB, free MiB)] of the GPUs vLLM will use, from nvidia-smi; None where there is no
-    nvidia-smi or it reports no sizes (a GB10's unified memory: [N/A])."""
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if result.returncode != 0:
-        return None
-    gpus = []
-    for line in result.stdout.strip().splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) != 3 or not all(part.replace(".", "", 1).isdigit() for part in parts):
-            return None
-        index, total, free = int(parts[0]), float(parts[1]), float(parts[2])
-        if visible is None or str(index) in visible:
-            gpus.append((index, total, free))
-    return gpus or None
-
-
-def visible_gpus(env):
-    """The GPU indexes CUDA_VISIBLE_DEVICES names (None: all of them)."""
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if value is None or not all(part.strip().isdigit() for part in value.split(",") if part.strip()):
-        return None
-    return {part.strip() for part in value.split(",") if part.strip()}
 
 
 class Supervisor:
@@ -423,7 +139,7 @@ class Supervisor:
 
     @property
     def recovery(self):
-        return {**DEFAULT_RECOVERY, **((self.spec or {}).get("recovery") or {})}
+        return (self.spec or {})["recovery"]  # read only while there are settings
 
     # -- Ray -----------------------------------------------------------------------------------
     def keep_ray(self, now):

@@ -1,5 +1,5 @@
 """Fixtures of the rehearsal: simulated nodes with their registry, the image in it, and stacks driven
-by the real Pulumi CLI (tests/e2e/stack.py)."""
+by the real Pulumi CLI (tests/e2e/cli_stack.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from tests.e2e import nodes as simnodes
+from tests.e2e.cli_stack import RehearsalStack, cli_missing
 from tests.e2e.image.build import publish, publish_prometheus
 from tests.e2e.rehearsal import CACHE_DIR, make_model
-from tests.e2e.stack import RehearsalStack, cli_missing
 from tests.ssh_agent import ssh_agent
 
 _counter = itertools.count()

@@ -7,7 +7,7 @@
 
 It runs what the README tells a user to run — `pulumi login`, `pulumi stack init`, `pulumi config
 set --secret …`, `pulumi preview --diff`, `pulumi up`, one chat request, `pulumi destroy` — with the
-real Pulumi CLI and engine (built from Go modules by scripts/toolchain.sh, tests/e2e/stack.py) on
+real Pulumi CLI and engine (built from Go modules by scripts/toolchain.sh, tests/e2e/cli_stack.py) on
 simulated nodes: each a network namespace with its own sshd and dockerd (tests/e2e/nodes.py), pulling
 from a registry on the host. The image is built locally with a real Ray and a stand-in for vLLM
 (tests/e2e/image, tests/e2e/standin); the docker and command provider plugins are stand-ins too
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tests.e2e import nodes as simnodes
+from tests.e2e.cli_stack import RehearsalStack, Run, cli_missing
 from tests.e2e.image.build import publish
-from tests.e2e.stack import RehearsalStack, Run, cli_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli_stack import StackError
 from tests.e2e.image.build import ensure_image, load_into
 from tests.e2e.rehearsal import CACHE_DIR, chat, make_model, rehearsal_config
-from tests.e2e.stack import StackError
 
 pytestmark = pytest.mark.e2e
 

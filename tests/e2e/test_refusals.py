@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
+from tests.e2e.cli_stack import StackError
 from tests.e2e.observe import no_containers
 from tests.e2e.rehearsal import rehearsal_config
-from tests.e2e.stack import StackError
 from tests.fake_sysfs import add_device
 
 pytestmark = pytest.mark.e2e

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli_stack import StackError
 from tests.e2e.observe import RAY_NODES, container_ids, netns_processes, no_containers
 from tests.e2e.rehearsal import BENCHMARK, chat, rehearsal_config
-from tests.e2e.stack import StackError
 
 pytestmark = pytest.mark.e2e
 

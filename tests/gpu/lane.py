@@ -39,9 +39,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from components.config import load_cluster_config  # noqa: E402
+from components.names import RUN_DIR  # noqa: E402
 from components.preflight import memory_plan, node_memory  # noqa: E402
 from components.render import (  # noqa: E402
-    RUN_DIR,
     benchmark_params,
     cluster_wait_params,
     engine_settings,
@@ -449,12 +449,12 @@ def run_lane(args) -> dict:
 
 
 def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report: dict, step) -> None:
-    """The deploy's benchmark step (benchmark.py, the stack's default load) with each tool: the
+    """The deploy's benchmark step (node_benchmark.py, the stack's default load) with each tool: the
     project's own load, then the image's `vllm bench serve`."""
     report["benchmark"] = {}
     for tool in ("spark-vllm", "vllm"):
         params = benchmark_params(cfg, served, model_dir, api_key) | {"tool": tool}
-        code, output, seconds = node.exec_python("benchmark.py", params, params["timeout_seconds"] + 360)
+        code, output, seconds = node.exec_python("node_benchmark.py", params, params["timeout_seconds"] + 360)
         step(f"benchmark_{tool}", code, output, seconds)
         lines = [line for line in output.splitlines() if line.startswith("{")]
         report["benchmark"][tool] = json.loads(lines[-1]) if code == 0 and lines else {"error": output.strip()[-2000:]}

@@ -133,7 +133,7 @@ def test_the_scripts_rule_for_the_sync_root_is_the_programs():
     from components.render import script
 
     namespace = {}
-    source = script("fabric_copy.py")
+    source = script("node_fabric_copy.py")
     start = source.index("def sync_root(")
     exec(source[start : source.index("\ndef ", start + 1)], {"os": __import__("os")}, namespace)  # noqa: S102
     for model in ("/data/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de2", "/models/Qwen", "/a/snapshots/b"):

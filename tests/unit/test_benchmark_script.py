@@ -1,4 +1,4 @@
-"""components/scripts/benchmark.py for real: against the stand-in vLLM's HTTP server on 127.0.0.1 (its
+"""components/scripts/node_benchmark.py for real: against the stand-in vLLM's HTTP server on 127.0.0.1 (its
 own load), and with a `vllm` on PATH that answers as `vllm bench serve` does (its result file)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def params(base_url: str, **changes) -> dict:
 
 
 def run(p: dict, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-"], input=script_program("benchmark.py", p), capture_output=True,
+    return subprocess.run([sys.executable, "-"], input=script_program("node_benchmark.py", p), capture_output=True,
                           text=True, timeout=120, env=env)  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The fabric gate: its probe (components/scripts/fabric_gate.py) run for real on this machine's
+"""The fabric gate: its probe (components/scripts/node_fabric_gate.py) run for real on this machine's
 loopback, two "nodes" at once (127.0.0.1 and 127.0.0.2) measuring towards each other, with a fake
 RDMA tree; and the judge (components/fabric.py) on the facts it reports, one rule at a time."""
 
@@ -240,7 +240,7 @@ def free_port() -> int:
 
 def _start(params: dict) -> subprocess.Popen:
     process = subprocess.Popen([PYTHON, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    process.stdin.write(script_program("fabric_gate.py", params))
+    process.stdin.write(script_program("node_fabric_gate.py", params))
     process.stdin.close()
     return process
 

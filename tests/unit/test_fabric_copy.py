@@ -1,4 +1,4 @@
-"""components/scripts/fabric_copy.py run for real: the depot and its clients as processes on
+"""components/scripts/node_fabric_copy.py run for real: the depot and its clients as processes on
 loopback, the model directory on real files (the depot in a mount namespace of its own, so that
 source and receiver use the same path as on real nodes), the image through fake Docker Engine APIs.
 A proxy between them cuts or corrupts the stream."""
@@ -55,7 +55,7 @@ def depot():
         env = {**os.environ, "SPARK_VLLM_COPY_TOKEN": token}
         if docker_socket:
             env["DOCKER_HOST"] = f"unix://{docker_socket}"
-        program = script_program("fabric_copy.py", params)
+        program = script_program("node_fabric_copy.py", params)
         argv = [sys.executable, "-u", "-c", program]
         if bind:  # (what the depot sees, where): the source node's copy at the receiver's path
             script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
@@ -79,7 +79,7 @@ def client(role, port, token=TOKEN, docker_socket=None, timeout=60, **params):
         env["DOCKER_HOST"] = f"unix://{docker_socket}"
     result = subprocess.run(
         [sys.executable, "-"],
-        input=script_program("fabric_copy.py", params),
+        input=script_program("node_fabric_copy.py", params),
         capture_output=True,
         text=True,
         env=env,

@@ -1,4 +1,4 @@
-"""network.guard: the rules the config leads to, and components/scripts/guard.py run for real with
+"""network.guard: the rules the config leads to, and components/scripts/node_guard.py run for real with
 nft and with iptables in network namespaces: a peer on the fabric gets through, the management side
 does not, SSH and the API stay open, the rules come back when flushed, stay when the guard stops,
 and go when removed."""
@@ -170,7 +170,7 @@ def params(tmp_path, backend, action, **spec_changes):
 
 def run_guard(ns, p, background=False):
     argv = [IP, "netns", "exec", ns, sys.executable, "-"]
-    program = script_program("guard.py", p)
+    program = script_program("node_guard.py", p)
     if background:
         process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -271,7 +271,9 @@ def test_a_host_without_nft_or_iptables_fails_naming_the_node(tmp_path):
     root = tmp_path / "host"
     (root / "usr" / "sbin").mkdir(parents=True)
     p = {**params(tmp_path, None, "check"), "host_root": str(root)}
-    result = subprocess.run([sys.executable, "-"], input=script_program("guard.py", p), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-"], input=script_program("node_guard.py", p), capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert "[node-1] network.guard: FAILED: the node has neither nft nor iptables-restore" in result.stdout
     assert "sudo apt install nftables" in result.stdout

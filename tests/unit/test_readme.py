@@ -91,7 +91,11 @@ def test_the_guard_rules_shown_are_what_the_guard_writes_for_the_prod_head():
     for backend in ("nft", "iptables"):
         params = {**guard_params(cfg, cfg.nodes[0], "show"), "backend": backend}
         shown = subprocess.run(
-            [sys.executable, "-"], input=script_program("guard.py", params), capture_output=True, text=True, check=True
+            [sys.executable, "-"],
+            input=script_program("node_guard.py", params),
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         # The README shows the usual ephemeral range; this machine's may differ.
         shown = shown.replace(f"{low}-{high}", "32768-60999").replace(f"{low}:{high}", "32768:60999")

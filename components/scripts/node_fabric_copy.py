@@ -24,161 +24,19 @@
 # image (Docker creates an image only once its whole archive loaded, and the id is checked after).
 #
 # Clients print progress every `progress_seconds` and one JSON line at the end.
-import errno
-import hashlib
-import hmac
 import http.client
 import json
 import os
 import queue
 import shutil
-import socket
 import socketserver
-import stat
-import struct
 import sys
 import threading
 import time
 import urllib.parse
 
 P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-MAGIC = b"spark-vllm-copy/1\n"
-FRAME = 4 << 20  # bytes of payload per data frame
-MAX_FRAME = 16 << 20
-HEADER = struct.Struct(">cI")  # kind, payload length
 PARTIAL = ".spark-vllm-partial"
-
-
-class CopyError(Exception):
-    pass
-
-
-def say(message):
-    print(f"[{P['node']}] {message}", flush=True)
-
-
-def human(count):
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(count) < 1000 or unit == "TB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1000.0
-
-
-# --- the authenticated channel ---------------------------------------------------------------------
-
-
-def mac(key, *parts):
-    digest = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        digest.update(part)
-    return digest.digest()
-
-
-def read_exact(sock, count):
-    buffer = bytearray(count)
-    view, got = memoryview(buffer), 0
-    while got < count:
-        n = sock.recv_into(view[got:], count - got)
-        if n == 0:
-            raise CopyError(f"the connection closed after {got} of {count} bytes")
-        got += n
-    return buffer
-
-
-class Channel:
-    """Frames (kind, payload) with an HMAC over (sequence number, kind, length, payload) each."""
-
-    def __init__(self, sock, send_key, receive_key):
-        self.sock, self.send_key, self.receive_key = sock, send_key, receive_key
-        self.sent = self.received = 0
-
-    def send(self, kind, payload=b""):
-        header = HEADER.pack(kind, len(payload))
-        tag = mac(self.send_key, struct.pack(">Q", self.sent), header, payload)
-        self.sent += 1
-        if len(payload) < 65536:
-            self.sock.sendall(header + bytes(payload) + tag)
-        else:  # no copy of a large payload
-            for part in (header, payload, tag):
-                self.sock.sendall(part)
-
-    def send_json(self, value):
-        self.send(b"J", json.dumps(value).encode())
-
-    def receive(self):
-        kind, length = HEADER.unpack(read_exact(self.sock, HEADER.size))
-        if length > MAX_FRAME:
-            raise CopyError(f"a frame of {length} bytes: not from a depot of this stack")
-        payload = read_exact(self.sock, length)
-        tag = read_exact(self.sock, 32)
-        expected = mac(self.receive_key, struct.pack(">Q", self.received), HEADER.pack(kind, length), payload)
-        if not hmac.compare_digest(bytes(tag), expected):
-            raise CopyError("a frame failed its integrity check (corrupted, or not from this stack's depot)")
-        self.received += 1
-        if kind == b"X":
-            raise CopyError(f"the depot says: {payload.decode(errors='replace')}")
-        return kind, payload
-
-    def receive_json(self):
-        kind, payload = self.receive()
-        if kind != b"J":
-            raise CopyError(f"expected a message, got a frame of kind {kind!r}")
-        return json.loads(payload)
-
-
-def keys(token, nonce_server, nonce_client):
-    return (
-        mac(token, b"to-client", nonce_server, nonce_client),
-        mac(token, b"to-server", nonce_server, nonce_client),
-    )
-
-
-def accept(sock, token):
-    """The depot's side of the handshake: a Channel, or CopyError for a client without the token."""
-    nonce_server = os.urandom(32)
-    sock.sendall(MAGIC + nonce_server)
-    answer = read_exact(sock, 64)
-    nonce_client, proof = bytes(answer[:32]), bytes(answer[32:])
-    if not hmac.compare_digest(proof, mac(token, b"client", nonce_server, nonce_client)):
-        raise CopyError("a client without this stack's copy token")
-    sock.sendall(mac(token, b"server", nonce_client, nonce_server))
-    to_client, to_server = keys(token, nonce_server, nonce_client)
-    return Channel(sock, to_client, to_server)
-
-
-def connect(address, port, token, wait_seconds=30):
-    """A Channel to the depot; it may still be starting, so a refused connection is tried again."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        try:
-            sock = socket.create_connection((address, port), timeout=10)
-            break
-        except OSError as error:
-            if time.monotonic() > deadline:
-                raise CopyError(
-                    f"cannot reach the depot of {P['source']} at {address}:{port} over the fabric: {error}"
-                ) from error
-            time.sleep(0.5)
-    sock.settimeout(120)
-    try:
-        hello = read_exact(sock, len(MAGIC) + 32)
-    except (CopyError, OSError) as error:
-        raise CopyError(f"the depot at {address}:{port} did not greet: {error}") from error
-    if bytes(hello[: len(MAGIC)]) != MAGIC:
-        raise CopyError(f"{address}:{port} is not a spark-vllm depot")
-    nonce_server, nonce_client = bytes(hello[len(MAGIC) :]), os.urandom(32)
-    sock.sendall(nonce_client + mac(token, b"client", nonce_server, nonce_client))
-    try:
-        proof = bytes(read_exact(sock, 32))
-    except CopyError:
-        proof = b""
-    if not hmac.compare_digest(proof, mac(token, b"server", nonce_client, nonce_server)):
-        raise CopyError(f"the depot at {address}:{port} refused this stack's copy token, or does not hold it")
-    to_client, to_server = keys(token, nonce_server, nonce_client)
-    return Channel(sock, to_server, to_client)
-
-
-# --- the Docker Engine API over its unix socket -----------------------------------------------------
 
 
 def docker(method, path, body=None, headers=None, timeout=60):
@@ -201,87 +59,6 @@ def image_info(image_id):
 
 
 # --- the model directory ----------------------------------------------------------------------------
-
-
-def sync_root(model_dir):
-    """The directory the copy works in: the model directory, or for a Hugging Face snapshot
-    (…/models--org--name/snapshots/REV) its repository, whose blobs/ the snapshot links into."""
-    parent = os.path.dirname(model_dir)
-    if os.path.basename(parent) == "snapshots" and os.path.basename(os.path.dirname(parent)).startswith("models--"):
-        return os.path.dirname(parent)
-    return model_dir
-
-
-def inside(path, root):
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def manifest(model_dir):
-    """{relative path under the sync root: entry} for the model directory, and the problems that
-    stop a copy (symlinks leading out of it, dangling ones, unreadable entries)."""
-    root = sync_root(model_dir)
-    real_root = os.path.realpath(root)
-    entries, problems = {}, []
-
-    def relative(path):
-        return os.path.relpath(path, root).replace(os.sep, "/")
-
-    def add_file(path, info):
-        entries[relative(path)] = {
-            "type": "file",
-            "size": info.st_size,
-            "mtime_ns": info.st_mtime_ns,
-            "mode": stat.S_IMODE(info.st_mode),
-        }
-
-    for current, dirs, names in os.walk(model_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if current != model_dir:
-            entries[relative(current)] = {"type": "dir"}
-        for name in sorted(names + [d for d in dirs if os.path.islink(os.path.join(current, d))]):
-            if name.startswith("."):
-                continue
-            path = os.path.join(current, name)
-            info = os.lstat(path)
-            if stat.S_ISREG(info.st_mode):
-                add_file(path, info)
-            elif stat.S_ISLNK(info.st_mode):
-                target = os.readlink(path)
-                resolved = os.path.realpath(path)
-                if not inside(resolved, real_root):
-                    problems.append(f"{relative(path)} -> {target} leads out of {root}")
-                elif not os.path.exists(resolved):
-                    problems.append(f"{relative(path)} -> {target} is dangling")
-                elif os.path.isdir(resolved) and not inside(resolved, os.path.realpath(model_dir)):
-                    problems.append(f"{relative(path)} -> {target}: a link to a directory outside {model_dir}")
-                else:
-                    entries[relative(path)] = {"type": "link", "target": target}
-                    if os.path.isfile(resolved) and not inside(resolved, os.path.realpath(model_dir)):
-                        blob = os.path.join(root, os.path.relpath(resolved, real_root))
-                        add_file(blob, os.stat(blob))
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(current, d))]
-    return entries, problems
-
-
-def extents(handle, size):
-    """[(offset, length)] of the data in a file; holes are left out (SEEK_DATA / SEEK_HOLE; a
-    filesystem without them reports the whole file as data)."""
-    spans, offset = [], 0
-    while offset < size:
-        try:
-            start = os.lseek(handle, offset, os.SEEK_DATA)
-        except OSError as error:
-            if error.errno == errno.ENXIO:  # only a hole after offset
-                break
-            return [(0, size)]
-        end = min(os.lseek(handle, start, os.SEEK_HOLE), size)
-        if end > start:
-            spans.append((start, end - start))
-        offset = end
-    return spans
-
-
-# --- the depot --------------------------------------------------------------------------------------
 
 
 class Depot(socketserver.ThreadingTCPServer):
@@ -486,63 +263,6 @@ def tag(image_id):
 
 
 # --- the model --------------------------------------------------------------------------------------
-
-
-def local_entry(path):
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(info.st_mode):
-        return {"type": "link", "target": os.readlink(path)}
-    if stat.S_ISDIR(info.st_mode):
-        return {"type": "dir"}
-    if stat.S_ISREG(info.st_mode):
-        return {"type": "file", "size": info.st_size, "mtime_ns": info.st_mtime_ns}
-    return {"type": "other"}
-
-
-def same(wanted, found):
-    if found is None or found["type"] != wanted["type"]:
-        return False
-    if wanted["type"] == "file":  # rsync's quick check: size and modification time
-        return found["size"] == wanted["size"] and found["mtime_ns"] // 10**9 == wanted["mtime_ns"] // 10**9
-    if wanted["type"] == "link":
-        return found["target"] == wanted["target"]
-    return True
-
-
-def remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
-
-
-def stale_partials(model_dir):
-    for current, _, names in os.walk(model_dir):
-        for name in names:
-            if name.startswith(".") and name.endswith(PARTIAL):
-                os.unlink(os.path.join(current, name))
-
-
-def plan(model_dir, root, entries):
-    """(files to fetch, links to set, dirs to make, paths to remove) to make this node's copy the source's."""
-    fetch, links, dirs, extra = [], [], [], []
-    for relative, wanted in sorted(entries.items()):
-        found = local_entry(os.path.join(root, relative))
-        if same(wanted, found):
-            continue
-        {"file": fetch, "link": links, "dir": dirs}[wanted["type"]].append(relative)
-    if os.path.isdir(model_dir):
-        for current, subdirs, names in os.walk(model_dir):
-            subdirs[:] = [d for d in subdirs if not d.startswith(".")]
-            for name in [n for n in names + subdirs if not n.startswith(".")]:
-                relative = os.path.relpath(os.path.join(current, name), root).replace(os.sep, "/")
-                if relative not in entries:
-                    extra.append(relative)
-            subdirs[:] = [d for d in subdirs if os.path.relpath(os.path.join(current, d), root) in entries]
-    return fetch, links, dirs, extra
 
 
 class Finisher:

@@ -1,0 +1,52 @@
+# What the GPUs have free and who holds them, from nvidia-smi where there is one (the supervisor's,
+# prepended to it by components.render.SCRIPT_HELPERS). Standard library only, no side effects.
+import os
+import subprocess
+
+
+def gpu_holders():
+    """Processes in this container with a GPU open (/dev/nvidiaN), named."""
+    held = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            targets = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if any(t.startswith("/dev/nvidia") and t[len("/dev/nvidia") :].isdigit() for t in targets):
+            held.append(describe(int(entry)))
+    return sorted(held)
+
+
+def gpu_memory(visible):
+    """[(index, total MiB, free MiB)] of the GPUs vLLM will use, from nvidia-smi; None where there is no
+    nvidia-smi or it reports no sizes (a GB10's unified memory: [N/A])."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    gpus = []
+    for line in result.stdout.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3 or not all(part.replace(".", "", 1).isdigit() for part in parts):
+            return None
+        index, total, free = int(parts[0]), float(parts[1]), float(parts[2])
+        if visible is None or str(index) in visible:
+            gpus.append((index, total, free))
+    return gpus or None
+
+
+def visible_gpus(env):
+    """The GPU indexes CUDA_VISIBLE_DEVICES names (None: all of them)."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None or not all(part.strip().isdigit() for part in value.split(",") if part.strip()):
+        return None
+    return {part.strip() for part in value.split(",") if part.strip()}
