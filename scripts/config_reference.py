@@ -112,7 +112,7 @@ def project_config() -> str:
             declared.append((path, {**entry, "default": field.default}))
         else:
             undeclared.append((path, field.description))
-    lines = [YAML_BEGIN, "# Generated from components/config.py by scripts/config_reference.py --write.", "config:"]
+    lines = [YAML_BEGIN, "# Generated from components/config/ by scripts/config_reference.py --write.", "config:"]
     for path, entry in declared:
         lines.append(f"  {path}:")
         for key, value in entry.items():
