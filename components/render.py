@@ -30,6 +30,7 @@ from components.names import (
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
 )
+from components.scripts.node_contract import RayReady, Recovery, SupervisorParams, spec_fields
 
 
 def container_name(node: NodeConfig) -> str:
@@ -82,38 +83,36 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     """What a node's container is, for its supervisor (components/scripts/supervisor.py): the
     container's command. Only what changes the container itself belongs here; what vLLM is (its
     arguments, recovery, the cluster it waits for) comes from the serve step (`supervisor_spec`)."""
-    params = {
-        "node": node.name,
-        "executor": cfg.executor,
-        "run_dir": RUN_DIR,
-        "ray_argv": ["ray", *ray_start_args(cfg, node)] if cfg.executor == "ray" else None,
-        "stop_grace_seconds": VLLM_STOP_GRACE_SECONDS,
-    }
-    if cfg.network.guard:  # only then: turning nothing on changes no container
-        params["guard_marker"] = GUARD_MARKER_IN_NODE
-    return params
+    return SupervisorParams(
+        node=node.name,
+        executor=cfg.executor,
+        run_dir=RUN_DIR,
+        ray_argv=["ray", *ray_start_args(cfg, node)] if cfg.executor == "ray" else None,
+        stop_grace_seconds=VLLM_STOP_GRACE_SECONDS,
+        guard_marker=GUARD_MARKER_IN_NODE if cfg.network.guard else None,
+    ).to_json()
 
 
 def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
-    """The part of vLLM's settings for a node's supervisor besides argv and env."""
+    """The part of vLLM's settings for a node's supervisor besides argv and env (a VllmSpec's)."""
     is_head = node.name == cfg.head_node.name
     recovery = cfg.recovery
-    spec: dict[str, Any] = {
-        "recovery": {
-            "max_restarts": recovery.max_restarts,
-            "window_seconds": recovery.window_seconds,
-            "backoff_seconds": recovery.backoff_seconds,
-            "max_backoff_seconds": recovery.max_backoff_seconds,
-            "gpu_wait_seconds": recovery.gpu_wait_seconds,
-        },
-        # What vLLM asks of each GPU at start: the supervisor waits until the GPUs have it.
-        "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization if cfg.container.gpus else None,
-        "health_url": f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
-        "ray_ready": None,
-    }
+    ray_ready = None
     if cfg.executor == "ray" and is_head:
-        spec["ray_ready"] = {"address": ray_address(cfg), "nodes": len(cfg.nodes), "gpus": cfg.world_size}
-    return spec
+        ray_ready = RayReady(address=ray_address(cfg), nodes=len(cfg.nodes), gpus=cfg.world_size)
+    return spec_fields(
+        Recovery(
+            max_restarts=recovery.max_restarts,
+            window_seconds=recovery.window_seconds,
+            backoff_seconds=recovery.backoff_seconds,
+            max_backoff_seconds=recovery.max_backoff_seconds,
+            gpu_wait_seconds=recovery.gpu_wait_seconds,
+        ),
+        # What vLLM asks of each GPU at start: the supervisor waits until the GPUs have it.
+        gpu_memory_utilization=cfg.vllm.gpu_memory_utilization if cfg.container.gpus else None,
+        health_url=f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
+        ray_ready=ray_ready,
+    )
 
 
 def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
@@ -316,7 +315,13 @@ def local_http_host(cfg: ClusterConfig) -> str:
 
 # Scripts that share code: what each needs is prepended to it (each still travels as one program).
 SCRIPT_HELPERS = {
-    "supervisor.py": ("node_processes.py", "node_gpus.py", "node_compile_cache.py", "node_vllm_output.py"),
+    "supervisor.py": (
+        "node_contract.py",
+        "node_processes.py",
+        "node_gpus.py",
+        "node_compile_cache.py",
+        "node_vllm_output.py",
+    ),
     "model_fingerprint.py": ("vllm_weights.py",),
     "hf_download.py": ("vllm_weights.py", "node_common.py"),
     "image_pull.py": ("docker_api.py", "node_common.py"),

@@ -19,7 +19,7 @@
 # running | backoff | failed | stopped), vLLM's pid, restarts in the window and in all, the last
 # exit and the last error line of the log, whether /health answers 200 (serving), Ray's restarts.
 # RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: MM-DD HH:MM:SS …` line for each start and exit.
-# With network.guard (P["guard_marker"]), nothing starts until the guard container applied its
+# With network.guard (P.guard_marker), nothing starts until the guard container applied its
 # rules in this boot (its marker names the boot id): after a reboot Ray never listens unguarded.
 # vLLM is several processes (the API server, an engine core `VLLM::EngineCore`, workers) and only
 # the last of them to go frees the GPU: a SIGKILL of the API server (the OOM killer, a crash) leaves
@@ -42,8 +42,8 @@ import time
 import urllib.error
 import urllib.request
 
-P = json.loads(sys.argv[1])  # what the container is: node, executor, run_dir, ray_argv, stop_grace_seconds
-RUN = P["run_dir"]
+P = SupervisorParams(**json.loads(sys.argv[1]))  # what the container is (node_contract.py)
+RUN = P.run_dir
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # What vLLM is, from the serve step's spec: argv, env, fingerprint, recovery (max_restarts,
 # window_seconds, backoff_seconds, max_backoff_seconds, gpu_wait_seconds: the stack's `recovery` keys,
@@ -70,17 +70,18 @@ def mark(message):
 
 
 def say(message):
-    line = f"[spark-vllm supervisor {P['node']}] {message}"
+    line = f"[spark-vllm supervisor {P.node}] {message}"
     print(line, flush=True)
     with open(LOG, "a") as log:
         log.write(mark(message))
 
 
 def read_spec():
+    """vLLM's settings as the serve step handed them over (a VllmSpec), or None."""
     try:
         with open(SPEC) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+            return VllmSpec.from_json(json.load(handle))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -121,10 +122,10 @@ class Supervisor:
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
         """Whether the guard's rules are in place in this boot (always, without the guard)."""
-        if self.guard_seen or not P.get("guard_marker"):
+        if self.guard_seen or not P.guard_marker:
             return True
         try:
-            with open(P["guard_marker"]) as handle:
+            with open(P.guard_marker) as handle:
                 marker = json.load(handle)
             with open("/proc/sys/kernel/random/boot_id") as handle:
                 self.guard_seen = marker.get("boot_id") == handle.read().strip()
@@ -139,11 +140,11 @@ class Supervisor:
 
     @property
     def recovery(self):
-        return (self.spec or {})["recovery"]  # read only while there are settings
+        return self.spec.recovery  # read only while there are settings
 
     # -- Ray -----------------------------------------------------------------------------------
     def keep_ray(self, now):
-        if not P.get("ray_argv"):
+        if not P.ray_argv:
             return
         if self.ray is not None and self.ray.poll() is None:
             return
@@ -157,12 +158,12 @@ class Supervisor:
             say(f"Ray exited with code {code}; starting it again in {delay} s")
             return
         if now >= self.ray_next:
-            self.ray = subprocess.Popen(P["ray_argv"], stdin=subprocess.DEVNULL, start_new_session=True)
-            say(f"Ray started (pid {self.ray.pid}): {' '.join(P['ray_argv'][:3])} …")
+            self.ray = subprocess.Popen(P.ray_argv, stdin=subprocess.DEVNULL, start_new_session=True)
+            say(f"Ray started (pid {self.ray.pid}): {' '.join(P.ray_argv[:3])} …")
 
     def cluster_formed(self, now):
         """The Ray head waits for every node and the GPUs before it starts vLLM."""
-        wanted = (self.spec or {}).get("ray_ready")
+        wanted = self.spec.ray_ready if self.spec else None
         if self.ray_ready or not wanted:
             return True
         if now < self.next_ray_check:
@@ -170,7 +171,7 @@ class Supervisor:
         self.next_ray_check = now + 2
         try:
             result = subprocess.run(
-                [sys.executable, "-c", RAY_CHECK.format(address=wanted["address"])],
+                [sys.executable, "-c", RAY_CHECK.format(address=wanted.address)],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -178,18 +179,18 @@ class Supervisor:
             found = json.loads(result.stdout.strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return False
-        self.ray_ready = found["nodes"] >= wanted["nodes"] and found["gpus"] >= wanted["gpus"]
+        self.ray_ready = found["nodes"] >= wanted.nodes and found["gpus"] >= wanted.gpus
         return self.ray_ready
 
     # -- vLLM ----------------------------------------------------------------------------------
     def gpu_ready(self, spec, now):
         """Whether the GPUs have what vLLM asks for at start (gpuMemoryUtilization x total, on each);
         while they do not, says what holds them, for at most recovery gpu_wait_seconds."""
-        fraction = spec.get("gpu_memory_utilization")
+        fraction = spec.gpu_memory_utilization
         if not fraction or now < self.next_gpu_check:
             return not fraction or self.gpu_busy_since is None
         self.next_gpu_check = now + 1
-        gpus = gpu_memory(visible_gpus({**os.environ, **(spec.get("env") or {})}))
+        gpus = gpu_memory(visible_gpus({**os.environ, **spec.env}))
         if gpus is None:  # nothing to read: vLLM's own check decides (a refused start waits, see vllm_exited)
             return True
         short = [(index, total, free) for index, total, free in gpus if free < fraction * total]
@@ -214,7 +215,7 @@ class Supervisor:
             self.gpu_busy_since = now
             self.gpu_note = 0.0
         waited = now - self.gpu_busy_since
-        limit = self.recovery["gpu_wait_seconds"]
+        limit = self.recovery.gpu_wait_seconds
         if waited > limit:
             self.failed = (
                 f"the GPU stayed busy for {waited:.0f} s (recovery.gpuWaitSeconds {limit}): {what}. Free it "
@@ -231,15 +232,15 @@ class Supervisor:
 
     def start_vllm(self, spec, now):
         env = dict(os.environ)
-        env.update(spec.get("env") or {})
+        env.update(spec.env)
         try:
             self.log_start = os.path.getsize(LOG)
         except OSError:
             self.log_start = 0
         with open(LOG, "ab", buffering=0) as log:
-            log.write(mark(f"starting {' '.join(spec['argv'])}").encode())
+            log.write(mark(f"starting {' '.join(spec.argv)}").encode())
             self.vllm = subprocess.Popen(
-                spec["argv"],
+                spec.argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -263,7 +264,7 @@ class Supervisor:
             if self.vllm.poll() is None:
                 say(f"stopping vLLM (pid {self.vllm.pid}): {why}")
             self.tree.remember()
-            if not self.tree.end(P["stop_grace_seconds"], reap=self.vllm.poll):
+            if not self.tree.end(P.stop_grace_seconds, reap=self.vllm.poll):
                 say(f"vLLM's processes outlived SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
             self.vllm.poll()
         self.vllm = None
@@ -300,7 +301,7 @@ class Supervisor:
         recovery = self.recovery
         if GPU_BUSY_MESSAGE in output:
             # Not a crash: the GPU was not free yet (a process still releasing it). Wait and try again.
-            self.next_start = now + recovery["backoff_seconds"]
+            self.next_start = now + recovery.backoff_seconds
             self.gpu_busy = f"vLLM refused to start: {error}"
             say(f"vLLM could not start because the GPU is still busy; not counted as a crash ({error})")
             self.gpu_wait(now, self.gpu_busy)
@@ -316,31 +317,31 @@ class Supervisor:
             self.state = "failed"
             say(self.failed)
             return
-        window = recovery["window_seconds"]
+        window = recovery.window_seconds
         self.exits.append(now)
         while self.exits and now - self.exits[0] > window:
             self.exits.popleft()
-        if len(self.exits) > recovery["max_restarts"]:
+        if len(self.exits) > recovery.max_restarts:
             self.failed = (
                 f"vLLM exited {len(self.exits)} times within {window} s (recovery.maxRestarts "
-                f"{recovery['max_restarts']}): not starting it again. Last exit code {code}: {error}"
+                f"{recovery.max_restarts}): not starting it again. Last exit code {code}: {error}"
             )
             self.state = "failed"
             say(self.failed)
             return
-        delay = min(recovery["backoff_seconds"] * 2 ** (len(self.exits) - 1), recovery["max_backoff_seconds"])
+        delay = min(recovery.backoff_seconds * 2 ** (len(self.exits) - 1), recovery.max_backoff_seconds)
         self.next_start = now + delay
         self.restarts_total += 1
         self.state = "backoff"
         say(
             f"vLLM exited with code {code} ({error}); starting it again in {delay:g} s "
-            f"({len(self.exits)} of {recovery['max_restarts']} restarts within {window} s)"
+            f"({len(self.exits)} of {recovery.max_restarts} restarts within {window} s)"
         )
 
     def follow_spec(self, now):
         spec = read_spec()
         self.spec = spec
-        wanted = spec.get("fingerprint") if spec else None
+        wanted = spec.fingerprint if spec else None
         if wanted != self.fingerprint:
             if self.fingerprint is not None:
                 self.stop_vllm("new settings" if wanted else "settings removed")
@@ -353,7 +354,7 @@ class Supervisor:
         return spec
 
     def probe(self, now):
-        url = (self.spec or {}).get("health_url")
+        url = self.spec.health_url if self.spec else None
         if not url or self.vllm is None or now < self.next_probe:
             return
         self.next_probe = now + 5
@@ -388,7 +389,7 @@ class Supervisor:
                     self.state = "waiting for Ray"
                 elif self.gpu_ready(spec, now):
                     self.start_vllm(spec, now)
-        if self.vllm is not None and not (spec or {}).get("health_url") and now - (self.started_at or now) > 5:
+        if self.vllm is not None and not (spec and spec.health_url) and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
         self.redact(now)
@@ -401,14 +402,14 @@ class Supervisor:
             return
         starting = self.vllm is not None and now - (self.started_at or now) < 900
         self.next_redact = now + (2 if starting else 30)
-        env = {**os.environ, **((self.spec or {}).get("env") or {})}
+        env = {**os.environ, **(self.spec.env if self.spec else {})}
         for path in redact_compile_factors(env, self.factors_seen):
             say(f"took the secrets out of vLLM's compile cache metadata: {path}")
 
     def write_status(self):
         status = {
-            "node": P["node"],
-            "executor": P["executor"],
+            "node": P.node,
+            "executor": P.executor,
             "state": self.state,
             "spec_fingerprint": self.fingerprint,
             "vllm_pid": self.vllm.pid if self.vllm is not None else None,
@@ -418,7 +419,7 @@ class Supervisor:
             "last_exit": self.last_exit,
             "failed": self.failed,
             "gpu_busy": self.gpu_busy,
-            "ray_restarts": self.ray_restarts if P.get("ray_argv") else None,
+            "ray_restarts": self.ray_restarts if P.ray_argv else None,
         }
         if status == self.written:
             return
@@ -432,13 +433,13 @@ class Supervisor:
         os.makedirs(RUN, mode=0o700, exist_ok=True)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: setattr(self, "stopping", True))
-        say(f"supervisor up ({P['executor']} executor)")
+        say(f"supervisor up ({P.executor} executor)")
         while not self.stopping:
             self.step()
             time.sleep(0.5)
         self.stop_vllm("the container is stopping")
         if self.ray is not None:
-            stop_group(self.ray, min(P["stop_grace_seconds"], RAY_STOP_GRACE_SECONDS))
+            stop_group(self.ray, min(P.stop_grace_seconds, RAY_STOP_GRACE_SECONDS))
         self.state = "stopped"
         self.write_status()
         return 0

@@ -425,7 +425,8 @@ def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_p
     as looked at when the write keeps its mtime (the kernel's timestamps are coarse)."""
     namespace: dict = {}
     body = script("supervisor.py").rsplit("sys.exit(Supervisor().run())", 1)[0]  # its functions, not its run
-    argv, sys.argv = sys.argv, ["supervisor", json.dumps({"node": "n", "executor": "mp", "run_dir": str(tmp_path)})]
+    params = {"node": "n", "executor": "mp", "run_dir": str(tmp_path), "ray_argv": None, "stop_grace_seconds": 2}
+    argv, sys.argv = sys.argv, ["supervisor", json.dumps(params)]  # a whole SupervisorParams (node_contract.py)
     try:
         exec(compile(body, "supervisor.py", "exec"), namespace)  # noqa: S102 - the script under test
     finally:
@@ -443,3 +444,18 @@ def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_p
     assert namespace["redact_compile_factors"](env, seen) == [str(factors)]
     assert json.loads(factors.read_text()) == {"env": {"VLLM_API_KEY": "<redacted by spark-vllm>"}}
     assert namespace["redact_compile_factors"](env, seen) == []  # looked at: not read again
+
+
+def test_the_contract_renders_what_the_container_and_the_supervisor_read():
+    """components/scripts/node_contract.py is both sides' one definition: what render.py writes parses back."""
+    from components.config import load_cluster_config
+    from components.render import supervisor_params, supervisor_spec
+    from components.scripts.node_contract import SupervisorParams, VllmSpec
+    from tests.unit.test_config import config
+
+    cfg = load_cluster_config(config(network__guard=True))
+    params = supervisor_params(cfg, cfg.nodes[0])
+    assert SupervisorParams(**params).guard_marker == params["guard_marker"]
+    assert "guard_marker" not in supervisor_params(load_cluster_config(config()), cfg.nodes[0])  # no container change
+    spec = VllmSpec.from_json({**supervisor_spec(cfg, cfg.nodes[0]), "argv": ["vllm"], "env": {}, "fingerprint": "f"})
+    assert spec.recovery.max_restarts == cfg.recovery.max_restarts and spec.ray_ready.gpus == cfg.world_size

@@ -1,0 +1,81 @@
+# What the program hands a node's container, typed once for both sides: components/render.py builds these
+# (it imports this file as a module) and the scripts in the container read them (it is prepended to
+# supervisor.py by components.render.SCRIPT_HELPERS). The JSON is the dataclasses' fields, so a field added
+# here is a field both sides know. Standard library only (Python 3.7+, whatever the image has), no side effects.
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class SupervisorParams:
+    """What the container is (its command: a change replaces the container, so only what must)."""
+
+    node: str
+    executor: str  # "ray" or "mp"
+    run_dir: str
+    ray_argv: Optional[list]  # `ray start …` for this node with Ray; None with mp
+    stop_grace_seconds: float
+    guard_marker: Optional[str] = None  # with network.guard: the marker its container writes once its rules hold
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        if data["guard_marker"] is None:
+            del data["guard_marker"]  # only with the guard: turning nothing on changes no container
+        return data
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The stack's `recovery` keys (their defaults are the config's: components/config/sections.py)."""
+
+    max_restarts: int
+    window_seconds: float
+    backoff_seconds: float
+    max_backoff_seconds: float
+    gpu_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class RayReady:
+    """The Ray head's wait before vLLM: every node alive and the GPUs TP × PP needs."""
+
+    address: str
+    nodes: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class VllmSpec:
+    """RUN_DIR/spec.json: what vLLM is on this node, handed over by the serve step (serve_spec.py)."""
+
+    argv: list
+    env: dict  # the API key among them: the file is mode 600
+    fingerprint: str
+    recovery: Recovery
+    gpu_memory_utilization: Optional[float]  # what vLLM asks of each GPU at start; None without GPUs
+    health_url: Optional[str]  # on the API server's node
+    ray_ready: Optional[RayReady]  # on the Ray head
+
+    @classmethod
+    def from_json(cls, data: dict) -> "VllmSpec":
+        ray_ready = data.get("ray_ready")
+        return cls(
+            argv=list(data["argv"]),
+            env=dict(data.get("env") or {}),
+            fingerprint=data["fingerprint"],
+            recovery=Recovery(**data["recovery"]),
+            gpu_memory_utilization=data.get("gpu_memory_utilization"),
+            health_url=data.get("health_url"),
+            ray_ready=RayReady(**ray_ready) if ray_ready else None,
+        )
+
+
+def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_ready) -> dict:
+    """The part of a VllmSpec the serve step renders beside argv, env and fingerprint, as JSON."""
+    return {
+        "recovery": dataclasses.asdict(recovery),
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "health_url": health_url,
+        "ray_ready": dataclasses.asdict(ray_ready) if ray_ready is not None else None,
+    }
