@@ -18,6 +18,7 @@ from components.config import ClusterConfig, NodeConfig
 from components.fabric import gate_params
 from components.preflight import fingerprint_argv, image_check_argv, model_path, node_memory, preflight_argv
 from components.render import script, script_program, shell_line, with_script
+from components.steps import remote_step
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,13 @@ def fabric_gate_probe(
     """`<node>-fabric-gate`: components/scripts/node_fabric_gate.py on the node's host. Every node's runs at
     once (the bandwidth test needs the peers' probes listening) as soon as the node is reachable: it
     waits for nothing but the fabric networks. Read-only; runs again when `triggers` change."""
-    return command.remote.Command(
+    return remote_step(
         f"{node.name}-fabric-gate",
-        create=with_script(shell_line(["python3", "-"]), script_program("node_fabric_gate.py", gate_params(cfg, node))),
+        connection,
+        with_script(shell_line(["python3", "-"]), script_program("node_fabric_gate.py", gate_params(cfg, node))),
         triggers=list(triggers),
-        connection=connection,
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(after)),
+        parent=parent,
+        depends_on=after,
     )
 
 
@@ -74,23 +75,22 @@ class NodeChecks(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:NodeChecks", name, None, opts)
         cfg, node = args.config, args.node
         model = pulumi.Output.from_input(args.model)
-        common = dict(connection=args.connection, add_previous_output_in_env=False)
         # Read-only checks have nothing to undo, hence no delete. They run again when the release
         # (model or image) changes, i.e. whenever the Ray containers would be recreated.
-        self.preflight = command.remote.Command(
+        self.preflight = remote_step(
             f"{name}-preflight",
-            create=model.apply(
-                lambda m: with_script(shell_line(preflight_argv(cfg, node, m)), script("preflight_node.sh"))
-            ),
+            args.connection,
+            model.apply(lambda m: with_script(shell_line(preflight_argv(cfg, node, m)), script("preflight_node.sh"))),
             triggers=[args.image_id, model, *args.reread],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
-            **common,
+            parent=self,
+            depends_on=args.after,
         )
         self.fingerprint = None
         if model_path(cfg.model) or cfg.promote_from or cfg.downloads_once:
-            fingerprint = command.remote.Command(
+            fingerprint = remote_step(
                 f"{name}-model-fingerprint",
-                create=model.apply(
+                args.connection,
+                model.apply(
                     lambda m: (
                         with_script(shell_line(fingerprint_argv(m)), script("model_fingerprint.py"))
                         if model_path(m)
@@ -98,28 +98,30 @@ class NodeChecks(pulumi.ComponentResource):
                     )
                 ),
                 triggers=[model, *args.reread],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
-                **common,
+                parent=self,
+                depends_on=[self.preflight],
             )
             self.fingerprint = fingerprint.stdout
         # What the image holds (vLLM, Ray, the dashboard's packages), judged in the cluster's gate.
-        self.image = command.remote.Command(
+        self.image = remote_step(
             f"{name}-image-check",
-            create=pulumi.Output.from_input(args.image_id).apply(
+            args.connection,
+            pulumi.Output.from_input(args.image_id).apply(
                 lambda image: with_script(shell_line(image_check_argv(image)), script("image_probe.py"))
             ),
             triggers=[args.image_id],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
-            **common,
+            parent=self,
+            depends_on=[self.preflight],
         )
         self.gpu = None
         if cfg.container.gpus:
-            self.gpu = command.remote.Command(
+            self.gpu = remote_step(
                 f"{name}-gpu-check",
-                create=pulumi.Output.from_input(args.image_id).apply(lambda image: gpu_check(node, image)),
+                args.connection,
+                pulumi.Output.from_input(args.image_id).apply(lambda image: gpu_check(node, image)),
                 triggers=[args.image_id],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
-                **common,
+                parent=self,
+                depends_on=[self.preflight],
             )
         self.passed = pulumi.Output.all(self.preflight.stdout, *([self.gpu.stdout] if self.gpu else [])).apply(
             lambda _: True

@@ -26,6 +26,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.render import script_program, shell_line
+from components.steps import remote_step, service_container
 
 DEPOT_CONTAINER = "spark-vllm.depot"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -119,26 +120,21 @@ class Depot(pulumi.ComponentResource):
             )
         )
         mounts = model.apply(lambda m: self._mounts(cfg, m))
-        self.container = docker.Container(
+        self.container = service_container(
             "spark-vllm-depot",
             name=DEPOT_CONTAINER,
             image=args.image_id,  # the source has it: nothing else to fetch
             entrypoints=params.apply(lambda p: ["python3", "-u", "-c", script_program("node_fabric_copy.py", p)]),
             envs=pulumi.Output.secret(self.token.apply(lambda value: [f"{TOKEN_ENV}={value}"])),
-            network_mode="host",  # listens on the fabric address
-            mounts=mounts,
+            secret_envs=True,
+            mounts=mounts,  # it listens on the fabric address: host network
             restart="unless-stopped",
             init=True,
-            labels=[docker.ContainerLabelArgs(label="spark-vllm.role", value="copy-depot")],
-            must_run=True,
-            destroy_grace_seconds=5,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=args.provider,
-                delete_before_replace=True,  # a fixed name and a fixed port
-                additional_secret_outputs=["envs"],
-                depends_on=list(args.start_after),
-            ),
+            role="copy-depot",
+            stop_grace_seconds=5,
+            provider=args.provider,
+            parent=self,
+            depends_on=args.start_after,
         )
         self.register_outputs({"container_id": self.container.id})
 
@@ -167,15 +163,15 @@ def receive_image(
     stdin = pulumi.Output.all(image_id, reference, depot.token).apply(
         lambda parts: receive_image_program(cfg, node, parts[0], parts[1], parts[2])
     )
-    return command.remote.Command(
+    return remote_step(
         f"{name}-image-copy",
-        connection=connection,
-        create=timeout_wrapper(cfg.image_transfer.timeout_seconds + 30),
+        connection,
+        timeout_wrapper(cfg.image_transfer.timeout_seconds + 30),
         stdin=pulumi.Output.secret(stdin),
         # Copied again only for another image id; reading and loading are safe to repeat.
         triggers=[image_id],
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=[depot.container]),
+        parent=parent,
+        depends_on=[depot.container],
     )
 
 
@@ -191,15 +187,15 @@ def sync_model(
 ) -> command.remote.Command:
     """`<node>-model-sync`: this node's model directory made equal to the source's."""
     stdin = pulumi.Output.all(model, depot.token).apply(lambda parts: sync_model_program(cfg, node, *parts))
-    return command.remote.Command(
+    return remote_step(
         f"{name}-model-sync",
-        connection=connection,
-        create=timeout_wrapper(cfg.model_sync.timeout_seconds + 30),
+        connection,
+        timeout_wrapper(cfg.model_sync.timeout_seconds + 30),
         stdin=pulumi.Output.secret(stdin),
         # Again when the model or what the source holds changes (its fingerprint).
         triggers=[model, source_fingerprint],
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=[depot.container]),
+        parent=parent,
+        depends_on=[depot.container],
     )
 
 
@@ -259,13 +255,13 @@ def download_model(
     """`<source>-model-download`: a Hugging Face repo id fetched once, on the copy source."""
     create = pulumi.Output.all(image_id, model).apply(lambda p: download_command(cfg, node, p[0], p[1]))
     stdin = pulumi.Output.all(model, token).apply(lambda p: download_program(cfg, node, p[0], p[1]))
-    return command.remote.Command(
+    return remote_step(
         f"{name}-model-download",
-        connection=connection,
-        create=create,
+        connection,
+        create,
         stdin=pulumi.Output.secret(stdin),
         # Again only for another model: a repo already in the cache downloads nothing anyway.
         triggers=[model],
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(after)),
+        parent=parent,
+        depends_on=after,
     )

@@ -21,6 +21,7 @@ from components.node import NodeHost
 from components.preflight import compare_fingerprints, image_problems, image_warnings, memory_plan, parse_fingerprint
 from components.release import ReleaseSource
 from components.render import script_program, shell_line, with_script
+from components.steps import remote_step
 from components.transfer import Transfer
 
 
@@ -242,18 +243,18 @@ def _nccl_test(
     for index, node in enumerate(cfg.nodes):
         program = script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, node))
         tests.append(
-            command.remote.Command(
+            remote_step(
                 f"{node.name}-fabric-nccl",
-                create=image_ids[index].apply(
+                hosts[node.name].connection,
+                image_ids[index].apply(
                     lambda image, node=node, program=program: with_script(
                         shell_line(fabric.nccl_argv(cfg, node, image)), program
                     )
                 ),
                 # every node's test must run together: any node's new image runs them all again
                 triggers=[*image_ids, model],
-                connection=hosts[node.name].connection,
-                add_previous_output_in_env=False,
-                opts=pulumi.ResourceOptions(parent=parent, depends_on=checked),
+                parent=parent,
+                depends_on=checked,
             )
         )
     names = [node.name for node in cfg.nodes]

@@ -33,6 +33,7 @@ from components.render import (
     with_log_tail_on_failure,
     with_script,
 )
+from components.steps import remote_step, service_container
 
 GUARD_CONTAINER = "spark-vllm.guard"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
 MARKER_DIR = "/var/lib/spark-vllm-guard"  # the volume, in the guard's containers
@@ -116,21 +117,21 @@ class NodeGuard(pulumi.ComponentResource):
         cfg, node = args.config, args.node
         image_id = pulumi.Output.from_input(args.image_id)
         # A change of the rules or the image re-runs the check (an update); only destroy removes.
-        host = command.remote.Command(
+        host = remote_step(
             f"{name}-guard-host",
-            connection=args.connection,
-            create=image_id.apply(lambda image: host_command(cfg, node, image, "check")),
+            args.connection,
+            image_id.apply(lambda image: host_command(cfg, node, image, "check")),
             delete=image_id.apply(lambda image: host_command(cfg, node, image, "remove")),
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            parent=self,
         )
         params = guard_params(cfg, node, "run")
-        self.container = docker.Container(
+        # On the host network (the node's own namespace: its rules). The old one goes before the new one
+        # starts; the rules stay meanwhile (only guard-host removes them).
+        self.container = service_container(
             f"{name}-guard",
             name=GUARD_CONTAINER,
             image=image_id,
             entrypoints=["python3", "-u", "-c", script_program("node_guard.py", params)],
-            network_mode="host",  # the node's own network namespace: its rules
             capabilities=docker.ContainerCapabilitiesArgs(adds=["NET_ADMIN"]),
             mounts=[
                 *(
@@ -141,27 +142,19 @@ class NodeGuard(pulumi.ComponentResource):
             ],
             restart=cfg.container.restart,
             init=True,
-            labels=[
-                docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
-                docker.ContainerLabelArgs(label="spark-vllm.role", value="guard"),
-            ],
-            must_run=True,
-            destroy_grace_seconds=10,
-            # Fixed name: the old one goes first; the rules stay meanwhile (only guard-host removes them).
-            opts=pulumi.ResourceOptions(
-                parent=self, provider=args.provider, delete_before_replace=True, depends_on=[host]
-            ),
+            node=node.name,
+            role="guard",
+            provider=args.provider,
+            parent=self,
+            depends_on=[host],
         )
         ready = script_program("node_guard.py", guard_params(cfg, node, "ready"))
-        self.ready = command.remote.Command(
+        self.ready = remote_step(
             f"{name}-guard-ready",
-            connection=args.connection,
-            create=with_log_tail_on_failure(
-                exec_python(GUARD_CONTAINER, READY_TIMEOUT_SECONDS + 30), node, GUARD_CONTAINER
-            ),
+            args.connection,
+            with_log_tail_on_failure(exec_python(GUARD_CONTAINER, READY_TIMEOUT_SECONDS + 30), node, GUARD_CONTAINER),
             stdin=ready,
             triggers=[self.container.id],
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            parent=self,
         )
         self.register_outputs({"container_id": self.container.id})

@@ -13,6 +13,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig, ImageTransferConfig, NodeConfig
 from components.depot import Depot, receive_image
 from components.render import script_program
+from components.steps import remote_step
 
 
 @dataclass(frozen=True)
@@ -69,17 +70,16 @@ class NodeImage(pulumi.ComponentResource):
         if args.copy_from is not None:
             self._receive(name, args, args.copy_from)
             return
-        pull = command.remote.Command(
+        pull = remote_step(
             f"{name}-pull",
-            connection=args.connection,
-            create=f"timeout --kill-after=10 {timeout + 30} python3 -",
+            args.connection,
+            f"timeout --kill-after=10 {timeout + 30} python3 -",
             stdin=pulumi.Output.from_input(args.reference).apply(
                 lambda reference: pull_program(args.node, reference, args.transfer)
             ),
             # Pulled again only for another reference; read-only otherwise, nothing to undo.
             triggers=[args.reference],
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            parent=self,
         )
         image = docker.RemoteImage(
             f"{name}-image",

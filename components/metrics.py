@@ -19,6 +19,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.render import shell_line
+from components.steps import service_container
 
 PROMETHEUS_CONTAINER = "spark-vllm.prometheus"  # a dot: no node's container (spark-vllm-<DNS label>) has it
 PROMETHEUS_VOLUME = "spark-vllm-prometheus"
@@ -122,27 +123,20 @@ class Prometheus(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=provider),
         )
         envs = pulumi.Output.from_input(config_text).apply(lambda text: [config_env(text)])
-        self.container = docker.Container(
+        # On the host network: it scrapes the nodes' fabric addresses, which the guard lets in.
+        self.container = service_container(
             f"{node.name}-prometheus",
             name=PROMETHEUS_CONTAINER,
             image=image.image_id,
             entrypoints=prometheus_entrypoint(cfg),
             envs=envs,
-            network_mode="host",  # scrapes the nodes' fabric addresses, which the guard lets in
+            secret_envs=True,
             mounts=[docker.ContainerMountArgs(type="volume", source=PROMETHEUS_VOLUME, target=PROMETHEUS_DATA)],
             restart=cfg.container.restart,
-            labels=[
-                docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
-                docker.ContainerLabelArgs(label="spark-vllm.role", value="prometheus"),
-            ],
-            must_run=True,
-            destroy_grace_seconds=10,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=provider,
-                delete_before_replace=True,  # a fixed name, and one port
-                depends_on=depends_on,
-                additional_secret_outputs=["envs"],
-            ),
+            node=node.name,
+            role="prometheus",
+            provider=provider,
+            parent=self,
+            depends_on=depends_on,
         )
         self.register_outputs({"container_id": self.container.id})

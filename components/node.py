@@ -13,6 +13,7 @@ from components.config import NetworkConfig, NodeConfig
 from components.netplan import netplan_apply_argv, node_netplan_yaml
 from components.render import docker_host_url, script, shell_line, with_script
 from components.ssh import SshAccess, keyscan_command
+from components.steps import remote_step
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,10 @@ class NodeHost(pulumi.ComponentResource):
         node, sudo = args.node, args.node.user != "root"
         content = node_netplan_yaml(node, args.network)
         apply_script = script("netplan_apply.sh")
-        return command.remote.Command(
+        return remote_step(
             f"{name}-fabric-network",
-            connection=self.connection,
-            create=with_script(shell_line(netplan_apply_argv(content, sudo)), apply_script),
+            self.connection,
+            with_script(shell_line(netplan_apply_argv(content, sudo)), apply_script),
             delete=with_script(shell_line(netplan_apply_argv(None, sudo)), apply_script),
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            parent=self,
         )

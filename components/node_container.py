@@ -40,6 +40,7 @@ from components.render import (
     supervisor_params,
     with_log_tail_on_failure,
 )
+from components.steps import remote_step
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,14 @@ class NodeContainer(pulumi.ComponentResource):
     def _install_supervisor(self, name: str, args: NodeContainerArgs) -> command.remote.Command:
         """The supervisor's source into the container (where supervisor_boot.py waits for it): again for
         a new container, and whenever the source changed (it then runs from the container's next start)."""
-        return command.remote.Command(
+        return remote_step(
             f"{name}-supervisor",
-            connection=args.connection,
-            create=with_log_tail_on_failure(
-                install_supervisor_argv(self.container_name), args.node, self.container_name
-            ),
-            stdin=script("supervisor.py"),  # a new version is a changed stdin: written again, container kept
+            args.connection,
+            with_log_tail_on_failure(install_supervisor_argv(self.container_name), args.node, self.container_name),
+            stdin=script("supervisor.py"),
+            # a new version is a changed stdin: written again, container kept
             triggers=[self.container.id],
-            add_previous_output_in_env=False,
-            # Nothing to undo: the file goes with the container.
-            opts=pulumi.ResourceOptions(parent=self),
+            parent=self,
         )
 
     def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
@@ -191,15 +189,15 @@ class NodeContainer(pulumi.ComponentResource):
             "poll_seconds": POLL_SECONDS,
             "progress_seconds": PROGRESS_SECONDS,
         }
-        return command.remote.Command(
+        return remote_step(
             f"{name}-joined",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.supervisor]),
-            connection=args.connection,
-            create=with_log_tail_on_failure(
+            args.connection,
+            with_log_tail_on_failure(
                 exec_python(self.container_name, cfg.ray.join_timeout_seconds + 60), node, self.container_name
             ),
             stdin=script_program("ray_join.py", params),
             # A new container must join again; a read-only wait has nothing to undo, hence no delete.
             triggers=[self.container.id],
-            add_previous_output_in_env=False,
+            parent=self,
+            depends_on=[self.supervisor],
         )

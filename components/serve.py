@@ -44,6 +44,7 @@ from components.render import (
     with_log_tail_on_failure,
     with_script,
 )
+from components.steps import SECRET_IO, remote_step
 
 
 @dataclass(frozen=True)
@@ -117,18 +118,11 @@ class VllmServer(pulumi.ComponentResource):
     def _node_command(
         self, node: NodeConfig, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs
     ) -> command.remote.Command:
-        args = self._args
-        container = args.containers[node.name]
-        opts = kwargs.pop("opts", pulumi.ResourceOptions())
-        return command.remote.Command(
-            name,
-            connection=args.connections[node.name],
-            create=with_log_tail_on_failure(exec_python(container, timeout), node, container),
-            stdin=stdin,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions.merge(pulumi.ResourceOptions(parent=self), opts),
-            **kwargs,
-        )
+        """A script run in `node`'s container (`docker exec -i … python3 -`, the program on stdin), bounded by
+        `timeout`; on failure the node's name and its container's log tail."""
+        container = self._args.containers[node.name]
+        create = with_log_tail_on_failure(exec_python(container, timeout), node, container)
+        return remote_step(name, self._args.connections[node.name], create, parent=self, stdin=stdin, **kwargs)
 
     def _create_cluster_wait(self, name: str) -> command.remote.Command:
         cfg = self._args.config
@@ -139,7 +133,7 @@ class VllmServer(pulumi.ComponentResource):
             cfg.ray.join_timeout_seconds + 60,
             script_program("ray_join.py", params),
             triggers=list(self._args.container_ids.values()),
-            opts=pulumi.ResourceOptions(depends_on=list(self._args.depends_on)),
+            depends_on=self._args.depends_on,
         )
 
     def _before_serve(self) -> list[pulumi.Resource]:
@@ -157,17 +151,14 @@ class VllmServer(pulumi.ComponentResource):
             sudo = [] if node.user == "root" else ["sudo", "-n"]
             drop = shell_line([*sudo, "sh", "-c", "sync && echo 1 > /proc/sys/vm/drop_caches"])
             drops.append(
-                command.remote.Command(
+                remote_step(
                     f"{node.name}-drop-page-cache",
-                    connection=self._args.connections[node.name],
-                    create=drop,
+                    self._args.connections[node.name],
+                    drop,
                     # Again whenever vLLM starts afresh: new arguments, a re-formed group, a restart.
                     triggers=[argv_fingerprint, *self._group_triggers()],
-                    add_previous_output_in_env=False,
-                    opts=pulumi.ResourceOptions(
-                        parent=self,
-                        depends_on=[self.cluster_ready] if self.cluster_ready else list(self._args.depends_on),
-                    ),
+                    parent=self,
+                    depends_on=[self.cluster_ready] if self.cluster_ready else self._args.depends_on,
                 )
             )
         return drops
@@ -207,13 +198,11 @@ class VllmServer(pulumi.ComponentResource):
             pulumi.Output.all(argv, args.api_key if node.name == cfg.head_node.name else None).apply(program),
             delete=delete,
             triggers=self._group_triggers() if node.name == cfg.head_node.name else [args.container_ids[node.name]],
-            opts=pulumi.ResourceOptions(
-                depends_on=self._before_serve(),
-                # Stop the old server before starting the new one: they would share GPUs and the port.
-                delete_before_replace=True,
-                # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
-                additional_secret_outputs=["stdin", "stdout", "stderr"],
-            ),
+            depends_on=self._before_serve(),
+            # Stop the old server before starting the new one: they would share GPUs and the port.
+            delete_before_replace=True,
+            # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
+            secret_outputs=SECRET_IO,
         )
 
     def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
@@ -231,9 +220,8 @@ class VllmServer(pulumi.ComponentResource):
             # Runs again whenever a serve step started vLLM anew (another pid or other settings), also
             # after an `up` that failed while waiting; read-only, no delete.
             triggers=[self.serve.id, argv_fingerprint, *[started(step) for step in [self.serve, *self.worker_serves]]],
-            opts=pulumi.ResourceOptions(
-                depends_on=[self.serve, *self.worker_serves], additional_secret_outputs=["stdin", "stdout", "stderr"]
-            ),
+            depends_on=[self.serve, *self.worker_serves],
+            secret_outputs=SECRET_IO,
         )
 
     def _create_smoke_test(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
@@ -248,7 +236,7 @@ class VllmServer(pulumi.ComponentResource):
             SMOKE_TIMEOUT_SECONDS + 60,
             pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
             triggers=[self.ready.id, argv_fingerprint],
-            opts=pulumi.ResourceOptions(depends_on=[self.ready]),
+            depends_on=[self.ready],
         )
 
     def _create_benchmark(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
@@ -267,7 +255,8 @@ class VllmServer(pulumi.ComponentResource):
             cfg.benchmark.timeout_seconds + 360,  # a `vllm bench serve --help` probe, then the load
             pulumi.Output.all(self.served_model_name, self._args.model, self._args.api_key).apply(program),
             triggers=[after.id, argv_fingerprint, settings],
-            opts=pulumi.ResourceOptions(depends_on=[after], additional_secret_outputs=["stdin"]),
+            depends_on=[after],
+            secret_outputs=["stdin"],
         )
 
 

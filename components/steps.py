@@ -1,0 +1,96 @@
+"""The two kinds of resource the components build over and over, in one place each: a remote step (a
+command on a node over SSH) and a service container (a long-lived container of the stack's own beside the
+node's vLLM container: the copy depot, network.guard, Prometheus)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+# What a step that may print a secret (the API key in vLLM's log tail, a token on stdin) keeps out of
+# plain state: pulumi-command marks none of its outputs secret by itself.
+SECRET_IO = ["stdin", "stdout", "stderr"]
+
+
+def remote_step(
+    name: str,
+    connection: command.remote.ConnectionArgs,
+    create: pulumi.Input[str],
+    *,
+    parent: pulumi.Resource,
+    stdin: Optional[pulumi.Input[str]] = None,
+    delete: Optional[pulumi.Input[str]] = None,
+    triggers: Optional[Sequence[pulumi.Input]] = None,
+    depends_on: Sequence[pulumi.Resource] = (),
+    secret_outputs: Sequence[str] = (),
+    delete_before_replace: Optional[bool] = None,
+) -> command.remote.Command:
+    """A command on a node over SSH. Its previous output never reaches its environment (the remote sshd
+    would have to accept it), read-only steps have no `delete`, `triggers` run it again, and
+    `secret_outputs` (SECRET_IO where a log tail or stdin may hold a secret) stay out of plain state."""
+    return command.remote.Command(
+        name,
+        connection=connection,
+        create=create,
+        stdin=stdin,
+        delete=delete,
+        triggers=list(triggers) if triggers is not None else None,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=list(depends_on),
+            delete_before_replace=delete_before_replace,
+            additional_secret_outputs=list(secret_outputs) or None,
+        ),
+    )
+
+
+def service_container(
+    resource_name: str,
+    *,
+    name: str,
+    image: pulumi.Input[str],
+    entrypoints: pulumi.Input[Sequence[str]],
+    role: str,
+    provider: docker.Provider,
+    parent: pulumi.Resource,
+    restart: str,
+    mounts: pulumi.Input[Sequence[docker.ContainerMountArgs]],
+    node: Optional[str] = None,
+    envs: Optional[pulumi.Input[Sequence[str]]] = None,
+    secret_envs: bool = False,
+    init: Optional[bool] = None,
+    capabilities: Optional[docker.ContainerCapabilitiesArgs] = None,
+    stop_grace_seconds: int = 10,
+    depends_on: Sequence[pulumi.Resource] = (),
+) -> docker.Container:
+    """A container of the stack's own on a node's host network, with a fixed name (so the old one goes
+    before the new one starts), labelled with its node and role, that must keep running."""
+    labels = [docker.ContainerLabelArgs(label="spark-vllm.node", value=node)] if node else []
+    labels.append(docker.ContainerLabelArgs(label="spark-vllm.role", value=role))
+    return docker.Container(
+        resource_name,
+        name=name,
+        image=image,
+        entrypoints=entrypoints,
+        envs=envs,
+        network_mode="host",
+        capabilities=capabilities,
+        mounts=mounts,
+        restart=restart,
+        init=init,
+        labels=labels,
+        must_run=True,
+        destroy_grace_seconds=stop_grace_seconds,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            provider=provider,
+            delete_before_replace=True,
+            depends_on=list(depends_on),
+            additional_secret_outputs=["envs"] if secret_envs else None,
+        ),
+    )
