@@ -17,7 +17,7 @@ how vLLM spends memory on each GPU:
   graphs (`ALLOWANCE_BYTES`, a round figure: vLLM measures the real one when it starts).
 
 vLLM may use `gpuMemoryUtilization` × the memory. On unified memory that pool is also the operating
-system's: what it leaves must cover `memory.osReserveGiB`, or the box swaps and freezes.
+system's: what it leaves must cover `memory.osReserveGib`, or the box swaps and freezes.
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def plan_memory(
             problems.append(
                 f"{node.name}: gpuMemoryUtilization {gpu_memory_utilization} leaves the operating system "
                 f"{plan.os_left_gib} GiB of its {plan.memory_gib} GiB unified memory, less than "
-                f"memory.osReserveGiB {_gib(os_reserve_bytes)} (the box would swap and freeze)"
+                f"memory.osReserveGib {_gib(os_reserve_bytes)} (the box would swap and freeze)"
             )
     seqs, set_seqs = None, None
     if cache is not None and not problems:
@@ -433,7 +433,7 @@ def _ways_out(
     if wanted <= most:
         ways.append(
             f"gpuMemoryUtilization {math.ceil(wanted * 100) / 100:.2f} would fit one token of context; "
-            f"at most {most:.2f} leaves the OS memory.osReserveGiB"
+            f"at most {most:.2f} leaves the OS memory.osReserveGib"
         )
     per_gpu = smallest.memory_bytes * min(utilization, most) - allowance
     if per_gpu > 0:

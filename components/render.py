@@ -112,6 +112,7 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
         gpu_memory_utilization=cfg.vllm.gpu_memory_utilization if cfg.container.gpus else None,
         health_url=f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
         ray_ready=ray_ready,
+        oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,
     )
 
 
@@ -319,6 +320,7 @@ SCRIPT_HELPERS = {
         "node_contract.py",
         "node_processes.py",
         "node_gpus.py",
+        "node_memory_waits.py",
         "node_compile_cache.py",
         "node_vllm_output.py",
     ),

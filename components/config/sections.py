@@ -302,6 +302,12 @@ class MemoryConfig(_Model):
         description="Before vLLM starts, drop each node's page cache (`sync; echo 1 > /proc/sys/vm/drop_caches`) "
         "so cached files do not hold the memory vLLM counts on (root or passwordless sudo).",
     )
+    oom_guard: bool = Field(
+        False,
+        description="Each node's supervisor ends vLLM when MemAvailable falls under osReserveGib, before the "
+        "kernel's OOM killer picks a process (sshd, the supervisor) on a box whose GPU shares its memory; the "
+        "restart then waits until the memory is back.",
+    )
 
 
 class SshConfig(_Model):

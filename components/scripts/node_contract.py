@@ -56,6 +56,7 @@ class VllmSpec:
     gpu_memory_utilization: Optional[float]  # what vLLM asks of each GPU at start; None without GPUs
     health_url: Optional[str]  # on the API server's node
     ray_ready: Optional[RayReady]  # on the Ray head
+    oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
 
     @classmethod
     def from_json(cls, data: dict) -> "VllmSpec":
@@ -68,14 +69,18 @@ class VllmSpec:
             gpu_memory_utilization=data.get("gpu_memory_utilization"),
             health_url=data.get("health_url"),
             ray_ready=RayReady(**ray_ready) if ray_ready else None,
+            oom_guard_mib=data.get("oom_guard_mib"),
         )
 
 
-def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_ready) -> dict:
+def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_ready, oom_guard_mib=None) -> dict:
     """The part of a VllmSpec the serve step renders beside argv, env and fingerprint, as JSON."""
-    return {
+    fields = {
         "recovery": dataclasses.asdict(recovery),
         "gpu_memory_utilization": gpu_memory_utilization,
         "health_url": health_url,
         "ray_ready": dataclasses.asdict(ray_ready) if ray_ready is not None else None,
     }
+    if oom_guard_mib is not None:  # only with the guard: turning nothing on restarts no vLLM
+        fields["oom_guard_mib"] = oom_guard_mib
+    return fields

@@ -50,3 +50,37 @@ def visible_gpus(env):
     if value is None or not all(part.strip().isdigit() for part in value.split(",") if part.strip()):
         return None
     return {part.strip() for part in value.split(",") if part.strip()}
+
+
+def unified_memory():
+    """(MemTotal MiB, MemAvailable MiB) where the GPU shares the system's memory (a GB10: nvidia-smi reports
+    its memory as [N/A]), else None. SPARK_VLLM_MEMINFO names another meminfo (tests)."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [row.strip() for row in result.stdout.strip().splitlines()]
+    if result.returncode != 0 or not rows or not all(row.startswith("[N/A]") for row in rows):
+        return None
+    return meminfo()
+
+
+def meminfo():
+    """(MemTotal MiB, MemAvailable MiB) from /proc/meminfo (or SPARK_VLLM_MEMINFO), or None."""
+    found = {}
+    try:
+        with open(os.environ.get("SPARK_VLLM_MEMINFO") or "/proc/meminfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    found[key] = int(value.split()[0]) / 1024  # kB -> MiB
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(found) < 2:
+        return None
+    return found["MemTotal"], found["MemAvailable"]

@@ -129,3 +129,19 @@ def stop_group(process, grace):
         except ProcessLookupError:
             pass
         process.wait()
+
+
+def largest_processes(count=3):
+    """The `count` processes holding the most memory here (resident), as "pid name (X GiB)"."""
+    sizes = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/statm") as handle:
+                resident = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+        sizes.append((resident, int(entry)))
+    sizes.sort(reverse=True)
+    return [f"{describe(pid)} ({resident / 2**30:.1f} GiB)" for resident, pid in sizes[:count]] or ["none readable"]

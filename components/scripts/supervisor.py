@@ -85,7 +85,7 @@ def read_spec():
         return None
 
 
-class Supervisor:
+class Supervisor(MemoryWaits):
     def __init__(self):
         self.stopping = False
         self.ray = None
@@ -108,6 +108,8 @@ class Supervisor:
         self.started_at = None
         self.serving = False
         self.served_since_start = False  # a refusal at start is told from a crash after serving
+        self.next_oom_check = 0.0
+        self.oom_guarded = 0  # times memory.oomGuard ended vLLM
         self.next_probe = 0.0
         self.next_ray_check = 0.0
         self.spec = None
@@ -183,53 +185,6 @@ class Supervisor:
         return self.ray_ready
 
     # -- vLLM ----------------------------------------------------------------------------------
-    def gpu_ready(self, spec, now):
-        """Whether the GPUs have what vLLM asks for at start (gpuMemoryUtilization x total, on each);
-        while they do not, says what holds them, for at most recovery gpu_wait_seconds."""
-        fraction = spec.gpu_memory_utilization
-        if not fraction or now < self.next_gpu_check:
-            return not fraction or self.gpu_busy_since is None
-        self.next_gpu_check = now + 1
-        gpus = gpu_memory(visible_gpus({**os.environ, **spec.env}))
-        if gpus is None:  # nothing to read: vLLM's own check decides (a refused start waits, see vllm_exited)
-            return True
-        short = [(index, total, free) for index, total, free in gpus if free < fraction * total]
-        if not short:
-            if self.gpu_busy_since is not None:
-                say(f"GPU memory is free again after {now - self.gpu_busy_since:.0f} s")
-            self.gpu_busy_since, self.gpu_busy = None, None
-            return True
-        detail = "; ".join(
-            f"GPU {index} has {free / 1024:.1f} of {total / 1024:.1f} GiB free, vLLM asks for "
-            f"{fraction * total / 1024:.1f} (gpuMemoryUtilization {fraction:g})"
-            for index, total, free in short
-        )
-        holders = gpu_holders()
-        held = ", ".join(holders) if holders else "nothing in this container (another container or a host process)"
-        self.gpu_busy = f"{detail}; held by {held}"
-        return self.gpu_wait(now, self.gpu_busy)
-
-    def gpu_wait(self, now, what):
-        """Waiting for GPU memory: a state of its own, not a crash; gives up after gpu_wait_seconds."""
-        if self.gpu_busy_since is None:
-            self.gpu_busy_since = now
-            self.gpu_note = 0.0
-        waited = now - self.gpu_busy_since
-        limit = self.recovery.gpu_wait_seconds
-        if waited > limit:
-            self.failed = (
-                f"the GPU stayed busy for {waited:.0f} s (recovery.gpuWaitSeconds {limit}): {what}. Free it "
-                "(nvidia-smi shows the processes), then bump vllm.restartGeneration"
-            )
-            self.state = "failed"
-            say(self.failed)
-            return False
-        if now >= self.gpu_note:
-            say(f"waiting for GPU memory before starting vLLM ({waited:.0f} of {limit} s): {what}")
-            self.gpu_note = now + 30
-        self.state = "waiting for GPU memory"
-        return False
-
     def start_vllm(self, spec, now):
         env = dict(os.environ)
         env.update(spec.env)
@@ -258,13 +213,13 @@ class Supervisor:
         self.state = "starting"
         say(f"vLLM started (pid {self.vllm.pid})")
 
-    def stop_vllm(self, why):
+    def stop_vllm(self, why, grace=None):
         """SIGTERM to everything vLLM started, the grace, SIGKILL to what is left."""
         if self.vllm is not None:
             if self.vllm.poll() is None:
                 say(f"stopping vLLM (pid {self.vllm.pid}): {why}")
             self.tree.remember()
-            if not self.tree.end(P.stop_grace_seconds, reap=self.vllm.poll):
+            if not self.tree.end(P.stop_grace_seconds if grace is None else grace, reap=self.vllm.poll):
                 say(f"vLLM's processes outlived SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
             self.vllm.poll()
         self.vllm = None
@@ -392,6 +347,7 @@ class Supervisor:
         if self.vllm is not None and not (spec and spec.health_url) and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
+        self.oom_guard(now)
         self.redact(now)
         self.write_status()
 
@@ -420,6 +376,7 @@ class Supervisor:
             "failed": self.failed,
             "gpu_busy": self.gpu_busy,
             "ray_restarts": self.ray_restarts if P.ray_argv else None,
+            "oom_guarded": self.oom_guarded,
         }
         if status == self.written:
             return

@@ -120,7 +120,7 @@ def rehearsal_config(
         "container": {"gpus": False, "ulimits": sandbox_ulimits()},
         "ray": {"dashboard": False, "joinTimeoutSeconds": 120},
         "nccl": {"ibDisable": True},
-        # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGiB).
+        # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGib).
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},
     }

@@ -70,8 +70,12 @@ sys.exit(3)
 """
 FAKE_NVIDIA_SMI = """
 import os, sys
+unified = bool(os.environ.get("FAKE_UNIFIED"))  # a GB10: its memory is the system's, and nvidia-smi says [N/A]
+if sys.argv[1:] == ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]:
+    print("[N/A]" if unified else "143771")
+    sys.exit(0)
 assert sys.argv[1:] == ["--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"], sys.argv
-print(f"0, 143771, {open(os.environ['FAKE_GPU_FREE_MIB']).read().strip()}")
+print("0, [N/A], [N/A]" if unified else f"0, 143771, {open(os.environ['FAKE_GPU_FREE_MIB']).read().strip()}")
 """
 FAKE_RAY_MODULE = """
 import json, os
@@ -459,3 +463,47 @@ def test_the_contract_renders_what_the_container_and_the_supervisor_read():
     assert "guard_marker" not in supervisor_params(load_cluster_config(config()), cfg.nodes[0])  # no container change
     spec = VllmSpec.from_json({**supervisor_spec(cfg, cfg.nodes[0]), "argv": ["vllm"], "env": {}, "fingerprint": "f"})
     assert spec.recovery.max_restarts == cfg.recovery.max_restarts and spec.ray_ready.gpus == cfg.world_size
+
+
+def meminfo(path, available_gib, total_gib=119.2):
+    path.write_text(
+        f"MemTotal:       {int(total_gib * 2**20)} kB\nMemFree:  1 kB\nMemAvailable:   {int(available_gib * 2**20)} kB\n"
+    )
+
+
+def test_on_unified_memory_a_start_waits_for_memavailable_and_gives_up_saying_why(node, tmp_path):
+    """A GB10 after crashed vLLMs kept memory: the supervisor does not start another on top (eugr #257)."""
+    meminfo(tmp_path / "meminfo", available_gib=20)
+    node.start(FAKE_UNIFIED="1", SPARK_VLLM_MEMINFO=str(tmp_path / "meminfo"))
+    node.serve(timeout=5, health_url=None)
+    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    status = node.status()
+    assert status["failed"].startswith("the GPU stayed busy for")
+    assert "unified memory: 20.0 of 119.2 GiB available (MemAvailable), vLLM asks for 107.3" in status["failed"]
+    assert "reboot the node, then bump vllm.restartGeneration" in status["failed"]
+    assert "vLLM started" not in node.log()  # never started on top of the missing memory
+
+
+def test_on_unified_memory_a_start_goes_ahead_once_the_memory_is_back(node, tmp_path):
+    meminfo(tmp_path / "meminfo", available_gib=20)
+    node.start(FAKE_UNIFIED="1", SPARK_VLLM_MEMINFO=str(tmp_path / "meminfo"))
+    node.serve(timeout=3, health_url=None)
+    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory", 10)
+    meminfo(tmp_path / "meminfo", available_gib=115)
+    assert wait_for(lambda: node.status().get("vllm_pid"), 15)
+    assert "unified memory is free again after" in node.log()
+
+
+def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node, tmp_path):
+    meminfo(tmp_path / "meminfo", available_gib=115)
+    node.start(FAKE_UNIFIED="1", SPARK_VLLM_MEMINFO=str(tmp_path / "meminfo"))
+    node.serve(timeout=10, oom_guard_mib=8 * 1024)
+    first = node.status()["vllm_pid"]
+    assert wait_for(lambda: alive(first), 5)
+    meminfo(tmp_path / "meminfo", available_gib=3)  # under memory.osReserveGib 8: the kernel would pick soon
+    assert wait_for(lambda: not alive(first), 15)
+    assert "memory.oomGuard: MemAvailable 3.0 GiB is under the OS's reserve (8.0 GiB" in node.log()
+    assert wait_for(lambda: node.status().get("oom_guarded") == 1, 5)
+    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory", 15)  # not on top of it
+    meminfo(tmp_path / "meminfo", available_gib=115)
+    assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
