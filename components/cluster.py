@@ -11,6 +11,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
+from components.diagnostics import diagnose_command, diagnostics_output
 from components.gate import Gate, create_gate
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
@@ -48,6 +49,14 @@ class VllmCluster(pulumi.ComponentResource):
         self.nodes = create_containers(self, cfg, release, self.hosts, transfer, gate, _secret_env(self, cfg, secrets))
         self.server = create_server(self, name, cfg, release, self.hosts, self.nodes, gate, secrets.get("apiKey"))
         self._outputs(cfg, release, transfer, gate, secrets.get("apiKey"))
+        self.diagnostics = diagnostics_output(
+            cfg,
+            pulumi.get_stack(),
+            self.containers,
+            {name: host.host_key for name, host in self.hosts.items()},
+            args.ssh_access.identity,
+        )
+        self.diagnose_command = diagnose_command(pulumi.get_stack())
 
     def _outputs(
         self,

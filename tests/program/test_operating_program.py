@@ -16,3 +16,23 @@ def test_the_oom_guard_hands_the_os_reserve_to_every_supervisor_and_off_hands_no
     assert spec_of(guarded, "spark-vllm-serve")["oom_guard_mib"] == 10 * 1024
     plain = run_program(prod(), SECRETS, stack="prod")
     assert "oom_guard_mib" not in spec_of(plain, "spark-vllm-serve")  # off: no key, so no vLLM restart on upgrade
+
+
+def test_the_diagnostics_output_says_how_to_reach_every_node_and_holds_no_secret():
+    run = run_program(prod(metrics={"prometheusNode": "spark-02"}), SECRETS, stack="prod")
+    facts = run.exports["diagnostics"]
+    assert "diagnostics" not in run.secret_exports
+    assert run.exports["diagnoseCommand"] == "python3 scripts/diagnose.py --stack prod"
+    head, worker = facts["nodes"]
+    assert (head["name"], head["host"], head["user"], head["sshPort"], head["head"]) == (
+        "spark-01",
+        "spark-01.lan",
+        "aurora",
+        22,
+        True,
+    )
+    assert head["hostKey"].startswith("ssh-ed25519 ") and head["identity"].endswith("/prod/id_spark_vllm")
+    assert head["containers"] == ["spark-vllm-spark-01", "spark-vllm.guard"]
+    assert worker["containers"] == ["spark-vllm-spark-02", "spark-vllm.guard", "spark-vllm.prometheus"]
+    plain = json.dumps(facts)
+    assert not any(value in plain for value in SECRETS.values())

@@ -1,0 +1,60 @@
+"""What scripts/diagnose.py needs to collect the stack's diagnostics bundle (the `diagnostics` output) and
+the command line that does it (`diagnoseCommand`): how to reach each node over the same SSH the program
+uses, and which containers are the stack's there. Plain data: no secret goes in it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import pulumi
+
+from components.config import ClusterConfig
+from components.depot import DEPOT_CONTAINER
+from components.guard import GUARD_CONTAINER
+from components.metrics import PROMETHEUS_CONTAINER
+from components.names import RUN_DIR
+
+
+def node_containers(cfg: ClusterConfig, node_name: str, container: str) -> list[str]:
+    """The stack's containers on a node, the node's own (vLLM's) first."""
+    found = [container]
+    if cfg.network.guard:
+        found.append(GUARD_CONTAINER)
+    if cfg.uses_depot and node_name == cfg.copy_source.name:
+        found.append(DEPOT_CONTAINER)
+    if cfg.metrics.prometheus_node == node_name:
+        found.append(PROMETHEUS_CONTAINER)
+    return found
+
+
+def diagnostics_output(
+    cfg: ClusterConfig,
+    stack: str,
+    containers: Mapping[str, str],
+    host_keys: Mapping[str, pulumi.Input[str]],
+    identity: Optional[str],
+) -> dict[str, Any]:
+    return {
+        "stack": stack,
+        "nodes": [
+            {
+                "name": node.name,
+                "host": node.host,
+                "user": node.user,
+                "sshPort": node.ssh_port,
+                "hostKey": host_keys[node.name],
+                "identity": identity,
+                "containers": node_containers(cfg, node.name, containers[node.name]),
+                "runDir": RUN_DIR,
+                "fabricInterface": node.fabric_interface,
+                "head": node.name == cfg.head_node.name,
+            }
+            for node in cfg.nodes
+        ],
+    }
+
+
+def diagnose_command(stack: str) -> str:
+    """Run from this repository's checkout, where `pulumi` reaches the stack."""
+    return f"python3 scripts/diagnose.py --stack {stack}"

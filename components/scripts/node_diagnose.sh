@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Collects what a node can say about the stack, for scripts/diagnose.py (over SSH, this script on stdin).
+# Every section is printed between `=== spark-vllm-diagnose: FILE ===` lines; each command is bounded by a
+# timeout and may fail without stopping the others. Environment: CONTAINERS (this node's container names,
+# space separated; the first is the node's vLLM container), RUN_DIR (inside the container), FABRIC_IF.
+set -u
+section() { printf '\n=== spark-vllm-diagnose: %s ===\n' "$1"; }
+run() { timeout --kill-after=5 "${LIMIT:-30}" "$@" 2>&1 || echo "(exit $?: $*)"; }
+sudo_n() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+
+section host.txt
+run uname -a
+run uptime
+run cat /etc/os-release
+section meminfo.txt
+run grep -E '^(MemTotal|MemFree|MemAvailable|SwapTotal|SwapFree|Cached):' /proc/meminfo
+section nvidia-smi.txt
+run nvidia-smi
+run nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,temperature.gpu --format=csv
+section kernel.txt
+# NVRM (the driver), Xid (GPU faults), the OOM killer: the kernel's own lines, from dmesg or the journal
+{ sudo_n dmesg -T 2>/dev/null || sudo_n journalctl -k --no-pager -n 5000 2>/dev/null || echo "(no dmesg or journal readable)"; } \
+  | grep -iE 'NVRM|Xid|oom|out of memory|killed process|hung task' | tail -n 200
+section containers.txt
+run docker ps -a --filter label=spark-vllm.role --filter name=spark-vllm --format '{{.Names}}\t{{.Image}}\t{{.Status}}\t{{.RunningFor}}'
+section images.txt
+run docker images --digests --format '{{.Repository}}:{{.Tag}}\t{{.ID}}\t{{.Digest}}\t{{.Size}}'
+for container in ${CONTAINERS:-}; do
+  # The container's state and image, never its environment (it holds the tokens)
+  section "container-$container.txt"
+  run docker inspect -f 'image {{.Image}}; state {{.State.Status}} since {{.State.StartedAt}}; exit {{.State.ExitCode}}; restarted {{.RestartCount}} time(s); oom-killed {{.State.OOMKilled}}' "$container"
+  section "docker-logs-$container.txt"
+  run docker logs --tail 300 "$container"
+done
+first=${CONTAINERS%% *}
+if [ -n "$first" ]; then
+  section status.json
+  run docker exec "$first" cat "$RUN_DIR/status.json"
+  section vllm-log.txt
+  run docker exec "$first" tail -n 400 "$RUN_DIR/vllm.log"
+  section nccl.txt
+  # NCCL's transport lines: NET/IB means RDMA, NET/Socket a TCP fallback
+  run docker exec "$first" grep -hE 'NCCL INFO .*(NET/|via |Using network|NCCL_IB|Channel 00)' "$RUN_DIR/vllm.log" | tail -n 100
+  section ray-status.txt
+  LIMIT=40 run docker exec "$first" sh -c 'command -v ray >/dev/null && ray status || echo "(no ray in this container: executor mp)"'
+fi
+section fabric.txt
+if [ -n "${FABRIC_IF:-}" ]; then
+  run ip -d addr show dev "$FABRIC_IF"
+  run cat "/sys/class/net/$FABRIC_IF/speed" "/sys/class/net/$FABRIC_IF/mtu"
+fi
+run sh -c 'ls /sys/class/infiniband 2>/dev/null && for d in /sys/class/infiniband/*/ports/*/state; do echo "$d: $(cat "$d")"; done'
