@@ -11,6 +11,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
+from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
 from components.gate import Gate, create_gate
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
@@ -57,6 +58,7 @@ class VllmCluster(pulumi.ComponentResource):
             args.ssh_access.identity,
         )
         self.diagnose_command = diagnose_command(pulumi.get_stack())
+        self.dashboard = dashboard(cfg, pulumi.get_stack())
 
     def _outputs(
         self,

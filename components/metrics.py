@@ -39,6 +39,8 @@ def targets(cfg: ClusterConfig) -> dict[str, list[str]]:
     found = {"vllm": [vllm_target(cfg)]}
     if cfg.executor == "ray" and cfg.ray.metrics_export_port is not None:
         found["ray"] = [f"{node.fabric_address}:{cfg.ray.metrics_export_port}" for node in cfg.nodes]
+    if cfg.metrics.node_port is not None:
+        found["node"] = [f"{node.fabric_address}:{cfg.metrics.node_port}" for node in cfg.nodes]
     return found
 
 
@@ -57,6 +59,16 @@ def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
         jobs.append(
             {
                 "job_name": "ray",
+                "static_configs": [
+                    {"targets": [f"{node.fabric_address}:{port}"], "labels": {"node": node.name}} for node in cfg.nodes
+                ],
+            }
+        )
+    if cfg.metrics.node_port is not None:
+        port = cfg.metrics.node_port
+        jobs.append(
+            {
+                "job_name": "spark-vllm-node",
                 "static_configs": [
                     {"targets": [f"{node.fabric_address}:{port}"], "labels": {"node": node.name}} for node in cfg.nodes
                 ],

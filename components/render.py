@@ -90,6 +90,7 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
         ray_argv=["ray", *ray_start_args(cfg, node)] if cfg.executor == "ray" else None,
         stop_grace_seconds=VLLM_STOP_GRACE_SECONDS,
         guard_marker=GUARD_MARKER_IN_NODE if cfg.network.guard else None,
+        metrics_port=cfg.metrics.node_port,
     ).to_json()
 
 
@@ -321,6 +322,7 @@ SCRIPT_HELPERS = {
         "node_processes.py",
         "node_gpus.py",
         "node_memory_waits.py",
+        "node_metrics.py",
         "node_compile_cache.py",
         "node_vllm_output.py",
     ),

@@ -97,6 +97,8 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
         add("fabric.testPort", "the NCCL test's rendezvous, during the checks", fabric.test_port,
             default=single(FabricConfig, "test_port"))  # fmt: skip
     metrics = cfg.metrics
+    if metrics.node_port is not None:
+        add("metrics.nodePort", "the supervisor's node metrics", metrics.node_port)
     if metrics.prometheus_node == node.name:
         add("metrics.prometheusPort", "Prometheus", metrics.prometheus_port,
             default=single(MetricsConfig, "prometheus_port"))  # fmt: skip

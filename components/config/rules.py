@@ -365,6 +365,7 @@ PORT_KEYS = (
     "nodes[*].name", "nodes[*].sshPort", "head", "executor", "vllm.port", "vllm.masterPort", "ray.port",
     "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
     "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
+    "metrics.nodePort",
     "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
 )  # fmt: skip
 

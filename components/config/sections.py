@@ -360,6 +360,12 @@ class MetricsConfig(_Model):
     prometheus_port: Port = Field(9090, description="Port of that Prometheus's web UI and API.")
     scrape_interval_seconds: int = Field(15, ge=1, le=3600, description="How often every target is scraped.")
     retention_days: PositiveInt = Field(15, description="How long Prometheus keeps its samples.")
+    node_port: Optional[Port] = Field(
+        None,
+        description="Each node's supervisor serves the node's memory (MemAvailable, the GPUs') and vLLM's restarts "
+        "for Prometheus on this port of its fabric address (job spark-vllm-node: the dashboard's per-node "
+        "panels). Unset: not served.",
+    )
 
 
 class SecurityConfig(_Model):

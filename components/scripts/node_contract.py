@@ -17,11 +17,13 @@ class SupervisorParams:
     ray_argv: Optional[list]  # `ray start …` for this node with Ray; None with mp
     stop_grace_seconds: float
     guard_marker: Optional[str] = None  # with network.guard: the marker its container writes once its rules hold
+    metrics_port: Optional[int] = None  # metrics.nodePort: the node's metrics on its fabric address
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
-        if data["guard_marker"] is None:
-            del data["guard_marker"]  # only with the guard: turning nothing on changes no container
+        for optional in ("guard_marker", "metrics_port"):
+            if data[optional] is None:
+                del data[optional]  # only when set: turning nothing on changes no container
         return data
 
 

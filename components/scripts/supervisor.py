@@ -391,6 +391,8 @@ class Supervisor(MemoryWaits):
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: setattr(self, "stopping", True))
         say(f"supervisor up ({P.executor} executor)")
+        if P.metrics_port:
+            serve_node_metrics(os.environ.get("VLLM_HOST_IP", "127.0.0.1"), P.metrics_port, P.node, self)
         while not self.stopping:
             self.step()
             time.sleep(0.5)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def deployed(sim_cluster, image, prometheus_image, model_dir, new_stack):
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     config["benchmark"] = BENCHMARK
     # a real Prometheus on the worker, scraping vLLM on the head across the fabric
-    config["metrics"] = {"prometheusNode": "node-2", "prometheusImage": prometheus_image, "scrapeIntervalSeconds": 1}
+    config["metrics"] = {"prometheusNode": "node-2", "prometheusImage": prometheus_image, "scrapeIntervalSeconds": 1,
+                         "nodePort": 9108}  # fmt: skip
     stack.configure(config, secrets)
     preview = stack.preview()
     run = stack.up()
@@ -112,6 +114,31 @@ def test_a_real_prometheus_on_the_worker_scrapes_every_target(sim_cluster, deplo
     values = [float(row["value"][1]) for row in query["data"]["result"]]
     assert values and values[0] >= 8 * 16  # the benchmark's tokens, counted by the stand-in, scraped across nodes
     assert deployed["stack"].outputs()["prometheusConfig"] == "[secret]"  # it holds the API key
+
+
+def test_every_dashboard_panel_returns_series_from_the_real_prometheus(sim_cluster, deployed):
+    """The `dashboard` output's queries, as Grafana would send them ($__rate_interval as 1m), against the
+    Prometheus of the stack: vLLM's metrics from the stand-in (vLLM 0.25's names), the nodes' from each
+    supervisor (metrics.nodePort)."""
+    worker = sim_cluster.nodes[1]
+    board = deployed["run"].outputs["dashboard"]
+    exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    assert len(exprs) >= 10
+    empty: dict = {}
+
+    def every_panel_has_series() -> bool:
+        empty.clear()
+        for expr in exprs:
+            query = urllib.parse.quote(expr.replace("$__rate_interval", "1m"))
+            result = prometheus_api(sim_cluster, worker, f"/api/v1/query?query={query}")
+            if result.get("status") != "success" or not result["data"]["result"]:
+                empty[expr] = result.get("error", "no series")
+        return not empty
+
+    assert wait_for(every_panel_has_series, timeout=90), empty
+    nodes_query = urllib.parse.quote("spark_vllm_node_memory_available_bytes")
+    result = prometheus_api(sim_cluster, worker, f"/api/v1/query?query={nodes_query}")["data"]["result"]
+    assert {row["metric"]["node"] for row in result} == {node.name for node in sim_cluster.nodes}
 
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
