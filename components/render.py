@@ -109,8 +109,9 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
             max_backoff_seconds=recovery.max_backoff_seconds,
             gpu_wait_seconds=recovery.gpu_wait_seconds,
         ),
-        # What vLLM asks of each GPU at start: the supervisor waits until the GPUs have it.
-        gpu_memory_utilization=cfg.vllm.gpu_memory_utilization if cfg.container.gpus else None,
+        # What vLLM asks of each GPU (or a GB10's unified memory) at start: the supervisor waits until it is
+        # free, where nvidia-smi reads it (none in a container without GPUs: then vLLM's own check decides).
+        gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
         health_url=f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
         ray_ready=ray_ready,
         oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,

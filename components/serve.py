@@ -274,7 +274,8 @@ STATUS_SUMMARY = (
     "import json; s = json.load(open({path!r})); e = s.get('last_exit') or {{}}; "
     "print('vLLM: %s, serving: %s, restarts: %s (%s in the window), last exit: %s %s%s' % (s['state'], "
     "'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), e.get('code', '-'), "
-    "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else ''))"
+    "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else "
+    "('; waiting: ' + s['gpu_busy']) if s.get('gpu_busy') else ''))"
 )
 
 

@@ -87,6 +87,11 @@ class MemoryWaits:
             )
             self.state = "failed"
             say(self.failed)
+            return
+        # restarted like after a crash: after the backoff, and once the memory is back (unified_ready)
+        self.next_start = now + min(recovery.backoff_seconds * 2 ** (len(self.exits) - 1), recovery.max_backoff_seconds)
+        self.restarts_total += 1
+        self.state = "backoff"
 
     def gpu_wait(self, now, what):
         """Waiting for GPU memory: a state of its own, not a crash; gives up after gpu_wait_seconds."""

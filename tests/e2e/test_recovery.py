@@ -13,6 +13,7 @@ printed (`-s`) for docs/measurements.md.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
 
@@ -25,6 +26,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 FAST_RECOVERY = {"maxRestarts": 3, "windowSeconds": 120, "backoffSeconds": 1, "maxBackoffSeconds": 4}
+STANDIN_STATE = "/var/lib/spark-vllm-standin"  # the rehearsal image's GB10 switch and meminfo (its README)
 
 
 def serves(outputs, key) -> bool:
@@ -189,6 +191,92 @@ def test_ray_a_worker_whose_dockerd_restarts_rejoins_by_itself(sim_cluster, stac
     print(f"\nRECOVERY ray, a worker's dockerd restarted: serving again after {seconds:.1f} s")
     assert container_ids(sim_cluster) == containers  # the same containers, restarted by Docker
     assert stack["stack"].preview().changed == {}
+
+
+def pretend_unified(cluster, node, total_gib: int, available_gib: int) -> None:
+    """The node's container as a GB10's: nvidia-smi reports no memory sizes ([N/A]), and the meminfo the
+    supervisor reads says MemTotal and MemAvailable (written whole, then moved over the last)."""
+    total, available = total_gib * 2**20, available_gib * 2**20  # kB, as the kernel writes them
+    text = f"MemTotal: {total} kB\nMemFree: {available} kB\nMemAvailable: {available} kB\n"
+    script = (
+        f"touch {STANDIN_STATE}/unified && printf %s {shlex.quote(text)} > {STANDIN_STATE}/meminfo.new && "
+        f"mv -f {STANDIN_STATE}/meminfo.new {STANDIN_STATE}/meminfo"
+    )
+    cluster.docker(node, "exec", f"spark-vllm-{node.name}", "sh", "-c", script)
+
+
+def pretend_no_gpu(cluster, node) -> None:
+    script = f"rm -f {STANDIN_STATE}/unified && ln -sfn /proc/meminfo {STANDIN_STATE}/meminfo"
+    cluster.docker(node, "exec", f"spark-vllm-{node.name}", "sh", "-c", script)
+
+
+def status_when(cluster, node, state: str, timeout: float) -> dict:
+    """The node's supervisor status once it is in `state`; fails the test with the last one seen."""
+    seen: dict = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = supervisor_status(cluster, node)
+        if seen["state"] == state:
+            return seen
+        time.sleep(0.2)
+    pytest.fail(f"{node.name}'s supervisor not {state!r} within {timeout} s; last status: {seen}")
+
+
+def vllm_log(cluster, node) -> str:
+    return cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/vllm.log").stdout
+
+
+def test_on_unified_memory_the_oom_guard_ends_vllm_and_restarts_wait_for_the_memory(sim_cluster, stack):
+    """A GB10's crash loop (eugr/spark-vllm-docker #257), with the head's container made to look like one:
+    memory.oomGuard ends vLLM when MemAvailable falls under memory.osReserveGib; the restart waits until
+    MemAvailable holds gpuMemoryUtilization x MemTotal again, then serves; memory that does not come back
+    within recovery.gpuWaitSeconds ends the loop, and the status says to reboot the node."""
+    head = sim_cluster.nodes[0]
+    outputs_key = stack["secrets"]["apiKey"]
+    guarded = {
+        **stack["config"],
+        "memory": {"oomGuard": True, "osReserveGib": 8},
+        "recovery": {**FAST_RECOVERY, "maxRestarts": 10, "gpuWaitSeconds": 20},
+    }
+    pretend_unified(sim_cluster, head, total_gib=128, available_gib=100)
+    try:
+        stack["stack"].configure(guarded, stack["secrets"])
+        preview = stack["stack"].preview()
+        assert preview.changed and not any(name.endswith("-container") for name in preview.changed)
+        run = stack["stack"].up()  # vLLM restarts with the guard: 100 GiB available, 64 asked (0.5 x 128)
+        assert serves(run.outputs, outputs_key)
+        stack.update(run=run)
+
+        # MemAvailable under the reserve: the guard ends vLLM, and the restart waits for the memory
+        before = vllm_pids(sim_cluster, [head])
+        pretend_unified(sim_cluster, head, total_gib=128, available_gib=4)
+        started = time.monotonic()
+        waiting = status_when(sim_cluster, head, "waiting for GPU memory", timeout=30)
+        assert waiting["oom_guarded"] == 1 and waiting["vllm_pid"] is None
+        assert "unified memory: 4.0 of 128.0 GiB available (MemAvailable), vLLM asks for 64.0" in waiting["gpu_busy"]
+        log = vllm_log(sim_cluster, head)
+        assert "memory.oomGuard: MemAvailable 4.0 GiB is under the OS's reserve (8.0 GiB" in log
+        output = run_status_command(sim_cluster, stack["stack"].outputs()["statusCommand"])
+        assert (
+            "vLLM: waiting for GPU memory, serving: no" in output and "waiting: unified memory: 4.0 of 128.0" in output
+        )
+        pretend_unified(sim_cluster, head, total_gib=128, available_gib=100)  # the memory is back
+        seconds = recovered(sim_cluster, stack, [head], before, started)
+        print(f"\nRECOVERY unified memory: oomGuard ended vLLM, memory back, serving again after {seconds:.1f} s")
+
+        # memory that does not come back: the loop ends, and says what it means on a GB10
+        pretend_unified(sim_cluster, head, total_gib=128, available_gib=4)
+        failed = status_when(sim_cluster, head, "failed", timeout=90)
+        assert failed["oom_guarded"] == 2
+        assert "recovery.gpuWaitSeconds 20" in failed["failed"] and "reboot the node" in failed["failed"]
+        output = run_status_command(sim_cluster, stack["stack"].outputs()["statusCommand"])
+        assert "GAVE UP: the GPU stayed busy" in output and "reboot the node" in output
+    finally:
+        pretend_no_gpu(sim_cluster, head)
+    stack["stack"].configure(stack["config"], stack["secrets"])  # the guard off again: vLLM starts anew
+    run = stack["stack"].up()
+    assert serves(run.outputs, outputs_key)
+    stack.update(run=run)
 
 
 def test_a_setting_vllm_refuses_at_start_ends_the_loop_at_once_and_the_status_says_why(sim_cluster, stack):

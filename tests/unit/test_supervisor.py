@@ -507,3 +507,46 @@ def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node
     assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory", 15)  # not on top of it
     meminfo(tmp_path / "meminfo", available_gib=115)
     assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
+    status = node.status()
+    assert status["restarts_total"] == 1 and status["restarts_in_window"] == 1  # counted as a restart
+
+
+@pytest.mark.parametrize(
+    "status, expected",
+    [
+        (
+            {"state": "running", "serving": True, "restarts_total": 0, "restarts_in_window": 0},
+            "vLLM: running, serving: yes, restarts: 0 (0 in the window), last exit: - ",
+        ),
+        (
+            {
+                "state": "waiting for GPU memory",
+                "restarts_total": 1,
+                "restarts_in_window": 1,
+                "last_exit": {"code": -9},
+                "gpu_busy": "unified memory: 4.0 of 128.0 GiB available (MemAvailable)",
+            },
+            "vLLM: waiting for GPU memory, serving: no, restarts: 1 (1 in the window), last exit: -9 ; waiting: "
+            "unified memory: 4.0 of 128.0 GiB available (MemAvailable)",
+        ),
+        (
+            {
+                "state": "failed",
+                "restarts_total": 2,
+                "restarts_in_window": 0,
+                "failed": "the GPU stayed busy",
+                "gpu_busy": "unified memory: 4.0 of 128.0 GiB",
+            },
+            "vLLM: failed, serving: no, restarts: 2 (0 in the window), last exit: - ; GAVE UP: the GPU stayed busy",
+        ),
+    ],
+)
+def test_the_status_line_says_what_a_supervisor_waits_for_or_why_it_gave_up(tmp_path, status, expected):
+    from components.serve import STATUS_SUMMARY
+
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps(status))
+    result = subprocess.run(
+        [sys.executable, "-c", STATUS_SUMMARY.format(path=str(path))], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == expected.strip()

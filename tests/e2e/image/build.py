@@ -69,7 +69,10 @@ IMAGE_ENV = {
     "PYTHONPATH": "/opt/site",
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
+    # The supervisor reads MemAvailable there (a link to /proc/meminfo): a test writes a GB10's figures over it
+    "SPARK_VLLM_MEMINFO": "/var/lib/spark-vllm-standin/meminfo",
 }
+STANDIN_STATE = "/var/lib/spark-vllm-standin"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 HERE = Path(__file__).resolve().parent
@@ -80,6 +83,26 @@ RAY_WRAPPER = """#!/bin/sh
 export PYTHONPATH="/opt/site${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 -c 'import sys; sys.argv[0] = "ray"; from ray.scripts.scripts import main; sys.exit(main())' "$@"
 """
+# NOT nvidia-smi: with no GPU it answers as nvidia-smi does without a driver (status 9), so the supervisor reads
+# nothing, as in every other rehearsal test. Where a test touched $STANDIN_STATE/unified it answers as a GB10's
+# does, whose memory is the system's (NVML has no framebuffer sizes there, NVML_ERROR_NOT_SUPPORTED:
+# forums.developer.nvidia.com/t/358869; nvidia-smi prints "[N/A]"), and the supervisor's unified-memory rules
+# read $SPARK_VLLM_MEMINFO.
+NVIDIA_SMI = f"""#!/usr/bin/python3
+import sys
+
+if __import__("os").path.exists("{STANDIN_STATE}/unified"):
+    query = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--query-gpu=")), None)
+    if query is None:
+        print("NVIDIA GB10 (stand-in: only --query-gpu answers)")
+    else:
+        fields = {{"index": "0", "name": "NVIDIA GB10"}}
+        print(", ".join(fields.get(name.strip(), "[N/A]") for name in query.split(",")))
+    sys.exit(0)
+print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", file=sys.stderr)
+sys.exit(9)
+"""
+
 VLLM_WRAPPER = """#!/bin/sh
 # NOT vLLM: the rehearsal's test double for `vllm serve` (see /opt/site/vllm_standin/__init__.py).
 export PYTHONPATH="/opt/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -351,10 +374,19 @@ def _stage_files(stage: Path) -> list[str]:
         target.chmod(0o644)
     bindir = stage / "usr" / "local" / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("ray", RAY_WRAPPER), ("vllm", VLLM_WRAPPER)):
+    for name, text in (("ray", RAY_WRAPPER), ("vllm", VLLM_WRAPPER), ("nvidia-smi", NVIDIA_SMI)):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
-    return ["./opt/site/vllm_standin", "./usr/local/bin/ray", "./usr/local/bin/vllm"]
+    state = stage / STANDIN_STATE.lstrip("/")
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "meminfo").symlink_to("/proc/meminfo")
+    return [
+        "./opt/site/vllm_standin",
+        "./usr/local/bin/ray",
+        "./usr/local/bin/vllm",
+        "./usr/local/bin/nvidia-smi",
+        "." + STANDIN_STATE,
+    ]
 
 
 def _image_tar(base_tar: Path, work: Path) -> Path:

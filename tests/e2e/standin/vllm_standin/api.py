@@ -328,6 +328,9 @@ class Histogram:
         return [*rows, f"{metric}_count{labels} {float(self.count)}", f"{metric}_sum{labels} {self.sum}"]
 
 
+KV_POOL_SEQUENCES = 16
+
+
 class ServerState:
     """Shared between the HTTP threads and the engine monitor; counts what vLLM's /metrics counts, under
     vLLM's metric names (vllm/v1/metrics/loggers.py)."""
@@ -339,6 +342,10 @@ class ServerState:
         self.engine_alive = True
         self.lock = threading.Lock()
         self.running = 0
+        # The KV cache the running requests hold, in tokens, out of a pool of KV_POOL_SEQUENCES full-length
+        # sequences (vLLM's vllm:kv_cache_usage_perc: the fraction of its KV cache blocks in use, 0..1).
+        self.cached_tokens = 0
+        self.kv_pool_tokens = KV_POOL_SEQUENCES * cfg.max_model_len
         self.requests_total: dict[str, int] = {}  # by finished_reason
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -369,6 +376,8 @@ class ServerState:
             out.append(f"vllm:num_requests_running{lbl} {float(self.running)}")
             head("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
             out.append(f"vllm:num_requests_waiting{lbl} 0.0")
+            head("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
+            out.append(f"vllm:kv_cache_usage_perc{lbl} {min(1.0, self.cached_tokens / self.kv_pool_tokens)}")
             head("vllm:request_success_total", "counter", "Count of successfully processed requests.")
             for reason in FINISHED_REASONS:
                 out.append(
@@ -500,8 +509,10 @@ def make_handler(state: ServerState):
             chunks = (stream_chunks if chat else completion_stream_chunks)(result, include_usage)
             delays = token_delays(chunks, result["usage"]["prompt_tokens"], state.pace)
             began = time.monotonic()
+            held = result["usage"]["total_tokens"]
             with state.lock:
                 state.running += 1
+                state.cached_tokens += held
             try:
                 if body.get("stream"):
                     self._stream(chunks, delays)
@@ -511,6 +522,7 @@ def make_handler(state: ServerState):
             finally:
                 with state.lock:
                     state.running -= 1
+                    state.cached_tokens -= held
             timed = [d for d in delays if d]
             finish = result["choices"][0]["finish_reason"]
             state.finished(result["usage"], finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
