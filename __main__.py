@@ -2,7 +2,7 @@
 
 import pulumi
 
-from components.cluster import VllmCluster, VllmClusterArgs
+from components.cluster import VllmCluster, VllmClusterArgs, router_smoke_summary
 from components.release import release_source
 from components.ssh import ssh_access
 from components.stack import load_stack_config
@@ -12,7 +12,7 @@ cluster = VllmCluster(
     "spark-vllm",
     VllmClusterArgs(
         config=config,
-        release=release_source(config),
+        release=None if config.deployments else release_source(config),  # deployments: each its own
         ssh_access=ssh_access(config, pulumi.get_project(), pulumi.get_stack()),  # checked before any resource
     ),
 )
@@ -35,3 +35,7 @@ pulumi.export("statusCommand", cluster.status_command)
 pulumi.export("diagnostics", cluster.diagnostics)
 pulumi.export("diagnoseCommand", cluster.diagnose_command)
 pulumi.export("dashboard", cluster.dashboard)
+if config.deployments:
+    pulumi.export("deployments", cluster.deployments)
+if cluster.router is not None:
+    pulumi.export("routerSmoke", cluster.router_smoke.stdout.apply(router_smoke_summary))

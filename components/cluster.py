@@ -4,6 +4,7 @@ what the stack outputs. Each step is a function that returns what the next one t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -11,15 +12,27 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
+from components.config.placement import Replica
 from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
-from components.gate import Gate, create_gate
+from components.gate import FabricVerdict, Gate, create_fabric_gate, create_gate
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
 from components.release import ReleaseSource, release_record
 from components.render import ray_address
-from components.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
+from components.replicas import (
+    _replica_triggers,
+    _served_name,
+    deployment_releases,
+    deployments_output,
+    deployments_release,
+    shared_release,
+    together_check,
+)
+from components.router import ReplicaSteps, Router, worker
+from components.router import endpoint as router_endpoint
+from components.serve import VllmServer, VllmServerArgs, last_json_line, log_follow_command, status_command
 from components.ssh import SshAccess
 from components.transfer import Transfer, create_transfer
 
@@ -35,79 +48,111 @@ def data_only(value: pulumi.Output) -> pulumi.Output:
 @dataclass(frozen=True)
 class VllmClusterArgs:
     config: ClusterConfig
-    release: ReleaseSource
+    release: Optional[ReleaseSource]  # a single-model stack's; with deployments each has its own
     ssh_access: SshAccess
+
+
+@dataclass(frozen=True)
+class ReplicaRun:
+    """What one replica (a single-model stack's one, or a deployment's) left for the outputs."""
+
+    replica: Replica
+    release: ReleaseSource
+    gate: Gate
+    nodes: dict[str, NodeContainer]
+    server: VllmServer
+    router_steps: Optional[ReplicaSteps]
+
+    @property
+    def containers(self) -> dict[str, str]:
+        return {name: node.container_name for name, node in self.nodes.items()}
 
 
 class VllmCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:VllmCluster", name, None, opts)
-        cfg, release = args.config, args.release
+        cfg = args.config
         secrets = _secrets(cfg)
+        api_key = secrets.get("apiKey")
+        self._identity = args.ssh_access.identity
         self.hosts = create_hosts(self, cfg, args.ssh_access, secrets)
-        transfer = create_transfer(self, cfg, release, self.hosts, secrets.get("hfToken"))
-        gate = create_gate(self, cfg, release, self.hosts, transfer)
-        self.nodes = create_containers(self, cfg, release, self.hosts, transfer, gate, _secret_env(self, cfg, secrets))
-        self.server = create_server(self, name, cfg, release, self.hosts, self.nodes, gate, secrets.get("apiKey"))
-        self._outputs(cfg, release, transfer, gate, secrets.get("apiKey"))
-        self.diagnostics = diagnostics_output(
-            cfg,
-            pulumi.get_stack(),
-            self.containers,
-            {name: host.host_key for name, host in self.hosts.items()},
-            args.ssh_access.identity,
-        )
-        self.diagnose_command = diagnose_command(pulumi.get_stack())
+        releases = deployment_releases(cfg, args.release)
+        shared = args.release if not cfg.deployments else shared_release(cfg, releases)
+        transfer = create_transfer(self, cfg, shared, self.hosts, secrets.get("hfToken"))
+        # With deployments the fabric is checked once for the stack; a single-model stack's gate does it.
+        fabric_verdict = create_fabric_gate(self, cfg, shared, self.hosts) if cfg.deployments else None
+        replicas = cfg.replicas
+        gates = {r.name: create_gate(self, r.config, releases[r.deployment], self.hosts, transfer, fabric_verdict)
+                 for r in replicas}  # fmt: skip
+        placed = together_check(self, cfg, replicas, gates) if cfg.deployments else None
+        self.router = create_router(self, cfg, self.hosts, transfer, [placed] if placed else [])
+        ray_token = _ray_auth_token(self) if any(_uses_ray_token(r.config) for r in replicas) else None
+        self.runs: list[ReplicaRun] = []
+        last_undrain: dict[Optional[str], pulumi.Resource] = {}
+        for replica in replicas:
+            rcfg, release, gate = replica.config, releases[replica.deployment], gates[replica.name]
+            steps, drained = None, []
+            if self.router is not None:
+                after = [last_undrain[replica.deployment]] if replica.deployment in last_undrain else []
+                triggers = _replica_triggers(rcfg, release, transfer)
+                steps = self.router.drain(replica, _served_name(rcfg, release), triggers, after)
+                drained = [steps.drain]
+            nodes = create_containers(
+                self, rcfg, release, self.hosts, transfer, gate, _secret_env(rcfg, secrets, ray_token),
+                after=[*([placed] if placed else []), *drained],
+            )  # fmt: skip
+            server = create_server(
+                self, replica.name or name, rcfg, release, self.hosts, nodes, gate, api_key, after=drained
+            )
+            if steps is not None:
+                steps = self.router.undrain(replica, steps, server.smoke or server.ready)
+                last_undrain[replica.deployment] = steps.undrain
+            self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
+        self.router_smoke = None
+        if self.router is not None:
+            workers = pulumi.Output.all(*[run.server.served_model_name for run in self.runs]).apply(
+                lambda names: [worker(run.replica, served) for run, served in zip(self.runs, names, strict=True)]
+            )
+            _, self.router_smoke = self.router.declare(
+                workers, [run.router_steps.undrain for run in self.runs], api_key
+            )
+        self._outputs(name, cfg, transfer, fabric_verdict, api_key)
         self.dashboard = dashboard(cfg, pulumi.get_stack())
 
     def _outputs(
         self,
+        name: str,
         cfg: ClusterConfig,
-        release: ReleaseSource,
         transfer: Transfer,
-        gate: Gate,
+        fabric_verdict: Optional[FabricVerdict],
         api_key: Optional[pulumi.Output[str]],
     ) -> None:
-        head = cfg.head_node
-        self.containers = {name: node.container_name for name, node in self.nodes.items()}
-        self.endpoint = pulumi.Output.from_input(f"http://{head.host}:{cfg.vllm.port}/v1")
-        self.served_model_name = self.server.served_model_name
-        self.head_node = head.name
-        self.executor = cfg.executor
-        self.ray_address = ray_address(cfg) if cfg.executor == "ray" else None
-        self.log_commands = {
-            "vllm": log_follow_command(cfg, head.name, self.containers[head.name], vllm=True),
-            **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in self.containers.items()},
-        }
-        if cfg.executor == "mp":  # every node runs a vLLM rank with a log of its own
-            self.log_commands |= {
-                f"vllm:{name}": log_follow_command(cfg, name, c, vllm=True)
-                for name, c in self.containers.items()
-                if name != head.name
-            }
-        self.status_command = status_command(cfg, self.containers)
-        self.smoke = self.server.smoke_result
-        self.benchmark = self.server.benchmark_result
-        self.fabric = gate.fabric
-        self.release = _release(self.server, release, transfer.images[cfg.copy_source.name], gate)
+        if not cfg.deployments:
+            self._single_model_outputs(cfg, self.runs[0], transfer, api_key)
+        else:
+            self._deployment_outputs(cfg, transfer, fabric_verdict)
         self.prometheus_config = (
             pulumi.Output.secret(api_key.apply(lambda key: prometheus_config(cfg, key)))
             if api_key
             else prometheus_config(cfg, None)
         )
         self.metrics = {"targets": targets(cfg), "prometheus": prometheus_url(cfg)}
-        self.prometheus = create_prometheus(self, cfg, self.hosts, transfer, gate, self.prometheus_config)
-        self.memory_plan = gate.memory_plan
+        self.prometheus = create_prometheus(self, cfg, self.hosts, transfer, self.runs[0].gate, self.prometheus_config)
+        on_nodes = {node.name: [c for run in self.runs for n, c in run.containers.items() if n == node.name]
+                    for node in cfg.nodes}  # fmt: skip
+        self.status_command = status_command(cfg, self.containers if not cfg.deployments else on_nodes)
+        self.diagnostics = diagnostics_output(
+            cfg,
+            pulumi.get_stack(),
+            on_nodes,
+            {node: host.host_key for node, host in self.hosts.items()},
+            self._identity,
+        )
+        self.diagnose_command = diagnose_command(pulumi.get_stack())
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
-                "served_model_name": self.served_model_name,
-                "head_node": self.head_node,
-                "ray_address": self.ray_address,
                 "containers": self.containers,
-                "log_commands": self.log_commands,
-                "smoke": self.smoke,
-                "benchmark": self.benchmark,
                 "release": self.release,
                 "metrics": self.metrics,
                 "memory_plan": self.memory_plan,
@@ -115,6 +160,102 @@ class VllmCluster(pulumi.ComponentResource):
                 "status_command": self.status_command,
             }
         )
+
+    def _single_model_outputs(
+        self, cfg: ClusterConfig, run: ReplicaRun, transfer: Transfer, api_key: Optional[pulumi.Output[str]]
+    ) -> None:
+        head = cfg.head_node
+        self.containers = run.containers
+        self.endpoint = pulumi.Output.from_input(
+            router_endpoint(cfg) if self.router is not None else f"http://{head.host}:{cfg.vllm.port}/v1"
+        )
+        self.served_model_name = run.server.served_model_name
+        self.head_node = head.name
+        self.executor = cfg.executor
+        self.ray_address = ray_address(cfg) if cfg.executor == "ray" else None
+        self.log_commands = log_commands(cfg, self.containers)
+        self.smoke = run.server.smoke_result
+        self.benchmark = run.server.benchmark_result
+        self.fabric = run.gate.fabric
+        self.release = _release(run.server, run.release, transfer.images[cfg.copy_source.name], run.gate)
+        self.memory_plan = run.gate.memory_plan
+        self.deployments = None
+
+    def _deployment_outputs(self, cfg: ClusterConfig, transfer: Transfer, fabric_verdict: FabricVerdict) -> None:
+        runs = self.runs
+        self.containers = {run.replica.name: run.containers for run in runs}
+        self.endpoint = pulumi.Output.from_input(router_endpoint(cfg) if self.router is not None else None)
+        self.served_model_name = pulumi.Output.all(*[run.server.served_model_name for run in runs]).apply(
+            lambda names: sorted(set(names))
+        )
+        self.head_node = None
+        self.executor = None
+        self.ray_address = None
+        self.log_commands = {
+            f"{run.replica.name}:{key}": command
+            for run in runs
+            for key, command in log_commands(run.replica.config, run.containers).items()
+        }
+        self.smoke = {run.replica.name: run.server.smoke_result for run in runs}
+        self.benchmark = {run.replica.name: run.server.benchmark_result for run in runs}
+        self.fabric = fabric_verdict.figures
+        self.memory_plan = {run.replica.name: run.gate.memory_plan for run in runs}
+        source = transfer.images[cfg.copy_source.name]
+        self.release = deployments_release(
+            {run.replica.deployment: _release(run.server, run.release, source, run.gate, with_fabric=False)
+             for run in runs if run.replica.index == 0},
+            fabric_verdict.figures,
+        )  # fmt: skip
+        self.deployments = deployments_output(cfg, runs)
+
+
+def router_smoke_summary(stdout: str) -> dict:
+    """What the router's smoke test found: each model's latency through the router and who answered."""
+    return last_json_line(stdout).get("models") or {}
+
+
+def log_commands(cfg: ClusterConfig, containers: dict[str, str]) -> dict[str, str]:
+    """How to follow vLLM's log (with mp each rank's) and each container's, over SSH."""
+    head = cfg.head_node
+    found = {
+        "vllm": log_follow_command(cfg, head.name, containers[head.name], vllm=True),
+        **{name: log_follow_command(cfg, name, c, vllm=False) for name, c in containers.items()},
+    }
+    if cfg.executor == "mp":  # every node runs a vLLM rank with a log of its own
+        found |= {
+            f"vllm:{name}": log_follow_command(cfg, name, c, vllm=True)
+            for name, c in containers.items()
+            if name != head.name
+        }
+    return found
+
+
+def node_resource_name(cfg: ClusterConfig, node: str) -> str:
+    """A node's components in `cfg` (a replica's view: prefixed with its name)."""
+    return f"{cfg.name_prefix}-{node}" if cfg.name_prefix else node
+
+
+def create_router(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    hosts: dict[str, NodeHost],
+    transfer: Transfer,
+    after: Sequence[pulumi.Resource],
+) -> Optional[Router]:
+    """router.enabled: vllm-router on router.node, in the stack's image, once that node's guard holds."""
+    if not cfg.router.enabled:
+        return None
+    name = cfg.router.node
+    guard = transfer.guards.get(name)
+    return Router(
+        "spark-vllm",
+        cfg,
+        hosts[name].provider,
+        hosts[name].connection,
+        transfer.images[name].image_id,
+        depends_on=[*after, *([guard.ready] if guard else [])],
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
 
 
 def create_hosts(
@@ -145,14 +286,16 @@ def create_containers(
     transfer: Transfer,
     gate: Gate,
     secret_env: pulumi.Output,
+    after: Sequence[pulumi.Resource] = (),
 ) -> dict[str, NodeContainer]:
-    """Every node's long-lived container: the head once the gate exists, the workers after the head."""
+    """Every node's long-lived container: the head once the gate exists (and what `after` names: the
+    check of the replicas sharing nodes, the replica out of the router), the workers after the head."""
     nodes: dict[str, NodeContainer] = {}
     head = cfg.head_node
     for node in [head, *cfg.workers]:
         host = hosts[node.name]
         nodes[node.name] = NodeContainer(
-            node.name,
+            node_resource_name(cfg, node.name),
             NodeContainerArgs(
                 config=cfg,
                 node=node,
@@ -167,6 +310,7 @@ def create_containers(
                 start_after=[
                     gate.passed if node is head else nodes[head.name].container,
                     *([transfer.guards[node.name].ready] if node.name in transfer.guards else []),
+                    *(after if node is head else []),
                 ],
             ),
             opts=pulumi.ResourceOptions(parent=parent),
@@ -183,8 +327,10 @@ def create_server(
     nodes: dict[str, NodeContainer],
     gate: Gate,
     api_key: Optional[pulumi.Output[str]],
+    after: Sequence[pulumi.Resource] = (),
 ) -> VllmServer:
-    """vLLM on the containers: the cluster wait, the handover, readiness, smoke test and benchmark."""
+    """vLLM on the containers: the cluster wait, the handover, readiness, smoke test and benchmark (after
+    `after`: the replica out of the router, when only vLLM's settings change)."""
     return VllmServer(
         name,
         VllmServerArgs(
@@ -196,23 +342,29 @@ def create_server(
             connections={name: host.connection for name, host in hosts.items()},
             api_key=api_key,
             # with Ray: every worker joined; with mp: every container runs
-            depends_on=[n.joined or n.supervisor for n in nodes.values()],
+            depends_on=[*[n.joined or n.supervisor for n in nodes.values()], *after],
             max_num_seqs=data_only(gate.memory_plan.apply(lambda plan: (plan.get("maxNumSeqs") or {}).get("set"))),
         ),
         opts=pulumi.ResourceOptions(parent=parent),
     )
 
 
-def _release(server: VllmServer, release: ReleaseSource, source_image, gate: Gate) -> pulumi.Output:
+def _release(
+    server: VllmServer, release: ReleaseSource, source_image, gate: Gate, with_fabric: bool = True
+) -> pulumi.Output:
     """What this stack runs, pinned by digest (the pulling node's; with a copy, the source's) or, for an
     image no registry holds, by id; validated once the smoke test (and, when enabled, the benchmark)
-    passed; the benchmark's figures and the fabric's go with it."""
+    passed; the benchmark's figures and the fabric's go with it (with deployments, the fabric goes once
+    with the stack's release: components/replicas.py)."""
     steps = [step for step in (server.smoke, server.benchmark) if step is not None]
     validated = pulumi.Output.all(*[step.stdout for step in steps]).apply(lambda _: True) if server.smoke else False
     pinned = pulumi.Output.all(source_image.repo_digest, gate.image_id).apply(lambda p: p[0] or p[1])
     # The fabric's figures (a dict per node) join by apply: Output.all would unwrap them into an Output
     # per key, and the release is an output, whose dependencies nothing reads.
-    return pulumi.Output.all(pinned, release.model, release.engine, validated, server.benchmark_result).apply(
+    parts = pulumi.Output.all(pinned, release.model, release.engine, validated, server.benchmark_result)
+    if not with_fabric:
+        return parts.apply(lambda p: release_record(p[0], p[1], p[2], p[3], release.origin, benchmark=p[4]))
+    return parts.apply(
         lambda p: gate.fabric.apply(
             lambda figures: release_record(p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4])
         )
@@ -243,12 +395,16 @@ def create_prometheus(
     )
 
 
-def _secret_env(parent: pulumi.Resource, cfg: ClusterConfig, secrets: dict) -> pulumi.Output:
+def _uses_ray_token(cfg: ClusterConfig) -> bool:
+    return cfg.executor == "ray" and cfg.ray.auth == "token"
+
+
+def _secret_env(cfg: ClusterConfig, secrets: dict, ray_token: Optional[pulumi.Output[str]]) -> pulumi.Output:
     parts: list[pulumi.Input[str]] = []
     if "hfToken" in secrets:
         parts.append(secrets["hfToken"].apply(lambda token: f"HF_TOKEN={token}"))
-    if cfg.executor == "ray" and cfg.ray.auth == "token":
-        parts.append(_ray_auth_token(parent).apply(lambda token: f"RAY_AUTH_TOKEN={token.strip()}"))
+    if _uses_ray_token(cfg) and ray_token is not None:
+        parts.append(ray_token.apply(lambda token: f"RAY_AUTH_TOKEN={token.strip()}"))
     return pulumi.Output.secret(pulumi.Output.all(*parts)) if parts else pulumi.Output.from_input([])
 
 

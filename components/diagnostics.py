@@ -14,24 +14,27 @@ from components.depot import DEPOT_CONTAINER
 from components.guard import GUARD_CONTAINER
 from components.metrics import PROMETHEUS_CONTAINER
 from components.names import RUN_DIR
+from components.router import ROUTER_CONTAINER
 
 
-def node_containers(cfg: ClusterConfig, node_name: str, container: str) -> list[str]:
-    """The stack's containers on a node, the node's own (vLLM's) first."""
-    found = [container]
+def node_containers(cfg: ClusterConfig, node_name: str, container: Any) -> list[str]:
+    """The stack's containers on a node, vLLM's first (with deployments, each replica's there)."""
+    found = [container] if isinstance(container, str) else list(container)
     if cfg.network.guard:
         found.append(GUARD_CONTAINER)
     if cfg.uses_depot and node_name == cfg.copy_source.name:
         found.append(DEPOT_CONTAINER)
     if cfg.metrics.prometheus_node == node_name:
         found.append(PROMETHEUS_CONTAINER)
+    if cfg.router.enabled and cfg.router.node == node_name:
+        found.append(ROUTER_CONTAINER)
     return found
 
 
 def diagnostics_output(
     cfg: ClusterConfig,
     stack: str,
-    containers: Mapping[str, str],
+    containers: Mapping[str, Any],
     host_keys: Mapping[str, pulumi.Input[str]],
     identity: Optional[str],
 ) -> dict[str, Any]:
@@ -45,10 +48,10 @@ def diagnostics_output(
                 "sshPort": node.ssh_port,
                 "hostKey": host_keys[node.name],
                 "identity": identity,
-                "containers": node_containers(cfg, node.name, containers[node.name]),
+                "containers": node_containers(cfg, node.name, containers.get(node.name) or []),
                 "runDir": RUN_DIR,
                 "fabricInterface": node.fabric_interface,
-                "head": node.name == cfg.head_node.name,
+                "head": any(node.name == each.config.head_node.name for each in cfg.replicas),
             }
             for node in cfg.nodes
         ],

@@ -86,12 +86,41 @@ class Gate:
     image_id: pulumi.Output[str]  # the one image id every node runs
 
 
+@dataclass(frozen=True)
+class FabricVerdict:
+    """The fabric gate's (and with nccl the NCCL test's) figures, and what exists once it passed."""
+
+    figures: pulumi.Output
+    passed: Optional[command.local.Command]
+    nccl_passed: pulumi.Output
+
+
+def create_fabric_gate(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    hosts: dict[str, NodeHost],
+    checks: Optional[dict[str, NodeChecks]] = None,
+    images: Optional[dict] = None,
+    model: pulumi.Input[str] = "",
+) -> FabricVerdict:
+    """The fabric of every node, checked once for the stack: the gate's probes and, with
+    fabric.bandwidthTest nccl (after `checks` saw the GPUs), the NCCL test."""
+    networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
+    figures, passed = _fabric_gate(parent, cfg, release, hosts, networks, model)
+    nccl_passed = pulumi.Output.from_input(True)
+    if fabric.nccl_test(cfg) and checks is not None and images is not None:
+        figures, nccl_passed = _nccl_test(parent, cfg, hosts, checks, images, model, figures)
+    return FabricVerdict(figures, passed, nccl_passed)
+
+
 def create_gate(
     parent: pulumi.Resource,
     cfg: ClusterConfig,
     release: ReleaseSource,
     hosts: dict[str, NodeHost],
     transfer: Transfer,
+    shared_fabric: Optional[FabricVerdict] = None,
 ) -> Gate:
     """Every node's checks, and the gate the head's Ray container waits for: it exists only once
     every node passed its checks and all agree on the image and the model.
@@ -115,8 +144,13 @@ def create_gate(
     local_model = release.model
     if transfer.download is not None:
         local_model = transfer.download.stdout.apply(snapshot_of)
-    figures, fabric_passed = _fabric_gate(parent, cfg, release, hosts, networks, local_model)
-    for node in [source, *(n for n in cfg.nodes if n.name != source.name)]:
+    if shared_fabric is None:
+        figures, fabric_passed = _fabric_gate(parent, cfg, release, hosts, networks, local_model)
+    else:  # with deployments: the stack's fabric, checked once for every replica
+        figures, fabric_passed = shared_fabric.figures, shared_fabric.passed
+    prefix = cfg.name_prefix
+    ordered = [source, *(n for n in cfg.nodes if n.name != source.name)] if source in cfg.nodes else list(cfg.nodes)
+    for node in ordered:
         after: list[pulumi.Resource] = list(networks)  # peers must have their fabric address before we ping them
         if fabric_passed is not None:
             after.append(fabric_passed)  # nothing else runs on a node (no check container) on a bad fabric
@@ -138,7 +172,7 @@ def create_gate(
             )
             reread.append(source_model)  # a new copy: check and fingerprint it again
         checks[node.name] = NodeChecks(
-            node.name,
+            f"{prefix}-{node.name}" if prefix else node.name,
             NodeChecksArgs(
                 config=cfg,
                 node=node,
@@ -165,7 +199,9 @@ def create_gate(
         )
     plan = _memory_plan(cfg, release, checks, fingerprints)
     nccl_passed = pulumi.Output.from_input(True)
-    if fabric.nccl_test(cfg):
+    if shared_fabric is not None:
+        nccl_passed = shared_fabric.nccl_passed
+    elif fabric.nccl_test(cfg):
         figures, nccl_passed = _nccl_test(parent, cfg, hosts, checks, images, local_model, figures)
     node_names = [node.name for node in cfg.nodes]
     images_fit = pulumi.Output.all(*[checks[n].image_facts for n in node_names]).apply(
@@ -178,7 +214,7 @@ def create_gate(
         lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
     )
     passed = command.local.Command(
-        "spark-vllm-checks-passed",
+        f"{prefix}-checks-passed" if prefix else "spark-vllm-checks-passed",
         create=verdict,
         opts=pulumi.ResourceOptions(parent=parent),
     )

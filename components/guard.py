@@ -23,7 +23,8 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from components.config import ClusterConfig, NodeConfig, node_listeners
+from components.config import ClusterConfig, NodeConfig
+from components.config.placement import stack_listeners
 from components.names import GUARD_VOLUME
 from components.render import (
     exec_python,
@@ -41,18 +42,23 @@ MARKER_NAME = "applied.json"
 HOST_ROOT = "/host"  # the host's /usr and /etc, read-only
 CHECK_SECONDS = 10
 READY_TIMEOUT_SECONDS = 90
-PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort")  # with every node's sshPort: never matched
+PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort", "router.port")  # with every node's sshPort: never matched
+API_KEYS = ("vllm.port", "router.port")  # what network.apiSources limits
 
 
 def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     """What the rules on `node` say: who the peers are, which ports only they reach."""
     index = cfg.nodes.index(node)
-    listeners = node_listeners(cfg, index)
-    public = [item for item in listeners if item.key in PUBLIC_KEYS or item.key.endswith(".sshPort")]
+    listeners = stack_listeners(cfg, index)
+    public = [item for item in listeners if item.key.endswith(PUBLIC_KEYS) or item.key.endswith(".sshPort")]
     guarded = [item for item in listeners if item not in public]
     api = None
-    if node.name == cfg.head_node.name and cfg.network.api_sources:
-        api = {"port": cfg.vllm.port, "sources": [str(source) for source in cfg.network.api_sources]}
+    sources = [str(source) for source in cfg.network.api_sources]
+    if sources and not cfg.deployments and node.name == cfg.head_node.name and not cfg.router.enabled:
+        api = {"port": cfg.vllm.port, "sources": sources}
+    elif sources:  # every API server on the node, the router's too
+        ports = sorted({item.first for item in listeners if item.key.endswith(API_KEYS)})
+        api = {"ports": ports, "sources": sources} if ports else None
     return {
         "peers": sorted(str(other.fabric_address) for other in cfg.nodes if other.name != node.name),
         "interface": node.fabric_interface,

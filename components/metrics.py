@@ -35,12 +35,42 @@ def vllm_target(cfg: ClusterConfig) -> str:
     return f"{address}:{cfg.vllm.port}"
 
 
+def _vllm_jobs(cfg: ClusterConfig) -> list[tuple[str, dict[str, str]]]:
+    """(target, labels) of every vLLM API server: a single-model stack's head; each replica's with deployments."""
+    if not cfg.deployments:
+        return [(vllm_target(cfg), {"node": cfg.head_node.name})]
+    return [
+        (vllm_target(each.config), {"node": each.config.head_node.name, "deployment": each.deployment,
+                                    "replica": each.name})
+        for each in cfg.replicas
+    ]  # fmt: skip
+
+
+def _ray_targets(cfg: ClusterConfig) -> list[tuple[str, str]]:
+    """(target, node) of Ray's metrics, for every Ray cluster with ray.metricsExportPort."""
+    found = []
+    for each in cfg.replicas:
+        rcfg = each.config
+        if rcfg.executor == "ray" and rcfg.ray.metrics_export_port is not None:
+            found += [(f"{node.fabric_address}:{rcfg.ray.metrics_export_port}", node.name) for node in rcfg.nodes]
+    return list(dict.fromkeys(found))
+
+
+def router_target(cfg: ClusterConfig) -> Optional[str]:
+    if not cfg.router.enabled:
+        return None
+    node = next(node for node in cfg.nodes if node.name == cfg.router.node)
+    return f"{node.fabric_address}:{cfg.router.metrics_port}"
+
+
 def targets(cfg: ClusterConfig) -> dict[str, list[str]]:
-    found = {"vllm": [vllm_target(cfg)]}
-    if cfg.executor == "ray" and cfg.ray.metrics_export_port is not None:
-        found["ray"] = [f"{node.fabric_address}:{cfg.ray.metrics_export_port}" for node in cfg.nodes]
+    found = {"vllm": [target for target, _ in _vllm_jobs(cfg)]}
+    if _ray_targets(cfg):
+        found["ray"] = [target for target, _ in _ray_targets(cfg)]
     if cfg.metrics.node_port is not None:
         found["node"] = [f"{node.fabric_address}:{cfg.metrics.node_port}" for node in cfg.nodes]
+    if router_target(cfg):
+        found["router"] = [router_target(cfg)]
     return found
 
 
@@ -49,19 +79,16 @@ def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
     vllm_job: dict[str, Any] = {
         "job_name": "vllm",
         "metrics_path": "/metrics",
-        "static_configs": [{"targets": [vllm_target(cfg)], "labels": {"node": cfg.head_node.name}}],
+        "static_configs": [{"targets": [target], "labels": labels} for target, labels in _vllm_jobs(cfg)],
     }
     if api_key:
         vllm_job["authorization"] = {"type": "Bearer", "credentials": api_key}
     jobs = [vllm_job]
-    if cfg.executor == "ray" and cfg.ray.metrics_export_port is not None:
-        port = cfg.ray.metrics_export_port
+    if _ray_targets(cfg):
         jobs.append(
             {
                 "job_name": "ray",
-                "static_configs": [
-                    {"targets": [f"{node.fabric_address}:{port}"], "labels": {"node": node.name}} for node in cfg.nodes
-                ],
+                "static_configs": [{"targets": [target], "labels": {"node": node}} for target, node in _ray_targets(cfg)],
             }
         )
     if cfg.metrics.node_port is not None:
@@ -72,6 +99,13 @@ def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
                 "static_configs": [
                     {"targets": [f"{node.fabric_address}:{port}"], "labels": {"node": node.name}} for node in cfg.nodes
                 ],
+            }
+        )
+    if router_target(cfg):
+        jobs.append(
+            {
+                "job_name": "vllm-router",
+                "static_configs": [{"targets": [router_target(cfg)], "labels": {"node": cfg.router.node}}],
             }
         )
     if cfg.metrics.prometheus_node is not None:

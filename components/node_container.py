@@ -98,7 +98,7 @@ class NodeContainer(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:NodeContainer", name, None, opts)
         cfg, node = args.config, args.node
         self.is_head = node.name == cfg.head_node.name
-        self.container_name = container_name(node)
+        self.container_name = container_name(node, cfg.name_prefix)
         self.container = self._create_container(name, args)
         self.supervisor = self._install_supervisor(name, args)
         self.joined = None if self.is_head or cfg.executor != "ray" else self._create_join_wait(name, args)
@@ -161,6 +161,12 @@ class NodeContainer(pulumi.ComponentResource):
                 docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
                 docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if self.is_head else "worker"),
                 docker.ContainerLabelArgs(label="spark-vllm.executor", value=cfg.executor),
+                # with deployments: which replica (a single-model stack's containers keep their labels)
+                *(
+                    [docker.ContainerLabelArgs(label="spark-vllm.replica", value=cfg.name_prefix)]
+                    if cfg.name_prefix
+                    else []
+                ),
             ],
             must_run=True,
             destroy_grace_seconds=30,

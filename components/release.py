@@ -15,7 +15,7 @@ from components.config import ClusterConfig, ReleaseConfig
 from components.fabric import describe as describe_fabric
 from components.render import engine_settings, fingerprint
 
-REQUIRED_FIELDS = ("image", "model", "validated")
+REQUIRED_FIELDS = ("image", "validated")  # and a model: the release's own, or each deployment's
 BENCHMARK_FIELDS = ("tool", "outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs", "errors", "completed",
                     "durationSeconds", "settings")  # fmt: skip
 
@@ -94,6 +94,8 @@ def check_promotable(
             f"promoteFrom {stack!r}: that stack has no `release` output (deploy it first, with smokeTest on)"
         )
     missing = [key for key in REQUIRED_FIELDS if release.get(key) in (None, "")]
+    if "deployments" not in release and release.get("model") in (None, ""):
+        missing.append("model")
     if missing:
         raise ReleaseError(f"promoteFrom {stack!r}: its release lacks {missing}")
     if release["validated"] is not True:
@@ -126,7 +128,11 @@ def check_promotable(
     return release
 
 
-def release_source(cfg: ClusterConfig) -> ReleaseSource:
+def release_source(cfg: ClusterConfig, deployment: str | None = None) -> ReleaseSource:
+    """What `cfg` deploys: its own image, model and engine settings, or the promoted stack's release (with
+    `deployment`: that release's deployment of this name; `cfg` is then a replica's view)."""
+    if deployment is not None and cfg.promote_from is not None:
+        return _deployment_source(cfg, deployment)
     if cfg.promote_from is None:
         return ReleaseSource(
             image=pulumi.Output.from_input(cfg.image),
@@ -140,7 +146,9 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
     release = (
         pulumi.StackReference(stack)
         .get_output("release")
-        .apply(lambda r: _announce(stack, check_promotable(r, stack, pinned, copies, cfg.release)))
+        .apply(
+            lambda r: _announce(stack, check_promotable(_single_model(r, stack), stack, pinned, copies, cfg.release))
+        )
     )
     defaults = engine_settings(cfg)
     return ReleaseSource(
@@ -149,6 +157,61 @@ def release_source(cfg: ClusterConfig) -> ReleaseSource:
         engine=release.apply(lambda r: _engine(defaults, r.get("engine") or {})),
         origin=stack,
     )
+
+
+def _single_model(release: Any, stack: str) -> Any:
+    if isinstance(release, dict) and "deployments" in release:
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: its release has deployments ({sorted(release['deployments'])}); this stack "
+            "serves one model: give it the same deployments"
+        )
+    return release
+
+
+def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
+    stack = cfg.promote_from
+    copies = cfg.image_transfer.method == "copy"
+    release = (
+        pulumi.StackReference(stack)
+        .get_output("release")
+        .apply(
+            lambda r: check_promotable_deployment(r, stack, deployment, cfg.promote_fingerprint, copies, cfg.release)
+        )
+    )
+    defaults = engine_settings(cfg)
+    return ReleaseSource(
+        image=release.apply(lambda r: r["image"]),
+        model=release.apply(lambda r: r["deployments"][deployment]["model"]),
+        engine=release.apply(lambda r: _engine(defaults, r["deployments"][deployment].get("engine") or {})),
+        origin=stack,
+    )
+
+
+def check_promotable_deployment(
+    release: Any,
+    stack: str,
+    deployment: str,
+    fingerprint: str | None = None,
+    copies_image: bool = False,
+    floors: ReleaseConfig | None = None,
+) -> dict[str, Any]:
+    """The release of stack `stack` with its deployment `deployment`, or ReleaseError saying why it cannot
+    be promoted: the stack's release as a whole as check_promotable judges one (image, validated, pinned
+    fingerprint), that deployment in it, and the floors on that deployment's benchmark."""
+    if isinstance(release, dict) and "deployments" not in release:
+        raise ReleaseError(
+            f"promoteFrom {stack!r}: its release is a single-model stack's; this stack has deployments: deploy "
+            f"{stack} with the same deployments first"
+        )
+    whole = check_promotable(release, stack, fingerprint, copies_image, None)
+    found = (whole.get("deployments") or {}).get(deployment)
+    if not isinstance(found, dict) or not found.get("model"):
+        have = sorted(whole.get("deployments") or {})
+        raise ReleaseError(f"promoteFrom {stack!r}: its release has no deployment {deployment!r} (it has {have})")
+    problems = floor_problems(found, f"{stack}' deployment '{deployment}", floors)
+    if problems:
+        raise ReleaseError("\n".join(problems))
+    return _announce(stack, whole)
 
 
 def _announce(stack: str, release: dict[str, Any]) -> dict[str, Any]:
@@ -188,4 +251,27 @@ def release_record(
             record["fabric"]["nccl"] = fabric["nccl"]
     if benchmark:
         record["benchmark"] = {key: benchmark.get(key) for key in BENCHMARK_FIELDS}
+    return record
+
+
+def stack_release_record(deployments: dict[str, dict[str, Any]], fabric: dict | None = None) -> dict[str, Any]:
+    """With deployments: the stack's release, each deployment's record in it (its model, engine settings,
+    whether it was validated, its benchmark), the image they share, validated when every one is; the
+    fingerprint covers every deployment's."""
+    images = sorted({record["image"] for record in deployments.values()})
+    body = {"image": images[0] if len(images) == 1 else images, "deployments": {
+        name: {key: record[key] for key in ("model", "engine")} for name, record in sorted(deployments.items())
+    }}  # fmt: skip
+    record: dict[str, Any] = {
+        **body,
+        "validated": all(each.get("validated") is True for each in deployments.values()),
+        "fingerprint": fingerprint(body),
+        "promotedFrom": sorted({each.get("promotedFrom") for each in deployments.values()})[0],
+    }
+    record["deployments"] = {
+        name: {key: value for key, value in each.items() if key != "image"}
+        for name, each in sorted(deployments.items())
+    }
+    if fabric is not None:
+        record["fabric"] = {key: fabric.get(key) for key in ("checked", "links", "bandwidthGbps", "floorGbps")}
     return record

@@ -33,8 +33,14 @@ from components.names import (
 from components.scripts.node_contract import RayReady, Recovery, SupervisorParams, spec_fields
 
 
-def container_name(node: NodeConfig) -> str:
-    return f"{CONTAINER_PREFIX}-{node.name}"
+def container_name(node: NodeConfig, prefix: str = "") -> str:
+    """A node's container; with deployments, a replica's on that node (`prefix`: the replica's name)."""
+    return f"{CONTAINER_PREFIX}-{prefix}-{node.name}" if prefix else f"{CONTAINER_PREFIX}-{node.name}"
+
+
+def node_resource(cfg: ClusterConfig, node: NodeConfig, suffix: str) -> str:
+    """A resource of `node` in `cfg` (a replica's view: prefixed with the replica's name)."""
+    return f"{cfg.name_prefix}-{node.name}-{suffix}" if cfg.name_prefix else f"{node.name}-{suffix}"
 
 
 def node_rank(cfg: ClusterConfig, node: NodeConfig) -> int:

@@ -35,6 +35,7 @@ from components.render import (
     fingerprint,
     handover_params,
     if_container_running,
+    node_resource,
     ready_params,
     script,
     script_program,
@@ -152,7 +153,7 @@ class VllmServer(pulumi.ComponentResource):
             drop = shell_line([*sudo, "sh", "-c", "sync && echo 1 > /proc/sys/vm/drop_caches"])
             drops.append(
                 remote_step(
-                    f"{node.name}-drop-page-cache",
+                    node_resource(cfg, node, "drop-page-cache"),
                     self._args.connections[node.name],
                     drop,
                     # Again whenever vLLM starts afresh: new arguments, a re-formed group, a restart.
@@ -174,7 +175,7 @@ class VllmServer(pulumi.ComponentResource):
     def _create_worker_serves(self) -> list[command.remote.Command]:
         """executor mp: every worker's rank gets its settings too (`--headless`, its --node-rank)."""
         cfg = self._args.config
-        return [self._create_serve(f"{node.name}-serve", node, f"{node.name}-serve") for node in cfg.workers]
+        return [self._create_serve("", node, node_resource(cfg, node, "serve")) for node in cfg.workers]
 
     def _create_serve(self, name: str, node: NodeConfig, resource_name: str) -> command.remote.Command:
         args = self._args
@@ -279,13 +280,21 @@ STATUS_SUMMARY = (
 )
 
 
-def status_command(cfg: ClusterConfig, containers: Mapping[str, str]) -> str:
+def status_command(cfg: ClusterConfig, containers: Mapping[str, Any]) -> str:
     """One command printing, per node: its container's state and Docker restart count, and what its
-    supervisor says of vLLM (state, serving, restarts, last error)."""
+    supervisor says of vLLM (state, serving, restarts, last error); with deployments, per container of a
+    replica there (`containers`: node -> its containers)."""
     lines = []
     for node in cfg.nodes:
-        container = containers[node.name]
-        remote = "; ".join(
+        found = containers.get(node.name) or []
+        for container in [found] if isinstance(found, str) else found:
+            title = f"== {node.name}" if isinstance(found, str) else f"== {node.name} {container}"
+            lines.append(_status_of(node, container, title))
+    return "; ".join(lines)
+
+
+def _status_of(node: NodeConfig, container: str, title: str) -> str:
+    remote = "; ".join(
             [
                 shell_line(
                     [
@@ -299,6 +308,5 @@ def status_command(cfg: ClusterConfig, containers: Mapping[str, str]) -> str:
                 shell_line(["docker", "exec", container, "python3", "-c", STATUS_SUMMARY.format(path=STATUS_FILE)]),
             ]
         )
-        ssh = shell_line(["ssh", "-p", str(node.ssh_port), f"{node.user}@{node.host}", remote])
-        lines.append(f"echo {shell_line([f'== {node.name}'])}; {ssh}")
-    return "; ".join(lines)
+    ssh = shell_line(["ssh", "-p", str(node.ssh_port), f"{node.user}@{node.host}", remote])
+    return f"echo {shell_line([title])}; {ssh}"

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from components.config.deployments import RouterConfig
 from components.config.sections import FabricConfig, FabricCopyConfig, MetricsConfig, NodeConfig, RayConfig, VllmConfig
 
 # Ray's listeners: (key under `ray`, on the head only, what listens there).
@@ -102,6 +103,11 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
     if metrics.prometheus_node == node.name:
         add("metrics.prometheusPort", "Prometheus", metrics.prometheus_port,
             default=single(MetricsConfig, "prometheus_port"))  # fmt: skip
+    router = cfg.router
+    if router.enabled and router.node == node.name:
+        add("router.port", "the router (vllm-router)", router.port, default=single(RouterConfig, "port"))
+        add("router.metricsPort", "the router's metrics", router.metrics_port,
+            default=single(RouterConfig, "metrics_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = transfer.method == "copy" or sync.enabled is True
     if copying and len(cfg.nodes) > 1:

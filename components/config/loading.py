@@ -12,7 +12,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from components.config.errors import ConfigError, describe, problem
-from components.config.models import SECRET_KEYS, ClusterConfig, auto_executor
+from components.config.models import SECRET_KEYS, ClusterConfig, resolve_raw
 from components.config.rules import run_rules
 from components.config.runner import partial
 from components.config.types import NAMESPACE
@@ -136,8 +136,7 @@ def load_cluster_config(
         raise ConfigError(outer_problems)
     problems += [line for line in outer_problems if line not in problems]
     if isinstance(raw, dict):
-        if raw.get("executor", "auto") == "auto":
-            raw = {**raw, "executor": auto_executor(raw.get("image"))[0]}  # as the model resolves it
+        raw, _ = resolve_raw(raw)  # as the model resolves it
         # The rules whose keys are valid run on what is: one message lists everything.
         problems += [line for line in run_rules(partial(ClusterConfig, raw)) if line not in problems]
     raise ConfigError(problems)

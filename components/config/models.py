@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
+from components.config.deployments import DeploymentConfig, RouterConfig
 from components.config.sections import (
     BenchmarkConfig,
     ContainerConfig,
@@ -75,6 +76,67 @@ def auto_executor(image: Any) -> tuple[str, str]:
     return "mp", f"executor auto: mp ({image}: the stock vLLM image has no Ray since vLLM 0.19)"
 
 
+def resolve_raw(data: Any) -> tuple[Any, Optional[str]]:
+    """The raw config with what `auto` and the defaults that depend on other keys resolve to (executor
+    auto, each deployment's, the router's switch and node), and why executor auto chose what it did."""
+    if not isinstance(data, dict):
+        return data, None
+    reason = None
+    if data.get("executor", "auto") == "auto" and not data.get("deployments"):
+        chosen, reason = auto_executor(data.get("image"))
+        data = {**data, "executor": chosen}
+    if isinstance(data.get("deployments"), list):
+        data = {**data, "deployments": [_resolved(each, data.get("image")) for each in data["deployments"]]}
+    return _router_resolved(data), reason
+
+
+def _resolved(deployment: Any, image: Any) -> Any:
+    """A deployment's executor auto: mp where each replica has one node (vLLM on one node needs no Ray),
+    else as the top-level one resolves (by the image)."""
+    if not isinstance(deployment, dict) or deployment.get("executor", "auto") != "auto":
+        return deployment
+    nodes, replicas = deployment.get("nodes"), deployment.get("replicas", 1)
+    one_node = isinstance(nodes, list) and (len(nodes) == 1 or (isinstance(replicas, int) and len(nodes) == replicas))
+    return {**deployment, "executor": "mp" if one_node else auto_executor(image)[0]}
+
+
+def _router_resolved(data: dict) -> dict:
+    """router.enabled and router.node as the stack runs them: on with several deployments or replicas, on
+    the first deployment's head (a single-model stack's head); views of replicas copy them as they are."""
+    router = data.get("router", {})
+    deployments = data.get("deployments") or []
+    if not isinstance(router, dict) or not isinstance(deployments, list):
+        return data
+    router = dict(router)
+    if router.get("enabled") is None:
+        many = len(deployments) > 1 or any(
+            isinstance(each, dict) and isinstance(each.get("replicas"), int) and each["replicas"] > 1
+            for each in deployments
+        )
+        router["enabled"] = many
+    if router.get("node") is None:
+        first = deployments[0] if deployments and isinstance(deployments[0], dict) else None
+        nodes = data.get("nodes")
+        found = None
+        if first is not None and isinstance(first.get("nodes"), list) and first["nodes"]:
+            found = first["nodes"][0]
+        elif not deployments and data.get("head") is not None:
+            found = data["head"]
+        elif not deployments and isinstance(nodes, list) and nodes and isinstance(nodes[0], dict):
+            found = nodes[0].get("name")
+        if _is_label(found):  # else the key it comes from has its own message
+            router["node"] = found
+    return {**data, "router": router}
+
+
+def _is_label(value: Any) -> bool:
+    try:
+        TypeAdapter(DnsLabel).validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
 class ClusterConfig(_Model):
     """The whole `spark-vllm:` namespace of a stack."""
 
@@ -132,6 +194,16 @@ class ClusterConfig(_Model):
     release: ReleaseConfig = Field(default_factory=ReleaseConfig, description="Floors a promoted release must meet.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus targets, and a Prometheus.")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
+    deployments: list[DeploymentConfig] = Field(
+        default_factory=list,
+        description="Several models on these nodes, each a deployment with its own model, nodes, parallelism, "
+        "executor, `vllm` and `ray` settings and replicas, behind the router. Empty: one model from the top-level "
+        "keys (model, tensorParallelSize, pipelineParallelSize, maxModelLen, executor, head, vllm, ray), which "
+        "deployments replace.",
+    )
+    router: RouterConfig = Field(
+        default_factory=RouterConfig, description="One endpoint for every deployment (vllm-router)."
+    )
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
     )
@@ -152,15 +224,13 @@ class ClusterConfig(_Model):
     )
 
     _executor_reason: Optional[str] = PrivateAttr(None)  # why executor auto chose what it did
+    _name_prefix: str = PrivateAttr("")  # a replica's view: its name (components/config/placement.py)
 
     @model_validator(mode="wrap")
     @classmethod
     def _resolve_executor(cls, data: Any, handler: Any) -> ClusterConfig:
         """executor auto becomes ray or mp here (from the image), so every rule and renderer sees one of them."""
-        reason = None
-        if isinstance(data, dict) and data.get("executor", "auto") == "auto":
-            chosen, reason = auto_executor(data.get("image"))
-            data = {**data, "executor": chosen}
+        data, reason = resolve_raw(data)
         model = handler(data)
         model._executor_reason = reason
         return model
@@ -178,6 +248,19 @@ class ClusterConfig(_Model):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    @property
+    def name_prefix(self) -> str:
+        """A replica's view: the replica's name, which prefixes its resources and containers; "" for a
+        single-model stack (whose resources keep their names)."""
+        return self._name_prefix
+
+    @property
+    def replicas(self) -> list[Any]:
+        """Every replica of every deployment (components.config.placement.Replica); a single-model stack's one."""
+        from components.config.placement import replicas
+
+        return replicas(self)
 
     @property
     def head_node(self) -> NodeConfig:

@@ -4,17 +4,35 @@ them). A rule returns its problems, one line each: key path, value found, what i
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 from components.config.errors import problem
 from components.config.listeners import node_listeners
+from components.config.placement import DEPLOYMENT_ROOTS, deployment_problems
 from components.config.runner import rule, run
 from components.vllm_args import read_extra_args
 
 
 def run_rules(source: Any) -> list[str]:
-    """Every rule that can run on `source` (a ClusterConfig or a partial view of one)."""
-    return run(source)
+    """Every rule that can run on `source` (a ClusterConfig or a partial view of one). With deployments,
+    the rules of one model run on each replica's view instead (components/config/placement.py)."""
+    if not _has_deployments(source):
+        return run(source)
+    problems = run(source, only=lambda each: not _of_one_model(each))
+    return problems + deployment_problems(source, lambda replica: run(replica, only=_of_one_model))
+
+
+def _has_deployments(source: Any) -> bool:
+    raw = getattr(source, "raw", None)
+    if isinstance(raw, dict):
+        return bool(raw.get("deployments"))
+    return bool(getattr(source, "deployments", None))
+
+
+def _of_one_model(each: Any) -> bool:
+    """Whether a rule reads a key that each deployment has its own of."""
+    return any(re.split(r"[.\[]", key)[0] in DEPLOYMENT_ROOTS for key in each.keys)
 
 
 def _head(cfg: Any) -> str:
@@ -264,15 +282,24 @@ def benchmark_fits_the_context(cfg: Any) -> list[str]:
     ]
 
 
+@rule("metrics.prometheusNode", "nodes[].name")
+def prometheus_runs_on_a_node(cfg: Any) -> list[str]:
+    return _names_a_node(cfg, "metrics.prometheusNode", cfg.metrics.prometheus_node)
+
+
+@rule("router.enabled", "router.node", "nodes[].name")
+def router_runs_on_a_node(cfg: Any) -> list[str]:
+    return _names_a_node(cfg, "router.node", cfg.router.node) if cfg.router.enabled else []
+
+
 @rule("metrics.prometheusNode", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.apiSources")
 def prometheus_reaches_vllm(cfg: Any) -> list[str]:
-    """The metrics' Prometheus runs on a node, and that node reaches vLLM on the head."""
+    """The metrics' Prometheus node reaches vLLM on the head (of each replica, with deployments: a
+    Prometheus on a node the replica does not run on is checked by components/config/placement.py)."""
     wanted = cfg.metrics.prometheus_node
-    if wanted is None:
-        return []
     nodes = {node.name: node for node in cfg.nodes}
-    if wanted not in nodes:
-        return [problem("metrics.prometheusNode", wanted, f"one of the nodes {list(nodes)}")]
+    if wanted is None or wanted not in nodes:
+        return []
     node, head, problems = nodes[wanted], _head(cfg), []
     if node.name != head and cfg.vllm.host.is_loopback:
         problems.append(
@@ -365,7 +392,7 @@ PORT_KEYS = (
     "nodes[*].name", "nodes[*].sshPort", "head", "executor", "vllm.port", "vllm.masterPort", "ray.port",
     "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
     "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
-    "metrics.nodePort",
+    "metrics.nodePort", "router.enabled", "router.node", "router.port", "router.metricsPort",
     "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
 )  # fmt: skip
 

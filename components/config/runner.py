@@ -190,12 +190,13 @@ def _skipped(keys: Iterable[str], failed: set[str]) -> bool:
     return False
 
 
-def run(source: Any) -> list[str]:
-    """Every rule whose keys are valid in `source` (a ClusterConfig, or a partial view), in order."""
+def run(source: Any, only: Callable[[Rule], bool] = lambda _: True) -> list[str]:
+    """Every rule (of those `only` keeps) whose keys are valid in `source` (a ClusterConfig, or a partial
+    view), in order."""
     failed = failed_keys(source)
     problems: list[str] = []
     for each in RULES:
-        if _skipped(each.keys, failed):
+        if not only(each) or _skipped(each.keys, failed):
             continue
         keys = frozenset(key.replace("[*]", "[]") for key in each.keys)
         problems += each.check(View(source, keys))

@@ -149,10 +149,18 @@ def nft_ruleset(ranges):
         f'    tcp dport @guarded iifname "{spec["interface"]}" ip saddr @peers accept',
         "    tcp dport @guarded drop",
     ]
-    if api:
-        lines += [f"    tcp dport {api['port']} ip saddr @api_sources accept", f"    tcp dport {api['port']} drop"]
+    for port in api_ports(api):
+        lines += [f"    tcp dport {port} ip saddr @api_sources accept", f"    tcp dport {port} drop"]
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
+
+
+def api_ports(api):
+    """The API ports network.apiSources limits: one (a single-model stack's vLLM) or several (each
+    deployment's on the node, the router's)."""
+    if not api:
+        return []
+    return list(api["ports"]) if "ports" in api else [api["port"]]
 
 
 def multiport_chunks(ranges):
@@ -180,11 +188,11 @@ def iptables_rules(ranges, v6):
                 lines.append(f"-A {CHAIN} {match} -i {spec['interface']} -s {peer}/32 -j RETURN")
         lines.append(f"-A {CHAIN} {match} -j DROP")
     api = spec.get("api")
-    if api:
+    for port in api_ports(api):
         if not v6:
             for source in api["sources"]:
-                lines.append(f"-A {CHAIN} -p tcp --dport {api['port']} -s {source} -j RETURN")
-        lines.append(f"-A {CHAIN} -p tcp --dport {api['port']} -j DROP")
+                lines.append(f"-A {CHAIN} -p tcp --dport {port} -s {source} -j RETURN")
+        lines.append(f"-A {CHAIN} -p tcp --dport {port} -j DROP")
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 
@@ -246,7 +254,8 @@ def describe(kind):
     ports = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
     peers = ", ".join(P["spec"]["peers"]) or "none (one node)"
     api = P["spec"].get("api")
-    sources = f"; port {api['port']} only from {', '.join(api['sources'])}" if api else ""
+    listed = ", ".join(str(port) for port in api_ports(api))
+    sources = f"; port {listed} only from {', '.join(api['sources'])}" if api else ""
     where = f"table inet {TABLE}" if kind == "nft" else f"chain {CHAIN} (iptables and ip6tables)"
     return f"{where}: TCP {ports} only from {peers} on {P['spec']['interface']}{sources}"
 

@@ -1,0 +1,390 @@
+"""Where each deployment runs: its replicas (a group of nodes each), and each replica as a ClusterConfig of
+its own (a view: its nodes, head, model, parallelism, executor, `vllm` and `ray`), which the program's rooms
+take as they take a single-model stack. A stack without `deployments` is one replica, the config itself,
+named "" (its resources keep their names).
+
+Also the rules that hold across deployments: every single-model rule on each replica's view (its problems
+under `deployments[i].…`), the names, the nodes, the ports two deployments share on a node, and the
+memory: the gpuMemoryUtilization of everything on one node together."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from pydantic import BaseModel
+
+from components.config.deployments import SINGLE_MODEL_KEYS
+from components.config.errors import problem
+from components.config.listeners import EPHEMERAL_KEY, RAY_CLIENT_KEY, Listener, node_listeners
+
+# The rules that read these keys describe one model: with deployments they run on each replica's view.
+DEPLOYMENT_ROOTS = ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "executor", "head",
+                    "vllm", "ray", "smokeTest", "benchmark")  # fmt: skip
+# What a view's problem path starts with when it is the deployment's (prefixed deployments[i].)
+_VIEW_PATH = re.compile(r"^(model|tensorParallelSize|pipelineParallelSize|maxModelLen|executor|vllm\.|ray\.)")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One copy of one deployment on its group of nodes (or the whole single-model stack)."""
+
+    name: str  # resource and container prefix: "" for a single-model stack, else <deployment> or <deployment>-<k>
+    deployment: Optional[str]  # the deployment's name; None for a single-model stack
+    deployment_index: Optional[int]
+    index: int  # 0 for the first replica
+    config: Any  # a ClusterConfig: the view
+
+    def resource(self, name: str) -> str:
+        """A resource name of this replica: `name` as a single-model stack names it, prefixed."""
+        return f"{self.name}-{name}" if self.name else name
+
+
+def replica_name(deployment: str, index: int) -> str:
+    return deployment if index == 0 else f"{deployment}-{index + 1}"
+
+
+def node_groups(node_names: list[str], replicas: int) -> list[list[str]]:
+    """The nodes of each replica: one node for all of them, or the list split in `replicas` equal groups."""
+    if len(node_names) == 1:
+        return [list(node_names)] * replicas
+    size = len(node_names) // replicas
+    return [node_names[k * size : (k + 1) * size] for k in range(replicas)]
+
+
+def _replace(source: Any, **update: Any) -> Any:
+    """`source` with these fields: a model copy of a ClusterConfig (no validation: every part of it already
+    passed), or the partial view the rules get of an invalid one."""
+    if isinstance(source, BaseModel):
+        return source.model_copy(update=update)
+    return SimpleNamespace(**{**vars(source), **update})
+
+
+def _vllm_of(deployment: Any, index: int) -> Any:
+    """Replica `index`'s vllm settings: replicas that share their one node listen on vllm.port + index
+    (and masterPort + index)."""
+    vllm = deployment.vllm
+    if index == 0 or len(deployment.nodes) != 1:
+        return vllm
+    return _replace(vllm, port=vllm.port + index, master_port=vllm.master_port + index)
+
+
+def view(cfg: Any, deployment: Any, nodes: list[Any], name: str, index: int = 0) -> Any:
+    """`cfg` as replica `index` of `deployment` sees it: a single-model config on `nodes`."""
+    update = {
+        "nodes": nodes,
+        "head": nodes[0].name,
+        "model": deployment.model,
+        "tensor_parallel_size": deployment.tensor_parallel_size,
+        "pipeline_parallel_size": deployment.pipeline_parallel_size,
+        "max_model_len": deployment.max_model_len,
+        "executor": deployment.executor,
+        "vllm": _vllm_of(deployment, index),
+        "ray": deployment.ray,
+        "deployments": [],
+    }
+    if isinstance(cfg, BaseModel):
+        # The image and the model reach every node once, for the whole stack (components/transfer.py):
+        # a replica copies nothing itself.
+        update["fabric_copy"] = cfg.fabric_copy.model_copy(update={"source": None})
+        update["model_sync"] = cfg.model_sync.model_copy(update={"enabled": False})
+        update["image_transfer"] = cfg.image_transfer.model_copy(update={"method": "pull"})
+    made = _replace(cfg, **update)
+    if isinstance(made, BaseModel):
+        made._name_prefix = name
+    return made
+
+
+def replicas(cfg: Any) -> list[Replica]:
+    """Every replica of every deployment, in order; a single-model stack's one."""
+    if not cfg.deployments:
+        return [Replica("", None, None, 0, cfg)]
+    by_name = {node.name: node for node in cfg.nodes}
+    found = []
+    for d_index, deployment in enumerate(cfg.deployments):
+        for index, group in enumerate(node_groups(list(deployment.nodes), deployment.replicas)):
+            name = replica_name(deployment.name, index)
+            nodes = [by_name[node] for node in group]
+            found.append(Replica(name, deployment.name, d_index, index, view(cfg, deployment, nodes, name, index)))
+    return found
+
+
+def on_node(cfg: Any, node: str) -> list[Replica]:
+    """The replicas that run on `node`."""
+    return [each for each in replicas(cfg) if any(n.name == node for n in each.config.nodes)]
+
+
+def stack_listeners(cfg: Any, index: int) -> list[Listener]:
+    """What listens on node `index` for the whole stack: with deployments, each replica's listeners there
+    (keys under deployments[i]) and the stack's own (sshd, the fabric gate's test, Prometheus, the router…)."""
+    if not cfg.deployments:
+        return node_listeners(cfg, index)
+    node = cfg.nodes[index]
+    own = (RAY_CLIENT_KEY, EPHEMERAL_KEY)
+    found = [item for item in node_listeners(cfg, index) if not _VIEW_PATH.match(item.key) and item.key not in own]
+    for replica in on_node(cfg, node.name):
+        local = [each.name for each in replica.config.nodes].index(node.name)
+        for item in node_listeners(replica.config, local):
+            if _VIEW_PATH.match(item.key) or item.key in own:
+                key = f"deployments[{replica.deployment_index}].{item.key}" if _VIEW_PATH.match(item.key) else item.key
+                item = Listener(key, f"{item.what} of {replica.name}", item.first, item.last, item.default)
+            if not any((item.key, item.first, item.last) == (seen.key, seen.first, seen.last) for seen in found):
+                found.append(item)
+    return found
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+def _valid(value: Any) -> bool:
+    from components.config.runner import FAILED
+
+    if value is FAILED:
+        return False
+    if isinstance(value, SimpleNamespace):
+        return all(_valid(v) for k, v in vars(value).items() if k != "raw")
+    if isinstance(value, list):
+        return all(_valid(v) for v in value)
+    return True
+
+
+def _given(cfg: Any) -> set[str]:
+    """The top-level keys the stack file sets."""
+    if isinstance(cfg, BaseModel):
+        return {type(cfg).model_fields[name].alias or name for name in cfg.model_fields_set}
+    return set(getattr(cfg, "raw", {}) or {})
+
+
+def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
+    """Every problem of `deployments` (`cfg` a ClusterConfig or the partial view of one); `run_view(view)`
+    runs the single-model rules on one replica's view."""
+    deployments = cfg.deployments
+    if not isinstance(deployments, list) or not deployments:
+        return []
+    problems = [
+        problem(key, _shown(cfg, field), "no value beside deployments: each deployment sets its own")
+        for key, field in SINGLE_MODEL_KEYS
+        if key in _given(cfg)
+    ]
+    nodes = cfg.nodes if isinstance(cfg.nodes, list) else []
+    node_index = {node.name: index for index, node in enumerate(nodes) if _valid(node) or _valid(node.name)}
+    names: dict[str, int] = {}
+    usable = []
+    for index, deployment in enumerate(deployments):
+        if not _valid(deployment):
+            continue  # its own fields' problems are listed already
+        at = f"deployments[{index}]"
+        if deployment.name in names:
+            problems.append(
+                problem(f"{at}.name", deployment.name, f"a unique name (deployments[{names[deployment.name]}] has it)")
+            )
+            continue
+        names[deployment.name] = index
+        missing = [name for name in deployment.nodes if name not in node_index]
+        twice = sorted({name for name in deployment.nodes if deployment.nodes.count(name) > 1})
+        if missing:
+            problems.append(
+                problem(
+                    f"{at}.nodes",
+                    list(deployment.nodes),
+                    f"names from nodes ({sorted(node_index)}): {missing} is not one",
+                )
+            )
+        if twice:
+            problems.append(problem(f"{at}.nodes", list(deployment.nodes), f"each node once ({twice} twice)"))
+        count = len(deployment.nodes)
+        if count > 1 and count % deployment.replicas:
+            problems.append(
+                problem(
+                    f"{at}.replicas",
+                    deployment.replicas,
+                    f"a number that divides its {count} nodes into equal groups, one a replica (or list one node "
+                    "for all of its replicas)",
+                )
+            )
+        elif not missing and not twice:
+            usable.append((index, deployment))
+    problems += _replica_names_clash(deployments, names)
+    if nodes:
+        problems += _view_problems(cfg, usable, node_index, run_view)
+        problems += _shared_node_problems(cfg, usable)
+        problems += _prometheus_reaches(cfg, usable)
+    if _valid(cfg.model_sync) and cfg.model_sync.enabled:
+        problems.append(
+            problem(
+                "modelSync.enabled",
+                True,
+                "false with deployments: each deployment's model must be on its nodes already (a directory) or be "
+                "a repo id vLLM downloads (modelSync copies one model, a single-model stack's)",
+            )
+        )
+    return problems
+
+
+def _prometheus_reaches(cfg: Any, usable: list) -> list[str]:
+    """metrics.prometheusNode on a node a replica does not run on still scrapes that replica's head."""
+    if not _valid(cfg.metrics) or cfg.metrics.prometheus_node is None or not _valid(cfg.network):
+        return []
+    nodes = {node.name: node for node in cfg.nodes}
+    scraper = nodes.get(cfg.metrics.prometheus_node)
+    if scraper is None:
+        return []
+    problems = []
+    sources = cfg.network.api_sources
+    for index, deployment in usable:
+        if scraper.name in deployment.nodes:
+            continue  # the view's own rule checks it
+        if deployment.vllm.host.is_loopback:
+            problems.append(
+                problem(
+                    f"deployments[{index}].vllm.host",
+                    str(deployment.vllm.host),
+                    f"an address metrics.prometheusNode {scraper.name} reaches: it scrapes vLLM's /metrics there",
+                )
+            )
+        elif sources and not any(scraper.fabric_address in source for source in sources):
+            problems.append(
+                problem(
+                    "network.apiSources",
+                    [str(source) for source in sources],
+                    f"a network holding {scraper.fabric_address}, metrics.prometheusNode {scraper.name}'s fabric "
+                    f"address: its Prometheus scrapes deployment {deployment.name}'s /metrics",
+                )
+            )
+    return list(dict.fromkeys(problems))
+
+
+def _shown(cfg: Any, field: str) -> Any:
+    """The value as the stack file has it (one line whether the config or only its keys were read)."""
+    raw = getattr(cfg, "raw", None)
+    if isinstance(raw, dict):
+        key = next(key for key, name in SINGLE_MODEL_KEYS if name == field)
+        return raw.get(key)
+    value = getattr(cfg, field, None)
+    return (
+        value.model_dump(mode="json", by_alias=True, exclude_defaults=True) if isinstance(value, BaseModel) else value
+    )
+
+
+def _replica_names_clash(deployments: list, names: dict[str, int]) -> list[str]:
+    problems = []
+    for index, deployment in enumerate(deployments):
+        if not _valid(deployment):
+            continue
+        for k in range(1, deployment.replicas):
+            taken = replica_name(deployment.name, k)
+            if taken in names:
+                problems.append(
+                    problem(
+                        f"deployments[{names[taken]}].name",
+                        taken,
+                        f"a name no replica has: deployments[{index}] ({deployment.name}) names its replica "
+                        f"{k + 1} {taken}",
+                    )
+                )
+    return problems
+
+
+def _view_problems(cfg: Any, usable: list, node_index: dict[str, int], run_view: Any) -> list[str]:
+    """The single-model rules on each replica's view, their problems under deployments[i]."""
+    problems: list[str] = []
+    by_name = {node.name: node for node in cfg.nodes if _valid(node.name)}
+    for index, deployment in usable:
+        for k, group in enumerate(node_groups(list(deployment.nodes), deployment.replicas)):
+            local = [by_name[name] for name in group]
+            found = run_view(view(cfg, deployment, local, replica_name(deployment.name, k), k))
+            for line in found:
+                line = re.sub(
+                    r"nodes\[(\d+)\]", lambda m, group=group: f"nodes[{node_index[group[int(m.group(1))]]}]", line
+                )
+                if _VIEW_PATH.match(line):
+                    line = f"deployments[{index}].{line}"
+                elif line.startswith("head:"):
+                    line = f"deployments[{index}].nodes" + line[len("head") :]
+                if line not in problems:
+                    problems.append(line)
+    return problems
+
+
+def _shared_node_problems(cfg: Any, usable: list) -> list[str]:
+    """On each node: the ports of everything there (each deployment's, the stack's), and the GPU memory
+    every deployment there asks for."""
+    problems: list[str] = []
+    by_name = {node.name: node for node in cfg.nodes if _valid(node.name)}
+    for node in cfg.nodes:
+        if not _valid(node):
+            continue  # its own fields' problems are listed; its ports cannot be judged
+        here = []  # (deployment index, deployment, the view whose nodes hold this one, its index there)
+        for index, deployment in usable:
+            for k, group in enumerate(node_groups(list(deployment.nodes), deployment.replicas)):
+                if node.name in group:
+                    local = [by_name[name] for name in group]
+                    here.append((index, deployment, k, view(cfg, deployment, local, "", k), group.index(node.name)))
+        if len(here) < 2:
+            continue
+        for line in _port_clashes(node, here) + _memory_together(cfg, node, here):
+            if not any(seen.split(": ")[0] == line.split(": ")[0] for seen in problems):
+                problems.append(line)  # one line a key: a range on every node of a replica is one mistake
+    return problems
+
+
+def _port_clashes(node: Any, here: list) -> list[str]:
+    listeners = []
+    for index, deployment, k, replica_view, local in here:
+        for listener in node_listeners(replica_view, local):
+            key = listener.key
+            if _VIEW_PATH.match(key) or key == RAY_CLIENT_KEY:
+                key = f"deployments[{index}].{key}" if _VIEW_PATH.match(key) else key
+                what = f"{listener.what} of {replica_name(deployment.name, k)}"
+                listener = type(listener)(key, what, listener.first, listener.last, listener.default)
+            if listener not in listeners:
+                listeners.append(listener)
+    problems: list[str] = []
+    for later, listener in enumerate(listeners):
+        for other in listeners[:later]:
+            if not other.overlaps(listener) or EPHEMERAL_KEY in (other.key, listener.key):
+                continue  # the kernel hands out an ephemeral port once; two Ray clusters share the range
+            blamed = listener if listener.key.startswith("deployments[") else other
+            if any(line.startswith(f"{blamed.key}: ") for line in problems):
+                continue  # one line a key on a node: its message names what it collides with
+            if blamed.key == RAY_CLIENT_KEY:
+                problems.append(
+                    problem(
+                        f"deployments[{here[-1][0]}].executor",
+                        "ray",
+                        f"one Ray head on node {node.name}: {other.what} and {listener.what} both take port "
+                        f"{listener.first}, which Ray fixes (its client server, with ray[client]): run one of them "
+                        "with executor mp, or put its first node elsewhere",
+                    )
+                )
+                continue
+            problems.append(
+                problem(
+                    blamed.key,
+                    blamed.first,
+                    f"a port nothing else on node {node.name} listens on: {other} and {listener} collide "
+                    "(deployments sharing a node need their own ports there)",
+                )
+            )
+    return problems
+
+
+def _memory_together(cfg: Any, node: Any, here: list) -> list[str]:
+    """Each vLLM on a node takes gpuMemoryUtilization of its GPUs (of a GB10's memory): together at most all."""
+    asked = [(index, replica_name(deployment.name, k), deployment.vllm.gpu_memory_utilization)
+             for index, deployment, k, _, _ in here]  # fmt: skip
+    total = sum(fraction for _, _, fraction in asked)
+    if total <= 1:
+        return []
+    listing = " + ".join(f"{name} {fraction:g} (deployments[{index}].vllm.gpuMemoryUtilization)"
+                         for index, name, fraction in asked)  # fmt: skip
+    return [
+        problem(
+            f"deployments[{asked[-1][0]}].vllm.gpuMemoryUtilization",
+            asked[-1][2],
+            f"budgets that fit node {node.name} together: {listing} = {total:g} of its GPU memory, more than all "
+            "of it: lower them (the memory plan then checks each against the node's memory and the OS's reserve)",
+        )
+    ]

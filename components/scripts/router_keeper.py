@@ -1,0 +1,283 @@
+# The router's keeper: the main process of the container spark-vllm.router (mode "serve"), and the steps
+# that talk to it through `docker exec` (modes "workers", "drain", "undrain", "ready"). Fed on stdin or as
+# the container's program, after PARAMS (components/render.py script_program). Standard library only.
+#
+# The router is vllm-router (PyPI; vllm-project/router) in its IGW mode (--enable-igw): it routes a request
+# by its `model` to the workers registered for that model through its HTTP API (POST /workers with url and
+# model_id, DELETE /workers/<url>, GET /workers), balancing among them (--policy). It keeps those
+# registrations in memory only, so the keeper holds what should be registered in RUN_DIR and makes the
+# router match it every second: the workers the stack declares (mode "workers", from `pulumi up`) less the
+# ones being changed (mode "drain" takes a replica out and waits until it has finished what it was
+# serving; "undrain" puts it back). A restarted router, or a worker registered by anyone else, is mended
+# within a second. The router's own API is not authenticated (0.1.17): docs/several-models.md says how the
+# stack fences it.
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+P = json.loads(PARAMS)  # noqa: F821 - defined by the program's first line
+RUN_DIR = P.get("run_dir") or "/run/spark-vllm-router"  # run_dir: tests only
+WORKERS, DRAINED = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json"
+ROUTER = f"http://127.0.0.1:{P['port']}"
+INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
+
+
+def say(message):
+    print(f"[router-keeper] {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def read_json(path, default):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return default
+
+
+class Locked:
+    """The state files change one step at a time (two deployments may change at once)."""
+
+    def __enter__(self):
+        os.makedirs(RUN_DIR, exist_ok=True)
+        self.handle = open(f"{RUN_DIR}/.lock", "w")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *_):
+        self.handle.close()
+
+
+def write_json(path, value):
+    os.makedirs(RUN_DIR, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(value, handle, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def api(method, path, body=None, timeout=5):
+    """(status, parsed body or text) from the router's API; (0, reason) when it does not answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(ROUTER + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode(errors="replace")
+            status = response.status
+    except urllib.error.HTTPError as error:
+        text, status = error.read().decode(errors="replace"), error.code
+    except (OSError, ValueError) as error:
+        return 0, str(error)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def registered():
+    """{url: model} the router routes to now, or None when it does not answer."""
+    status, body = api("GET", "/workers")
+    if status != 200 or not isinstance(body, dict):
+        return None
+    return {w["url"]: w.get("model_id") for w in body.get("workers", []) if isinstance(w, dict) and "url" in w}
+
+
+def wanted():
+    """{url: model} the router should route to: the declared workers less the drained ones."""
+    drained = set(read_json(DRAINED, []))
+    return {w["url"]: w["model"] for w in read_json(WORKERS, []) if w["url"] not in drained}
+
+
+def reconcile():
+    """One pass: register what is wanted and missing (or registered for another model), remove the rest."""
+    now = registered()
+    if now is None:
+        return False
+    goal = wanted()
+    for url in sorted(now):
+        if url not in goal or now[url] != goal[url]:
+            status, body = api("DELETE", "/workers/" + urllib.parse.quote(url, safe=""))
+            say(f"removed {url} ({now[url]}): {status}" if status == 200 else f"could not remove {url}: {body}")
+    for url, model in sorted(goal.items()):
+        if now.get(url) != model:
+            status, body = api("POST", "/workers", {"url": url, "model_id": model})
+            say(f"registered {url} for {model}" if status == 200 else f"could not register {url}: {status} {body}")
+    return True
+
+
+# --- the router process ---------------------------------------------------------------------------
+
+
+def installed_version(path):
+    """The vllm-router version importable with `path` first (None: not there)."""
+    probe = "import importlib.metadata as m; print(m.version('vllm-router'))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def router_path():
+    """Where vllm-router of P['version'] is: the image's own, or installed into the volume once."""
+    if installed_version("") == P["version"]:
+        return ""
+    target = f"{INSTALL_DIR}/{P['version']}"
+    if installed_version(target) == P["version"]:
+        return target
+    say(f"installing vllm-router {P['version']} into {target} (the image has {installed_version('') or 'none'})")
+    argv = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--target",
+            f"{target}.partial", f"vllm-router=={P['version']}"]  # fmt: skip
+    if P.get("index_url"):
+        argv += ["--index-url", P["index_url"]]
+    subprocess.run(["rm", "-rf", f"{target}.partial"], check=False)
+    if subprocess.run(argv).returncode != 0:
+        raise SystemExit(
+            f"could not install vllm-router {P['version']} (pip above): the node needs PyPI or router.indexUrl, "
+            "or an image with vllm-router in it (router.version its version)"
+        )
+    os.replace(f"{target}.partial", target)
+    return target
+
+
+def router_argv():
+    return [
+        sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
+        "--host", P["host"], "--port", str(P["port"]), "--enable-igw", "--policy", P["policy"],
+        "--prometheus-host", P["metrics_host"], "--prometheus-port", str(P["metrics_port"]),
+        "--health-check-interval-secs", str(P["health_interval"]), "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def serve():
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    path = router_path()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    router, backoff, healthy = None, 1.0, False
+    while not stopping:
+        if router is None or router.poll() is not None:
+            if router is not None:
+                say(f"vllm-router exited with {router.returncode}; starting it again in {backoff:g} s")
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+            say(f"starting vllm-router {P['version']} on {P['host']}:{P['port']} (policy {P['policy']})")
+            router, healthy = subprocess.Popen(router_argv(), env=env), False
+        if reconcile():
+            if not healthy:
+                say("vllm-router answers; the workers are registered")
+                healthy, backoff = True, 1.0
+        time.sleep(1)
+    if router is not None and router.poll() is None:
+        router.terminate()
+        try:
+            router.wait(10)
+        except subprocess.TimeoutExpired:
+            router.kill()
+
+
+# --- the steps -------------------------------------------------------------------------------------
+
+
+def wait_until(check, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"router: {what} not within {seconds} s; the keeper's log: docker logs spark-vllm.router")
+
+
+def in_flight(worker):
+    """Requests a vLLM (its /metrics) runs or queues now; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(worker["url"] + "/metrics", timeout=5) as response:
+            text = response.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            total += float(line.rsplit(" ", 1)[-1])
+    return total
+
+
+def smoke():
+    """One short chat completion for each model, through the router (as a client sends it)."""
+    results = {}
+    for model in P["models"]:
+        body = {"model": model, "messages": [{"role": "user", "content": P["prompt"]}], "max_tokens": P["max_tokens"]}
+        request = urllib.request.Request(ROUTER + "/v1/chat/completions", data=json.dumps(body).encode())
+        request.add_header("Content-Type", "application/json")
+        if P.get("api_key"):
+            request.add_header("Authorization", f"Bearer {P['api_key']}")
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, timeout=P["timeout"]) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            raise SystemExit(
+                f"router: {model} answered {error.code}: {error.read().decode(errors='replace')[:500]}"
+            ) from None
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"router: no answer for {model}: {error}") from None
+        usage = answer.get("usage") or {}
+        results[model] = {
+            "latencySeconds": round(time.monotonic() - started, 3),
+            "completionTokens": usage.get("completion_tokens"),
+            "answeredBy": answer.get("model"),
+        }
+    print(json.dumps({"router": ROUTER, "models": results}))
+
+
+def _gone(url):
+    now = registered()
+    return now is not None and url not in now
+
+
+def main():
+    mode = P["mode"]
+    if mode == "serve":
+        return serve()
+    if mode == "ready":
+        wait_until(lambda: registered() is not None, P["timeout"], "vllm-router answering")
+        print(json.dumps({"router": ROUTER, "workers": registered()}))
+        return None
+    if mode == "workers":
+        with Locked():
+            write_json(WORKERS, [{"url": w["url"], "model": w["model"]} for w in P["workers"]])
+        goal = wanted()
+        wait_until(lambda: registered() == goal, P["timeout"], f"the router routing to {sorted(goal)}")
+        print(json.dumps({"workers": goal, "drained": read_json(DRAINED, [])}))
+        return None
+    if mode == "smoke":
+        return smoke()
+    worker = P["worker"]
+    if mode == "drain":
+        with Locked():
+            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) | {worker["url"]}))
+        wait_until(lambda: _gone(worker["url"]), P["timeout"], f"{worker['url']} out of the router")
+        started = time.monotonic()
+        # what it was serving finishes (or it is down already); the router sends it nothing new
+        wait_until(lambda: not in_flight(worker), P["timeout"], f"{worker['replica']} finishing its requests")
+        say(f"{worker['replica']} ({worker['url']}) out of the router, idle after {time.monotonic() - started:.1f} s")
+    elif mode == "undrain":
+        with Locked():  # declared (a new replica is not yet), and no longer drained
+            declared = [w for w in read_json(WORKERS, []) if w["url"] != worker["url"]]
+            write_json(WORKERS, [*declared, {"url": worker["url"], "model": worker["model"]}])
+            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) - {worker["url"]}))
+        wait_until(lambda: (registered() or {}).get(worker["url"]) == worker["model"], P["timeout"],
+                   f"{worker['url']} back in the router")  # fmt: skip
+        say(f"{worker['replica']} ({worker['url']}) back in the router for {worker['model']}")
+    print(json.dumps({"mode": mode, "worker": worker["url"], "drained": read_json(DRAINED, [])}))
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
