@@ -84,13 +84,9 @@ def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
     if api_key:
         vllm_job["authorization"] = {"type": "Bearer", "credentials": api_key}
     jobs = [vllm_job]
-    if _ray_targets(cfg):
-        jobs.append(
-            {
-                "job_name": "ray",
-                "static_configs": [{"targets": [target], "labels": {"node": node}} for target, node in _ray_targets(cfg)],
-            }
-        )
+    ray = [{"targets": [target], "labels": {"node": node}} for target, node in _ray_targets(cfg)]
+    if ray:
+        jobs.append({"job_name": "ray", "static_configs": ray})
     if cfg.metrics.node_port is not None:
         port = cfg.metrics.node_port
         jobs.append(

@@ -16,6 +16,8 @@ COMPILE_CACHE_VOLUMES = (
 GUARD_VOLUME = "spark-vllm-guard"
 GUARD_MARKER_DIR_IN_NODE = "/run/spark-vllm-guard"
 GUARD_MARKER_IN_NODE = f"{GUARD_MARKER_DIR_IN_NODE}/applied.json"
+# The router's container: vllm-router installed once per version where the image lacks it (a volume)
+ROUTER_INSTALL_DIR = "/opt/spark-vllm-router"
 RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
 SUPERVISOR_IN_CONTAINER = "/opt/spark-vllm/supervisor.py"  # supervisor_boot.py runs what is installed here
 VLLM_LOG = f"{RUN_DIR}/vllm.log"

@@ -21,13 +21,13 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
-from components.names import SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
+from components.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.render import exec_python, fingerprint, script_program, with_log_tail_on_failure
 from components.steps import SECRET_IO, remote_step, service_container
 
 ROUTER_CONTAINER = "spark-vllm.router"  # a dot: no node's container (spark-vllm-<DNS label>) has it
 ROUTER_VOLUME = "spark-vllm-router"  # vllm-router installed once per version, when the image lacks it
-INSTALL_DIR = "/opt/spark-vllm-router"
+INSTALL_DIR = ROUTER_INSTALL_DIR
 READY_TIMEOUT_SECONDS = 600  # a first start may install vllm-router from PyPI
 STEP_TIMEOUT_SECONDS = 120
 DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-sized requests take minutes)

@@ -295,18 +295,18 @@ def status_command(cfg: ClusterConfig, containers: Mapping[str, Any]) -> str:
 
 def _status_of(node: NodeConfig, container: str, title: str) -> str:
     remote = "; ".join(
-            [
-                shell_line(
-                    [
-                        "docker",
-                        "inspect",
-                        "-f",
-                        "container {{.State.Status}}, restarted by Docker {{.RestartCount}} time(s)",
-                        container,
-                    ]
-                ),  # fmt: skip
-                shell_line(["docker", "exec", container, "python3", "-c", STATUS_SUMMARY.format(path=STATUS_FILE)]),
-            ]
-        )
+        [
+            shell_line(
+                [
+                    "docker",
+                    "inspect",
+                    "-f",
+                    "container {{.State.Status}}, restarted by Docker {{.RestartCount}} time(s)",
+                    container,
+                ]
+            ),  # fmt: skip
+            shell_line(["docker", "exec", container, "python3", "-c", STATUS_SUMMARY.format(path=STATUS_FILE)]),
+        ]
+    )
     ssh = shell_line(["ssh", "-p", str(node.ssh_port), f"{node.user}@{node.host}", remote])
     return f"echo {shell_line([title])}; {ssh}"

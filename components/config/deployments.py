@@ -90,9 +90,11 @@ class RouterConfig(_Model):
     metrics_port: Port = Field(
         29000, description="Its Prometheus metrics (vllm-router --prometheus-port), on the node's fabric address."
     )
-    policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = Field(
-        "cache_aware",
-        description="How it picks among a model's replicas (vllm-router --policy; cache_aware is its default).",
+    policy: Literal["round_robin", "cache_aware", "random"] = Field(
+        "round_robin",
+        description="How it picks among a model's replicas (vllm-router --policy): round_robin takes turns; "
+        "cache_aware (vllm-router's own default) follows the prompt's prefix to the replica that has it cached, "
+        "and sent every request of a sequential load to one replica here.",
     )
     version: RouterVersion = Field(
         ROUTER_VERSION,

@@ -150,11 +150,13 @@ def _valid(value: Any) -> bool:
     return True
 
 
-def _given(cfg: Any) -> set[str]:
-    """The top-level keys the stack file sets."""
-    if isinstance(cfg, BaseModel):
-        return {type(cfg).model_fields[name].alias or name for name in cfg.model_fields_set}
-    return set(getattr(cfg, "raw", {}) or {})
+def _set(cfg: Any, field: str) -> bool:
+    """Whether the stack sets a top-level key to something else than its default (Pulumi passes the
+    defaults Pulumi.yaml declares, so a key present with its default is as good as absent)."""
+    from components.config.models import ClusterConfig
+
+    value = getattr(cfg, field, None)
+    return _valid(value) and value != ClusterConfig.model_fields[field].get_default(call_default_factory=True)
 
 
 def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
@@ -166,7 +168,7 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
     problems = [
         problem(key, _shown(cfg, field), "no value beside deployments: each deployment sets its own")
         for key, field in SINGLE_MODEL_KEYS
-        if key in _given(cfg)
+        if _set(cfg, field)
     ]
     nodes = cfg.nodes if isinstance(cfg.nodes, list) else []
     node_index = {node.name: index for index, node in enumerate(nodes) if _valid(node) or _valid(node.name)}
@@ -211,6 +213,15 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
         problems += _view_problems(cfg, usable, node_index, run_view)
         problems += _shared_node_problems(cfg, usable)
         problems += _prometheus_reaches(cfg, usable)
+    if _valid(cfg.fabric) and cfg.fabric.bandwidth_test == "nccl" and cfg.fabric.gate != "off":
+        problems.append(
+            problem(
+                "fabric.bandwidthTest",
+                "nccl",
+                "tcp with deployments (the fabric gate checks the stack's links once; the NCCL test runs in a "
+                "single-model stack)",
+            )
+        )
     if _valid(cfg.model_sync) and cfg.model_sync.enabled:
         problems.append(
             problem(
@@ -257,15 +268,14 @@ def _prometheus_reaches(cfg: Any, usable: list) -> list[str]:
 
 
 def _shown(cfg: Any, field: str) -> Any:
-    """The value as the stack file has it (one line whether the config or only its keys were read)."""
+    """The value as the stack file has it: the same line whether the config or only its keys were read."""
+    value = getattr(cfg, field, None)
+    if not isinstance(value, (BaseModel, SimpleNamespace)):
+        return value
     raw = getattr(cfg, "raw", None)
     if isinstance(raw, dict):
-        key = next(key for key, name in SINGLE_MODEL_KEYS if name == field)
-        return raw.get(key)
-    value = getattr(cfg, field, None)
-    return (
-        value.model_dump(mode="json", by_alias=True, exclude_defaults=True) if isinstance(value, BaseModel) else value
-    )
+        return raw.get(next(key for key, name in SINGLE_MODEL_KEYS if name == field))
+    return value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
 def _replica_names_clash(deployments: list, names: dict[str, int]) -> list[str]:

@@ -20,7 +20,7 @@ class Models(FakeCloud):
 
     def fingerprint(self, node: str) -> dict:
         found = super().fingerprint(node)
-        if node.startswith("big-"):
+        if node.startswith(("big-", "qwen-")):
             return found
         config = copy.deepcopy(found["config"])
         config["text_config"]["num_hidden_layers"] = 28
@@ -80,7 +80,12 @@ def test_each_replica_has_its_own_containers_and_steps_named_after_it(run):
     for replica in ("big", "coder", "small", "small-2"):
         assert {f"{replica}-serve", f"{replica}-ready", f"{replica}-smoke", f"{replica}-checks-passed",
                 f"{replica}-router-drain", f"{replica}-router-undrain"} <= names, replica  # fmt: skip
-    assert {"big-spark-02-joined", "big-spark-02-preflight", "spark-vllm-fabric-passed", "spark-vllm-placement"} <= names
+    assert {
+        "big-spark-02-joined",
+        "big-spark-02-preflight",
+        "spark-vllm-fabric-passed",
+        "spark-vllm-placement",
+    } <= names
     assert "spark-vllm-serve" not in names and "spark-01-container" not in names
 
 
@@ -96,7 +101,7 @@ def test_the_router_runs_on_its_node_with_the_keeper_and_every_replica_declared(
     assert router.inputs["networkMode"] == "host" and router.inputs["restart"] == "unless-stopped"
     program = router.inputs["entrypoints"][3]
     params = json.loads(json.loads(program.split("\n")[0][len("PARAMS = ") :]))
-    assert params == {**params, "mode": "serve", "port": 8080, "policy": "cache_aware", "version": "0.1.17",
+    assert params == {**params, "mode": "serve", "port": 8080, "policy": "round_robin", "version": "0.1.17",
                       "metrics_host": "192.168.200.12", "metrics_port": 29000}  # fmt: skip
     assert "spark-01-docker" in by_name(run, "spark-vllm-router").provider
     workers = by_name(run, "spark-vllm-router-workers").inputs["stdin"]
@@ -188,6 +193,21 @@ def test_deployments_that_do_not_fit_a_shared_node_together_are_refused_before_a
     assert "more than its 119.21 GiB" in message
     assert "less the OS's reserve of 8 GiB" in message
     assert not [name for name in mocks.containers if name.startswith("spark-vllm-") and "." not in name]
+
+
+def test_the_three_spark_example_stack_file_deploys_as_the_docs_say():
+    from tests.program.test_program import HOST_KEY, stack_file
+
+    cfg = stack_file("fleet")
+    for node in cfg["nodes"]:
+        node["hostKey"] = HOST_KEY
+    run = run_program(cfg, SECRETS, stack="fleet", mocks=Models())
+    assert run.exports["endpoint"] == "http://spark-01.lan:8080/v1"
+    assert set(run.exports["deployments"]) == {"qwen", "coder", "small"}
+    assert run.exports["deployments"]["qwen"]["executor"] == "ray"  # two nodes, a Spark image: Ray
+    assert run.exports["deployments"]["coder"]["executor"] == "mp"  # one node: no Ray
+    plans = run.exports["memoryPlan"]
+    assert plans["coder"]["fits"] and plans["small"]["fits"] and plans["qwen"]["fits"]
 
 
 def staging_release() -> dict:

@@ -115,6 +115,12 @@ def test_a_single_model_key_beside_deployments_is_refused_naming_it(key, value):
     assert "no value beside deployments: each deployment sets its own" in line
 
 
+def test_single_model_keys_at_their_defaults_are_as_good_as_absent():
+    """Pulumi passes the defaults Pulumi.yaml declares (tensorParallelSize 1, executor auto, vllm {} …)."""
+    defaults = {"tensorParallelSize": 1, "pipelineParallelSize": 1, "executor": "auto", "vllm": {}, "ray": {}}
+    assert len(load_cluster_config(config(**defaults)).replicas) == 3
+
+
 def test_names_nodes_and_replicas_are_checked_together_in_one_message():
     raw = config()
     raw["deployments"][1]["name"] = "big"  # twice
@@ -199,8 +205,11 @@ def test_deployments_whose_memory_fractions_exceed_a_shared_node_are_refused_wit
     assert "= 1.1 of its GPU memory" in line
 
 
-def test_model_sync_is_refused_with_deployments():
+def test_model_sync_and_the_nccl_test_are_refused_with_deployments():
     assert any(p.startswith("modelSync.enabled: True") for p in problems_of(config(modelSync={"enabled": True})))
+    assert any(
+        p.startswith("fabric.bandwidthTest: 'nccl'") for p in problems_of(config(fabric={"bandwidthTest": "nccl"}))
+    )
 
 
 def test_the_router_node_must_be_a_node():

@@ -232,3 +232,10 @@ def test_without_the_version_in_the_image_it_installs_it_into_the_volume_once(tm
     argv = record.read_text()
     assert "vllm-router==9.9.9" in argv and "--index-url https://pypi.mirror.example/simple" in argv
     assert "/opt/spark-vllm-router/9.9.9.partial" in argv
+
+
+def test_the_keeper_installs_where_the_router_container_mounts_its_volume():
+    from components.names import ROUTER_INSTALL_DIR
+    from components.render import script
+
+    assert f'INSTALL_DIR = "{ROUTER_INSTALL_DIR}"' in script("router_keeper.py")

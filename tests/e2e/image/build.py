@@ -5,7 +5,8 @@ Steps of a build (as root, needs ``debootstrap`` and a docker daemon):
 1. ``debootstrap --variant=minbase --include=python3,... bookworm ROOTFS MIRROR``
    (MIRROR: the Debian mirror this machine's apt uses);
 2. ``pip install --target ROOTFS/opt/site ray==RAY_VERSION huggingface_hub==HF_HUB_VERSION`` from the host
-   (host Python must be 3.11 like bookworm's python3), unused Ray libraries pruned;
+   (host Python must be 3.11 like bookworm's python3), unused Ray libraries pruned; ``pip install --target
+   ROOTFS/opt/spark-vllm-router/ROUTER_VERSION vllm-router==ROUTER_VERSION`` (the router's own: the real one);
 3. the stand-in package copied to ``/opt/site/vllm_standin``, wrappers
    ``/usr/local/bin/ray`` and ``/usr/local/bin/vllm`` written (console scripts
    from ``pip --target`` carry the host interpreter in their shebang);
@@ -44,6 +45,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from components.config.deployments import ROUTER_VERSION
+from components.names import ROUTER_INSTALL_DIR as INSTALL_DIR
 
 log = logging.getLogger("rehearsal.image")
 
@@ -330,6 +334,31 @@ def _pip_ray(rootfs: Path) -> None:
         shutil.rmtree(site / "ray" / lib, ignore_errors=True)
 
 
+def _pip_router(rootfs: Path) -> None:
+    """vllm-router where the router container's volume is mounted (components/router.py INSTALL_DIR): Docker
+    fills a new volume from the image, so the keeper finds this version there and installs nothing (the
+    simulated nodes reach no index)."""
+    target = rootfs / INSTALL_DIR.lstrip("/") / ROUTER_VERSION
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--only-binary=:all:",
+            "--python-version",
+            f"{PYTHON_MINOR[0]}.{PYTHON_MINOR[1]}",
+            "--target",
+            str(target),
+            f"vllm-router=={ROUTER_VERSION}",
+        ]
+    )
+    shutil.rmtree(target / "bin", ignore_errors=True)
+
+
 def _prune_rootfs(rootfs: Path) -> None:
     for rel in ROOTFS_PRUNE:
         d = rootfs / rel
@@ -344,9 +373,11 @@ def _prune_rootfs(rootfs: Path) -> None:
 def base_key() -> str:
     """Identity of the base stage (Debian + Ray): the inputs and the code of the functions that make it."""
     h = hashlib.sha256(
-        json.dumps([SUITE, list(PACKAGES), RAY_VERSION, HF_HUB_VERSION, list(RAY_PRUNE), list(ROOTFS_PRUNE)]).encode()
+        json.dumps(
+            [SUITE, list(PACKAGES), RAY_VERSION, HF_HUB_VERSION, ROUTER_VERSION, list(RAY_PRUNE), list(ROOTFS_PRUNE)]
+        ).encode()
     )
-    for fn in (_debootstrap, _pip_ray, _prune_rootfs):
+    for fn in (_debootstrap, _pip_ray, _pip_router, _prune_rootfs):
         h.update(inspect.getsource(fn).encode())
     return h.hexdigest()[:12]
 
@@ -414,6 +445,7 @@ def _build_base(cache_dir: Path, base_tar: Path, phase) -> None:
         work.mkdir(parents=True)
         phase("debootstrap", _debootstrap, rootfs, cache_dir / "debs")
         phase("pip install ray", _pip_ray, rootfs)
+        phase("pip install vllm-router", _pip_router, rootfs)
         phase("prune + save base", lambda: (_prune_rootfs(rootfs), _save_base(rootfs, base_tar)))
     finally:
         phase("remove rootfs", safe_rmtree, work)

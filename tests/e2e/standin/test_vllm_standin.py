@@ -256,6 +256,18 @@ def test_chat_completion_errors():
     assert status == 400 and "maximum context length is 5" in r["error"]["message"]
 
 
+def test_chat_render_gives_the_prompts_token_ids_as_vllm_does_and_refuses_what_chat_refuses():
+    """vLLM 0.25's POST /v1/chat/completions/render (scale_out/render/api_router.py): a GenerateRequest,
+    `token_ids` the rendered prompt; what vllm-router's cache_aware policy asks of a replica."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
+    status, r = api.render_chat(body, cfg(vocab_size=1000))
+    assert status == 200 and r["model"] == "m" and r["sampling_params"] == {"max_tokens": 4}
+    assert len(r["token_ids"]) == 4 and all(0 <= t < 1000 for t in r["token_ids"])  # role marker + 3 words
+    assert api.render_chat(body, cfg(vocab_size=1000)) == (status, r)  # the same prompt, the same tokens
+    assert api.render_chat(dict(body, model="other"), cfg())[0] == 404
+    assert api.render_chat({"model": "m"}, cfg())[0] == 400
+
+
 def test_models_payload():
     p = api.models_payload(cfg(served_model_names=("a", "b"), max_model_len=32768), 1)
     assert [m["id"] for m in p["data"]] == ["a", "b"]

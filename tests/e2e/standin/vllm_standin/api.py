@@ -52,6 +52,34 @@ def message_text(content: object) -> str:
     return str(content)
 
 
+def word_token_ids(text: str, vocab_size: int | None) -> list[int]:
+    """The stand-in's token ids of `text`: each word's stable hash in the vocabulary (32000 when config.json
+    has no vocab_size)."""
+    size = vocab_size or 32000
+    return [int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big") % size for word in text.split()]
+
+
+def render_chat(body: object, cfg: ServeConfig) -> tuple[int, dict]:
+    """POST /v1/chat/completions/render (vllm/entrypoints/scale_out/render/api_router.py): the request as
+    the engine would take it, its prompt as token ids (GenerateRequest), nothing generated. vllm-router's
+    cache_aware policy asks this of a replica to route by the prompt's tokens."""
+    model, problem = _served_model(body, cfg)
+    if problem:
+        return problem
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return 400, error_body("'messages' must be a non-empty list", "BadRequestError", 400, "messages")
+    text = " ".join(f"<|{m.get('role')}|> {message_text(m.get('content'))}" for m in messages if isinstance(m, dict))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return 200, {
+        "request_id": f"chatcmpl-{hashlib.sha256(text.encode()).hexdigest()[:24]}",
+        "token_ids": word_token_ids(text, cfg.vocab_size) or [0],
+        "sampling_params": {"max_tokens": max_tokens},
+        "model": model,
+        "stream": bool(body.get("stream")),
+    }
+
+
 def chat_reply(messages: list) -> str:
     """Deterministic answer: ``standin reply:`` followed by the last user message's words reversed."""
     last = ""
@@ -478,6 +506,14 @@ def make_handler(state: ServerState):
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self._authorized():
+                return
+            if path == "/v1/chat/completions/render":
+                try:
+                    body = json.loads(raw or b"null")
+                except ValueError as e:
+                    self._json(400, error_body(f"invalid JSON body: {e}", "BadRequestError", 400))
+                    return
+                self._json(*render_chat(body, cfg))
                 return
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 if path in ("/health", "/version", "/metrics", "/v1/models"):

@@ -1,0 +1,113 @@
+"""What the router adds to the time to first token, on simulated nodes.
+
+    sudo venv/bin/python -m benchmarks.router_hop [--requests 300] [--warmup 30]
+
+Three simulated nodes (tests/e2e/nodes.py) and the rehearsal's deployments stack (tests/e2e/test_deployments.py:
+`big` over node-1 and node-2, `small` with two replicas on node-3, the real vllm-router 0.1.17 on node-1),
+deployed with the real CLI. Then streamed chat completions for small-model, alternating between the same
+replica directly (node-3:8000) and through the router (node-1:8080, which sends it on to a replica of
+small over the fabric): the time from sending the request to the first content chunk, per path. Printed:
+p50, p90 and mean of each, and the p50 the router adds (target: under 1 ms). The stand-in's own time to
+first token is the same on both paths (its prefill pace and one decode step), so the difference is the
+router's hop: its proxying and the extra network namespace it crosses.
+
+Numbers are printed, nothing is asserted; this machine is shared and has 2 cores.
+Needs root (namespaces, one dockerd per node) and the CLI built by scripts/toolchain.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.e2e import nodes as simnodes
+from tests.e2e.cli_stack import RehearsalStack, cli_missing
+from tests.e2e.image.build import publish
+from tests.e2e.rehearsal import CACHE_DIR, make_model
+from tests.e2e.test_deployments import ROUTER_PORT, deployments_config
+
+
+def first_token_ms(host: str, port: int, key: str) -> float:
+    """One streamed chat completion: milliseconds until its first content chunk."""
+    body = json.dumps({"model": "small-model", "messages": [{"role": "user", "content": "one two three"}],
+                       "max_tokens": 4, "stream": True})  # fmt: skip
+    connection = http.client.HTTPConnection(host, port, timeout=30)
+    started = time.perf_counter()
+    connection.request("POST", "/v1/chat/completions", body=body,
+                       headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})  # fmt: skip
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"{host}:{port} answered {response.status}")
+    seen = b""
+    while True:
+        part = response.read1(65536)  # what has arrived, de-chunked
+        if not part:
+            raise RuntimeError("the stream ended before any content")
+        seen += part
+        if any(b'"content": "' in line and b'"content": ""' not in line for line in seen.split(b"\n")):
+            elapsed = (time.perf_counter() - started) * 1000
+            break
+    response.read()
+    connection.close()
+    return elapsed
+
+
+def summary(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {
+        "p50": round(statistics.median(ordered), 3),
+        "p90": round(ordered[int(len(ordered) * 0.9)], 3),
+        "mean": round(statistics.fmean(ordered), 3),
+        "n": len(ordered),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=300, help="measured requests per path")
+    parser.add_argument("--warmup", type=int, default=30, help="requests per path before measuring")
+    args = parser.parse_args()
+    problem = simnodes.skip_reason() or cli_missing()
+    if problem:
+        print(f"router_hop: cannot run here: {problem}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="router-hop-"))
+    simnodes.cleanup_stale()
+    with simnodes.create_registry(workdir, CACHE_DIR / "registry") as registry:
+        with simnodes.simulated_nodes(3, workdir / "nodes", registry=registry) as cluster:
+            image = publish(CACHE_DIR, registry.address, cluster.nodes[0].docker_host)
+            stack = RehearsalStack(workdir / "deployer", "router-hop")
+            stack.init()
+            config, secrets = deployments_config(cluster, image.ref, make_model(workdir))
+            stack.configure(config, secrets)
+            try:
+                stack.up()
+                key = secrets["apiKey"]
+                direct = (cluster.nodes[2].mgmt_ip, 8000)
+                routed = (cluster.nodes[0].mgmt_ip, ROUTER_PORT)
+                for _ in range(args.warmup):
+                    first_token_ms(*direct, key)
+                    first_token_ms(*routed, key)
+                found: dict[str, list[float]] = {"direct": [], "router": []}
+                for n in range(args.requests):
+                    order = [("direct", direct), ("router", routed)]
+                    for name, (host, port) in order if n % 2 else reversed(order):
+                        found[name].append(first_token_ms(host, port, key))
+            finally:
+                stack.destroy()
+    figures = {name: summary(samples) for name, samples in found.items()}
+    added = round(figures["router"]["p50"] - figures["direct"]["p50"], 3)
+    print(json.dumps({"ttftMs": figures, "routerAddsP50Ms": added, "targetMs": 1.0}, indent=1))
+    print(f"the router adds {added} ms to the time to first token at p50 (target < 1 ms): "
+          f"{'met' if added < 1.0 else 'NOT met'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

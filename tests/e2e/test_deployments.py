@@ -1,0 +1,235 @@
+"""Several models on one cluster, through the real CLI on three simulated nodes: deployment `big` over
+node-1 and node-2 (TP 2, Ray) and `small` on node-3 with two replicas (ports 8000 and 8001 there), behind
+the real vllm-router (0.1.17, in the rehearsal image) on node-1. A request for each model answered through
+the router; the key checked; a deployment's replicas both used; a change of one deployment touching only its
+resources; a rolling change under steady load that loses no request; the router's container restarted and
+its workers back by themselves; two deployments that do not fit a shared node refused before any container.
+Timings are printed (`-s`) for docs/measurements.md.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.e2e.cli_stack import StackError
+from tests.e2e.rehearsal import chat, rehearsal_config, request
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROUTER_PORT = 8080
+
+
+def deployments_config(cluster, image_ref, model, **small_vllm):
+    config, secrets = rehearsal_config(cluster, image_ref, model)
+    ray = config.pop("ray")
+    for key in ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "vllm"):
+        config.pop(key, None)
+    config["deployments"] = [
+        {
+            "name": "big",
+            "model": str(model),
+            "nodes": ["node-1", "node-2"],
+            "tensorParallelSize": 2,
+            "maxModelLen": 4096,
+            "vllm": {"servedModelName": "big-model", "gpuMemoryUtilization": 0.4, "readyTimeoutSeconds": 180},
+            "ray": ray,
+        },
+        {
+            "name": "small",
+            "model": str(model),
+            "nodes": ["node-3"],
+            "replicas": 2,
+            "maxModelLen": 4096,
+            "vllm": {"servedModelName": "small-model", "gpuMemoryUtilization": 0.3, "readyTimeoutSeconds": 180,
+                     **small_vllm},
+        },
+    ]  # fmt: skip
+    config["router"] = {"port": ROUTER_PORT, "healthCheckIntervalSeconds": 2}
+    return config, secrets
+
+
+@pytest.fixture(scope="module")
+def fleet(sim_cluster3, image3, model_dir, new_stack):
+    stack = new_stack("fleet")
+    config, secrets = deployments_config(sim_cluster3, image3.ref, model_dir)
+    stack.configure(config, secrets)
+    started = time.monotonic()
+    run = stack.up()
+    print(f"\nDEPLOYMENTS first up (two deployments, three replicas, the router): {time.monotonic() - started:.1f} s")
+    return {"stack": stack, "config": config, "secrets": secrets, "run": run}
+
+
+def supervisor(cluster, node, container) -> dict:
+    return json.loads(cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/status.json").stdout)
+
+
+def served_requests(cluster, node, container) -> float:
+    """Requests the stand-in in `container` answered (vllm:request_success_total)."""
+    out = cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/vllm.log").stdout
+    return out.count('"POST /v1/chat/completions HTTP/1.1" 200')
+
+
+def test_a_request_for_each_model_is_answered_through_the_router(fleet):
+    outputs, key = fleet["run"].outputs, fleet["secrets"]["apiKey"]
+    assert outputs["endpoint"].endswith(f":{ROUTER_PORT}/v1")
+    for model in ("big-model", "small-model"):
+        answer = chat(outputs["endpoint"], key, model)
+        assert answer["model"] == model and answer["usage"]["completion_tokens"] > 0
+    status, listing = request(outputs["endpoint"] + "/models", key)
+    assert status == 200 and {"big-model", "small-model"} <= set(json.dumps(listing).replace('"', " ").split())
+    assert set(outputs["routerSmoke"]) == {"big-model", "small-model"}  # `up` asked each through the router
+    # each deployment's own endpoint stays an output, and answers
+    small = outputs["deployments"]["small"]["replicas"]
+    assert [r["endpoint"].rsplit(":", 1)[1] for r in small] == ["8000/v1", "8001/v1"]
+    assert chat(small[1]["endpoint"], key, "small-model")["model"] == "small-model"
+
+
+def test_the_router_passes_the_key_to_vllm_which_refuses_a_wrong_one(fleet):
+    endpoint = fleet["run"].outputs["endpoint"]
+    body = {"model": "small-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert request(endpoint + "/chat/completions", None, body)[0] == 401
+    assert request(endpoint + "/chat/completions", "sk-wrong", body)[0] == 401
+
+
+def test_a_deployments_replicas_share_its_requests(sim_cluster3, fleet):
+    node3 = sim_cluster3.nodes[2]
+    before = {
+        c: served_requests(sim_cluster3, node3, c) for c in ("spark-vllm-small-node-3", "spark-vllm-small-2-node-3")
+    }
+    endpoint, key = fleet["run"].outputs["endpoint"], fleet["secrets"]["apiKey"]
+    for n in range(12):
+        words = " ".join(f"w{n}x{k}" for k in range(20))
+        body = {"model": "small-model", "messages": [{"role": "user", "content": words}], "max_tokens": 2}
+        assert request(endpoint + "/chat/completions", key, body)[0] == 200
+    after = {c: served_requests(sim_cluster3, node3, c) for c in before}
+    assert all(after[c] - before[c] == 6 for c in before), (before, after)  # round_robin: turns
+
+
+def test_the_routers_metrics_are_served_on_the_fabric(sim_cluster3, fleet):
+    head = sim_cluster3.nodes[0]
+    text = sim_cluster3.docker(
+        head, "exec", "spark-vllm.router", "python3", "-c",
+        f"import urllib.request; print(urllib.request.urlopen('http://{head.fabric_ip}:29000/metrics').read().decode())",
+    ).stdout  # fmt: skip
+    assert "vllm_router_" in text
+    assert f"{head.fabric_ip}:29000" in fleet["run"].outputs["metrics"]["targets"]["router"]
+
+
+def test_a_change_of_one_deployment_touches_only_its_resources(fleet):
+    config = json.loads(json.dumps(fleet["config"]))
+    config["deployments"][0]["vllm"]["extraArgs"] = ["--max-num-seqs", "64"]
+    fleet["stack"].configure(config, fleet["secrets"])
+    preview = fleet["stack"].preview()
+    assert preview.changed and all(name.startswith("big-") for name in preview.changed), preview.changed
+    assert not any(name.endswith("-container") for name in preview.changed)  # vLLM only: no container
+    run = fleet["stack"].up()
+    assert chat(run.outputs["endpoint"], fleet["secrets"]["apiKey"], "big-model")["model"] == "big-model"
+    fleet.update(config=config, run=run)
+
+
+class Load:
+    """Steady requests through the router, from `threads` clients, streaming and not; every failure kept."""
+
+    def __init__(self, endpoint, key, model, threads=4):
+        self.endpoint, self.key, self.model = endpoint, key, model
+        self.ok, self.failures, self.stop = 0, [], threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.client, args=(n,), daemon=True) for n in range(threads)]
+
+    def client(self, n):
+        while not self.stop.is_set():
+            body = {"model": self.model, "messages": [{"role": "user", "content": f"load {n} one two three"}],
+                    "max_tokens": 8, "stream": n % 2 == 1}  # fmt: skip
+            req = urllib.request.Request(self.endpoint + "/chat/completions", data=json.dumps(body).encode())
+            req.add_header("Content-Type", "application/json")
+            req.add_header("Authorization", f"Bearer {self.key}")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as response:
+                    text = response.read().decode()
+                done = '"finish_reason": "length"' in text or '"finish_reason": "stop"' in text
+                with self.lock:
+                    if response.status == 200 and done:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{response.status}: {text[-200:]}")
+            except (urllib.error.URLError, OSError, ValueError) as error:
+                with self.lock:
+                    self.failures.append(repr(error))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(90)
+
+
+def test_a_rolling_change_under_steady_load_loses_no_request(sim_cluster3, fleet):
+    """small's two replicas change one at a time: out of the router, restarted with the new setting, ready,
+    smoke-tested, back in; the other serves meanwhile. Not one request of the load fails."""
+    node3, key = sim_cluster3.nodes[2], fleet["secrets"]["apiKey"]
+    containers = ("spark-vllm-small-node-3", "spark-vllm-small-2-node-3")
+    pids = {c: supervisor(sim_cluster3, node3, c)["vllm_pid"] for c in containers}
+    seen = len(sim_cluster3.docker(sim_cluster3.nodes[0], "logs", "spark-vllm.router").stdout.splitlines())
+    config = json.loads(json.dumps(fleet["config"]))
+    config["deployments"][1]["vllm"]["extraArgs"] = ["--max-num-seqs", "32"]
+    fleet["stack"].configure(config, fleet["secrets"])
+    with Load(fleet["run"].outputs["endpoint"], key, "small-model") as load:
+        time.sleep(2)
+        started = time.monotonic()
+        run = fleet["stack"].up()
+        took = time.monotonic() - started
+        time.sleep(2)
+    print(f"\nDEPLOYMENTS rolling change of small (2 replicas) under load: {took:.1f} s, {load.ok} requests "
+          f"answered, {len(load.failures)} failed")  # fmt: skip
+    assert load.failures == [] and load.ok > 20
+    after = {c: supervisor(sim_cluster3, node3, c)["vllm_pid"] for c in containers}
+    assert all(after[c] not in (None, pids[c]) for c in containers)  # both restarted with the new setting
+    # one at a time, as the router saw it: out, back in, then the next
+    node3_ip = sim_cluster3.nodes[2].fabric_ip
+    log = sim_cluster3.docker(sim_cluster3.nodes[0], "logs", "spark-vllm.router").stdout.splitlines()
+    moves = [
+        (line.split()[2], line.split()[3]) for line in log[seen:] if line.split()[2:3] in (["removed"], ["registered"])
+    ]
+    assert moves == [("removed", f"http://{node3_ip}:8000"), ("registered", f"http://{node3_ip}:8000"),
+                     ("removed", f"http://{node3_ip}:8001"), ("registered", f"http://{node3_ip}:8001")], moves  # fmt: skip
+    fleet.update(config=config, run=run)
+
+
+def test_a_restarted_router_gets_its_workers_back_by_itself(sim_cluster3, fleet):
+    head, key = sim_cluster3.nodes[0], fleet["secrets"]["apiKey"]
+    sim_cluster3.docker(head, "restart", "spark-vllm.router")
+
+    def answers():
+        try:
+            return chat(fleet["run"].outputs["endpoint"], key, "small-model")["model"] == "small-model"
+        except Exception:  # noqa: BLE001 - not yet
+            return False
+
+    started = time.monotonic()
+    assert wait_for(answers, 60)
+    print(f"\nDEPLOYMENTS router container restarted: answering again after {time.monotonic() - started:.1f} s")
+    assert fleet["stack"].preview().changed == {}
+
+
+def test_deployments_that_do_not_fit_a_shared_node_are_refused_before_any_container(sim_cluster3, fleet, new_stack):
+    stack = new_stack("too-full")
+    config, secrets = deployments_config(sim_cluster3, fleet["config"]["image"], fleet["config"]["deployments"][1]["model"],
+                                         gpuMemoryUtilization=0.6)  # fmt: skip
+    stack.configure(config, secrets)
+    with pytest.raises(StackError) as caught:
+        stack.preview()
+    message = str(caught.value)
+    assert "deployments[1].vllm.gpuMemoryUtilization: 0.6" in message
+    assert "small 0.6 (deployments[1].vllm.gpuMemoryUtilization) + small-2 0.6" in message
+    assert not stack.holds_resources()
