@@ -16,6 +16,7 @@ from components.config.placement import Replica
 from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
 from components.gate import FabricVerdict, Gate, create_fabric_gate, create_gate
+from components.grafana import Grafana, grafana_url
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
@@ -116,8 +117,8 @@ class VllmCluster(pulumi.ComponentResource):
             _, self.router_smoke = self.router.declare(
                 workers, [run.router_steps.undrain for run in self.runs], api_key
             )
-        self._outputs(name, cfg, transfer, fabric_verdict, api_key)
         self.dashboard = dashboard(cfg, pulumi.get_stack())
+        self._outputs(name, cfg, transfer, fabric_verdict, api_key, secrets.get("grafanaAdminPassword"))
 
     def _outputs(
         self,
@@ -126,6 +127,7 @@ class VllmCluster(pulumi.ComponentResource):
         transfer: Transfer,
         fabric_verdict: Optional[FabricVerdict],
         api_key: Optional[pulumi.Output[str]],
+        grafana_password: Optional[pulumi.Output[str]],
     ) -> None:
         if not cfg.deployments:
             self._single_model_outputs(cfg, self.runs[0], transfer, api_key)
@@ -138,6 +140,11 @@ class VllmCluster(pulumi.ComponentResource):
         )
         self.metrics = {"targets": targets(cfg), "prometheus": prometheus_url(cfg)}
         self.prometheus = create_prometheus(self, cfg, self.hosts, transfer, self.runs[0].gate, self.prometheus_config)
+        self.grafana = create_grafana(
+            self, cfg, self.hosts, transfer, self.prometheus, self.dashboard, grafana_password
+        )
+        if self.grafana is not None:
+            self.metrics["grafana"] = grafana_url(cfg)
         on_nodes = {node.name: [c for run in self.runs for n, c in run.containers.items() if n == node.name]
                     for node in cfg.nodes}  # fmt: skip
         self.status_command = status_command(cfg, self.containers if not cfg.deployments else on_nodes)
@@ -395,6 +402,25 @@ def create_prometheus(
     )
 
 
+def create_grafana(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    hosts: dict[str, NodeHost],
+    transfer: Transfer,
+    prometheus: Optional[Prometheus],
+    board: dict,
+    password: Optional[pulumi.Output[str]],
+) -> Optional[Grafana]:
+    """metrics.grafanaNode: its Grafana starts once the Prometheus it reads runs and its node's guard holds."""
+    name = cfg.metrics.grafana_node
+    if name is None or prometheus is None or password is None:
+        return None
+    guard = transfer.guards.get(name)
+    after = [prometheus.container, *([guard.ready] if guard else [])]
+    opts = pulumi.ResourceOptions(parent=parent)
+    return Grafana(f"{name}-dashboards", cfg, hosts[name].provider, board, password, after, opts)
+
+
 def _uses_ray_token(cfg: ClusterConfig) -> bool:
     return cfg.executor == "ray" and cfg.ray.auth == "token"
 
@@ -421,5 +447,6 @@ def _ray_auth_token(parent: pulumi.Resource) -> pulumi.Output[str]:
 
 
 def _secrets(cfg: ClusterConfig) -> dict[str, pulumi.Output[str]]:
-    values = {"apiKey": cfg.api_key, "hfToken": cfg.hf_token, "sshPrivateKey": cfg.ssh_private_key}
+    values = {"apiKey": cfg.api_key, "hfToken": cfg.hf_token, "sshPrivateKey": cfg.ssh_private_key,
+              "grafanaAdminPassword": cfg.grafana_admin_password}  # fmt: skip
     return {key: pulumi.Output.secret(value.get_secret_value()) for key, value in values.items() if value is not None}

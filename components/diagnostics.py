@@ -11,6 +11,7 @@ import pulumi
 
 from components.config import ClusterConfig
 from components.depot import DEPOT_CONTAINER
+from components.grafana import GRAFANA_CONTAINER
 from components.guard import GUARD_CONTAINER
 from components.metrics import PROMETHEUS_CONTAINER
 from components.names import RUN_DIR
@@ -26,6 +27,8 @@ def node_containers(cfg: ClusterConfig, node_name: str, container: Any) -> list[
         found.append(DEPOT_CONTAINER)
     if cfg.metrics.prometheus_node == node_name:
         found.append(PROMETHEUS_CONTAINER)
+    if cfg.metrics.grafana_node == node_name and cfg.metrics.prometheus_node:
+        found.append(GRAFANA_CONTAINER)
     if cfg.router.enabled and cfg.router.node == node_name:
         found.append(ROUTER_CONTAINER)
     return found

@@ -42,7 +42,8 @@ MARKER_NAME = "applied.json"
 HOST_ROOT = "/host"  # the host's /usr and /etc, read-only
 CHECK_SECONDS = 10
 READY_TIMEOUT_SECONDS = 90
-PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort", "router.port")  # with every node's sshPort: never matched
+# with every node's sshPort: never matched
+PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort", "metrics.grafanaPort", "router.port")
 API_KEYS = ("vllm.port", "router.port")  # what network.apiSources limits
 
 

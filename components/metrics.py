@@ -19,7 +19,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.render import shell_line
-from components.steps import service_container
+from components.steps import data_service
 
 PROMETHEUS_CONTAINER = "spark-vllm.prometheus"  # a dot: no node's container (spark-vllm-<DNS label>) has it
 PROMETHEUS_VOLUME = "spark-vllm-prometheus"
@@ -120,13 +120,11 @@ def config_env(text: str) -> str:
 
 
 def prometheus_node(cfg: ClusterConfig) -> Optional[NodeConfig]:
-    name = cfg.metrics.prometheus_node
-    return next((node for node in cfg.nodes if node.name == name), None)
+    return cfg.node_named(cfg.metrics.prometheus_node)
 
 
 def prometheus_url(cfg: ClusterConfig) -> Optional[str]:
-    node = prometheus_node(cfg)
-    return None if node is None else f"http://{node.host}:{cfg.metrics.prometheus_port}"
+    return cfg.url_on(cfg.metrics.prometheus_node, cfg.metrics.prometheus_port)
 
 
 def prometheus_entrypoint(cfg: ClusterConfig) -> list[str]:
@@ -158,25 +156,18 @@ class Prometheus(pulumi.ComponentResource):
     ):
         super().__init__("spark-vllm:index:Prometheus", name, None, opts)
         node = prometheus_node(cfg)
-        image = docker.RemoteImage(
-            f"{node.name}-prometheus-image",
-            name=cfg.metrics.prometheus_image,
-            keep_locally=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=provider),
-        )
         envs = pulumi.Output.from_input(config_text).apply(lambda text: [config_env(text)])
         # On the host network: it scrapes the nodes' fabric addresses, which the guard lets in.
-        self.container = service_container(
-            f"{node.name}-prometheus",
+        self.container = data_service(
+            node.name,
+            "prometheus",
             name=PROMETHEUS_CONTAINER,
-            image=image.image_id,
+            image=cfg.metrics.prometheus_image,
             entrypoints=prometheus_entrypoint(cfg),
             envs=envs,
-            secret_envs=True,
-            mounts=[docker.ContainerMountArgs(type="volume", source=PROMETHEUS_VOLUME, target=PROMETHEUS_DATA)],
+            volume=PROMETHEUS_VOLUME,
+            data=PROMETHEUS_DATA,
             restart=cfg.container.restart,
-            node=node.name,
-            role="prometheus",
             provider=provider,
             parent=self,
             depends_on=depends_on,

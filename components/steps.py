@@ -5,7 +5,7 @@ node's vLLM container: the copy depot, network.guard, Prometheus)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 import pulumi_command as command
@@ -94,3 +94,26 @@ def service_container(
             additional_secret_outputs=["envs"] if secret_envs else None,
         ),
     )
+
+
+def data_service(
+    node: str,
+    role: str,
+    *,
+    image: str,
+    volume: str,
+    data: str,
+    provider: docker.Provider,
+    parent: pulumi.Resource,
+    **service: Any,
+) -> docker.Container:
+    """A service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node), its
+    data on a named volume that outlives the container, its environment a secret (Prometheus, Grafana);
+    `service`: the rest of service_container's arguments."""
+    opts = pulumi.ResourceOptions(parent=parent, provider=provider)
+    pulled = docker.RemoteImage(f"{node}-{role}-image", name=image, keep_locally=True, opts=opts)
+    mounts = [docker.ContainerMountArgs(type="volume", source=volume, target=data)]
+    return service_container(
+        f"{node}-{role}", image=pulled.image_id, mounts=mounts, secret_envs=True, node=node, role=role,
+        provider=provider, parent=parent, **service,
+    )  # fmt: skip

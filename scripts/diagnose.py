@@ -47,7 +47,7 @@ SECRET_SHAPES = [
     re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
 ]
-SECRET_CONFIG_KEYS = ("apiKey", "hfToken", "sshPrivateKey")
+SECRET_CONFIG_KEYS = ("apiKey", "hfToken", "sshPrivateKey", "grafanaAdminPassword")
 
 
 def pulumi_json(args: list[str], stack: str) -> Any:

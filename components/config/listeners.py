@@ -103,6 +103,8 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
     if metrics.prometheus_node == node.name:
         add("metrics.prometheusPort", "Prometheus", metrics.prometheus_port,
             default=single(MetricsConfig, "prometheus_port"))  # fmt: skip
+    if metrics.grafana_node == node.name:
+        add("metrics.grafanaPort", "Grafana", metrics.grafana_port, default=single(MetricsConfig, "grafana_port"))
     router = cfg.router
     if router.enabled and router.node == node.name:
         add("router.port", "the router (vllm-router)", router.port, default=single(RouterConfig, "port"))

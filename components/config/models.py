@@ -33,6 +33,7 @@ from components.config.types import (
     DnsLabel,
     ImageRef,
     ModelRef,
+    PasswordSecret,
     PositiveInt,
     PrivateKeySecret,
     StackName,
@@ -40,7 +41,7 @@ from components.config.types import (
     _pattern,
 )
 
-SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey")
+SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey", "grafanaAdminPassword")
 # The stock vLLM image ships without Ray since this release (vLLM 0.19 made its own mp executor the
 # multi-node default); NVIDIA's Spark playbook and community Spark images add Ray themselves.
 STOCK_IMAGE = "vllm/vllm-openai"
@@ -217,6 +218,9 @@ class ClusterConfig(_Model):
     hf_token: Optional[TokenSecret] = Field(
         None, description="Secret. Hugging Face token (HF_TOKEN in the containers)."
     )
+    grafana_admin_password: Optional[PasswordSecret] = Field(
+        None, description="Secret. The password of Grafana's admin user, with metrics.grafanaNode."
+    )
     ssh_private_key: Optional[PrivateKeySecret] = Field(
         None,
         description="Secret. SSH private key for every node, used by both transports. Default: the ssh-agent at "
@@ -297,6 +301,14 @@ class ClusterConfig(_Model):
         if self.container.hf_cache_dir is None:
             raise ValueError(f"modelSync of the repo id {model!r} needs container.hfCacheDir")
         return f"{self.container.hf_cache_dir.rstrip('/')}/hub/models--{model.replace('/', '--')}"
+
+    def node_named(self, name: Optional[str]) -> Optional[NodeConfig]:
+        return next((node for node in self.nodes if node.name == name), None)
+
+    def url_on(self, name: Optional[str], port: int) -> Optional[str]:
+        """http://<host>:<port> of the node `name` (its management address, where a user's browser goes)."""
+        node = self.node_named(name)
+        return None if node is None else f"http://{node.host}:{port}"
 
     @property
     def workers(self) -> list[NodeConfig]:

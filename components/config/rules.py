@@ -287,6 +287,27 @@ def prometheus_runs_on_a_node(cfg: Any) -> list[str]:
     return _names_a_node(cfg, "metrics.prometheusNode", cfg.metrics.prometheus_node)
 
 
+@rule("metrics.grafanaNode", "metrics.prometheusNode", "grafanaAdminPassword", "nodes[].name")
+def grafana_has_what_it_needs(cfg: Any) -> list[str]:
+    """Grafana reads the stack's Prometheus, and its admin has a password of the stack's (a secret)."""
+    wanted = cfg.metrics.grafana_node
+    if wanted is None:
+        return []
+    problems = _names_a_node(cfg, "metrics.grafanaNode", wanted)
+    if cfg.metrics.prometheus_node is None:
+        problems.append(problem("metrics.grafanaNode", wanted, "a Prometheus beside it: set metrics.prometheusNode"))
+    if cfg.grafana_admin_password is None:
+        problems.append(
+            problem(
+                "grafanaAdminPassword",
+                None,
+                "a secret with metrics.grafanaNode (`pulumi config set --secret grafanaAdminPassword …`): Grafana "
+                "would otherwise keep its admin/admin",
+            )
+        )
+    return problems
+
+
 @rule("router.enabled", "router.node", "nodes[].name")
 def router_runs_on_a_node(cfg: Any) -> list[str]:
     return _names_a_node(cfg, "router.node", cfg.router.node) if cfg.router.enabled else []
@@ -392,7 +413,8 @@ PORT_KEYS = (
     "nodes[*].name", "nodes[*].sshPort", "head", "executor", "vllm.port", "vllm.masterPort", "ray.port",
     "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
     "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
-    "metrics.nodePort", "router.enabled", "router.node", "router.port", "router.metricsPort",
+    "metrics.nodePort", "metrics.grafanaNode", "metrics.grafanaPort", "router.enabled", "router.node", "router.port",
+    "router.metricsPort",
     "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
 )  # fmt: skip
 

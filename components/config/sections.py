@@ -366,6 +366,14 @@ class MetricsConfig(_Model):
         "for Prometheus on this port of its fabric address (job spark-vllm-node: the dashboard's per-node "
         "panels). Unset: not served.",
     )
+    grafana_node: Optional[DnsLabel] = Field(
+        None,
+        description="A node that runs Grafana (container spark-vllm.grafana, data on the volume spark-vllm-grafana) "
+        "with the stack's Prometheus as its datasource and the `dashboard` output provisioned; needs "
+        "prometheusNode and the grafanaAdminPassword secret.",
+    )
+    grafana_image: ImageRef = Field("grafana/grafana:12.0.2", description="Image of that Grafana.")
+    grafana_port: Port = Field(3000, description="Port of that Grafana's web UI (GF_SERVER_HTTP_PORT).")
 
 
 class SecurityConfig(_Model):

@@ -161,23 +161,38 @@ HostKeyLine = Annotated[str, AfterValidator(_host_key)]
 _EMPTY_MEANS = {
     "apiKey": "no key reaches vLLM, which then serves every caller",
     "hfToken": "the Hub is asked without a token: a gated model fails to download",
+    "grafanaAdminPassword": "Grafana would keep its admin/admin",
 }
 
 
-def _token_secret(value: SecretStr, info: ValidationInfo) -> SecretStr:
-    """An API key or token: set means something, sent as one HTTP header word."""
-    key = to_camel(info.field_name or "apiKey")
+def _set_secret(value: SecretStr, info: ValidationInfo) -> str:
+    """A secret's text, refused when it is set but blank: that must not count as set."""
+    key = to_camel(info.field_name or "secret")
     text = value.get_secret_value()
     if not text.strip():
         raise ValueError(
             f"a value: it is set but empty, which counts as none ({_EMPTY_MEANS.get(key, 'nothing is sent')}); "
             f"set one (`pulumi config set --secret {key} …`) or remove it (`pulumi config rm {key}`)"
         )
+    return text
+
+
+def _token_secret(value: SecretStr, info: ValidationInfo) -> SecretStr:
+    """An API key or token: set means something, sent as one HTTP header word."""
+    text = _set_secret(value, info)
     if any(ch.isspace() or ord(ch) < 33 or ord(ch) == 127 for ch in text):
         raise ValueError(
             "a key without spaces, line breaks or control characters (a newline copied with it?): clients send it "
             "as one word in the Authorization header"
         )
+    return value
+
+
+def _password_secret(value: SecretStr, info: ValidationInfo) -> SecretStr:
+    """A password handed over in a container's environment: set means something, one line."""
+    text = _set_secret(value, info)
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise ValueError("a password without line breaks or control characters (a newline copied with it?)")
     return value
 
 
@@ -189,6 +204,7 @@ def _private_key_secret(value: SecretStr) -> SecretStr:
 
 
 TokenSecret = Annotated[SecretStr, AfterValidator(_token_secret)]
+PasswordSecret = Annotated[SecretStr, AfterValidator(_password_secret)]
 PrivateKeySecret = Annotated[SecretStr, AfterValidator(_private_key_secret)]
 
 

@@ -36,3 +36,31 @@ def test_the_diagnostics_output_says_how_to_reach_every_node_and_holds_no_secret
     assert worker["containers"] == ["spark-vllm-spark-02", "spark-vllm.guard", "spark-vllm.prometheus"]
     plain = json.dumps(facts)
     assert not any(value in plain for value in SECRETS.values())
+
+
+GRAFANA = {**SECRETS, "grafanaAdminPassword": "grafana-pw-9b2e"}
+
+
+def test_grafana_runs_on_its_node_after_prometheus_with_its_password_a_secret():
+    run = run_program(prod(metrics={"prometheusNode": "spark-02", "grafanaNode": "spark-01"}), GRAFANA, stack="prod")
+    container = run.named("spark-01-grafana")
+    assert container.inputs["name"] == "spark-vllm.grafana"
+    assert run.named("spark-01-grafana-image").inputs["name"] == "grafana/grafana:12.0.2"
+    assert "envs" in container.secret_paths()
+    envs = container.inputs["envs"]
+    assert "GF_SECURITY_ADMIN_PASSWORD=grafana-pw-9b2e" in envs
+    assert "GF_SERVER_HTTP_PORT=3000" in envs
+    board = json.loads(next(e for e in envs if e.startswith("SPARK_VLLM_GRAFANA_DASHBOARD=")).split("=", 1)[1])
+    assert board == run.exports["dashboard"]
+    assert "grafana-pw-9b2e" not in json.dumps(container.inputs["entrypoints"])
+    assert run.named("spark-02-prometheus").urn in container.dependencies
+    assert run.exports["metrics"]["grafana"] == "http://spark-01.lan:3000"
+    head = run.exports["diagnostics"]["nodes"][0]
+    assert head["containers"][-1] == "spark-vllm.grafana"
+    assert "grafana-pw-9b2e" not in json.dumps(run.plain_exports())
+
+
+def test_without_grafana_node_there_is_no_grafana():
+    run = run_program(prod(metrics={"prometheusNode": "spark-02"}), SECRETS, stack="prod")
+    assert not [reg for reg in run.registrations if "grafana" in reg.name]
+    assert "grafana" not in run.exports["metrics"]

@@ -19,7 +19,15 @@ HF_TOKEN = "hf_" + secrets.token_hex(16)
 RAY_TOKEN = secrets.token_hex(32)
 COPY_TOKEN = secrets.token_hex(32)
 SSH_KEY = openssh_private_key("diagnose")
-PLANTED = [API_KEY, HF_TOKEN, RAY_TOKEN, COPY_TOKEN, *[line for line in SSH_KEY.splitlines()[1:-1] if len(line) >= 16]]
+GRAFANA_PASSWORD = "grafana " + secrets.token_hex(8)  # a password may hold a space
+PLANTED = [
+    API_KEY,
+    HF_TOKEN,
+    RAY_TOKEN,
+    COPY_TOKEN,
+    GRAFANA_PASSWORD,
+    *[line for line in SSH_KEY.splitlines()[1:-1] if len(line) >= 16],
+]
 
 FAKE_SSH = """#!/usr/bin/env bash
 # a node: the last word is the remote command; "down.invalid" never answers
@@ -31,7 +39,7 @@ exec bash -c "$target"
 FAKE_DOCKER = f"""#!/usr/bin/env bash
 case "$1" in
   logs) echo "supervisor up"; echo "HF_TOKEN={HF_TOKEN} RAY_AUTH_TOKEN={RAY_TOKEN}"; echo "Authorization: Bearer {API_KEY}";
-        echo "copy token {COPY_TOKEN}"; printf '%s\\n' "$FAKE_KEY";;
+        echo "copy token {COPY_TOKEN}"; echo "GF_SECURITY_ADMIN_PASSWORD={GRAFANA_PASSWORD}"; printf '%s\\n' "$FAKE_KEY";;
   exec) case "$*" in
           *status.json*) echo '{{"state": "running", "serving": true, "restarts_total": 2}}';;
           *vllm.log*) echo "NCCL INFO Channel 00 : 0[0] -> 1[0] via NET/IB/0"; echo "vllm serve --api-key {API_KEY}";;
@@ -79,9 +87,10 @@ def bundle(tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]
             "spark-vllm:apiKey": {"value": API_KEY, "secret": True},
             "spark-vllm:hfToken": {"value": HF_TOKEN, "secret": True},
             "spark-vllm:sshPrivateKey": {"value": SSH_KEY, "secret": True},
+            "spark-vllm:grafanaAdminPassword": {"value": GRAFANA_PASSWORD, "secret": True},
             "spark-vllm:image": {"value": "vllm/vllm-openai:v0.33.0", "secret": False},
         },
-        "secrets": [API_KEY, HF_TOKEN, SSH_KEY, RAY_TOKEN, COPY_TOKEN],
+        "secrets": [API_KEY, HF_TOKEN, SSH_KEY, RAY_TOKEN, COPY_TOKEN, GRAFANA_PASSWORD],
     }
     (tmp_path / "inputs.json").write_text(json.dumps(inputs))
     out = tmp_path / "bundle.tar.gz"
