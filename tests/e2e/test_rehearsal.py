@@ -13,6 +13,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -28,6 +32,7 @@ from tests.e2e.rehearsal import (
     rehearsal_config,
     request,
 )
+from tests.harness import ROOT
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -139,6 +144,44 @@ def test_every_dashboard_panel_returns_series_from_the_real_prometheus(sim_clust
     nodes_query = urllib.parse.quote("spark_vllm_node_memory_available_bytes")
     result = prometheus_api(sim_cluster, worker, f"/api/v1/query?query={nodes_query}")["data"]["result"]
     assert {row["metric"]["node"] for row in result} == {node.name for node in sim_cluster.nodes}
+
+
+def test_the_dashboard_snapshot_draws_every_panel_from_the_real_prometheus(sim_cluster, deployed, tmp_path):
+    """scripts/dashboard_snapshot.py, as a user runs it against the `metrics.prometheus` output: every panel
+    drew a series. SPARK_VLLM_SNAPSHOT_DIR keeps the page, drawn over two minutes of which 100 s carry a
+    steady load of two clients (the README's picture is its screenshot)."""
+    outputs = deployed["run"].outputs
+    keep = os.environ.get("SPARK_VLLM_SNAPSHOT_DIR")
+    if keep:
+        endpoint, key, served = outputs["endpoint"], deployed["secrets"]["apiKey"], outputs["servedModelName"]
+        until = time.monotonic() + 100
+
+        def client() -> None:
+            while time.monotonic() < until:
+                chat(endpoint, key, served)
+
+        clients = [threading.Thread(target=client) for _ in range(2)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+    (tmp_path / "board.json").write_text(json.dumps(outputs["dashboard"]))
+    page = tmp_path / "dashboard.html"
+    argv = [sys.executable, str(ROOT / "scripts/dashboard_snapshot.py"), "--dashboard", str(tmp_path / "board.json"),
+            "--prometheus", outputs["metrics"]["prometheus"], "--minutes", "2" if keep else "5", "--out", str(page),
+            "--require-data"]  # fmt: skip
+    done: dict = {}
+
+    def drawn() -> bool:
+        done["run"] = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return done["run"].returncode == 0
+
+    assert wait_for(drawn, timeout=90), (done["run"].stdout, done["run"].stderr)
+    lines = done["run"].stdout.splitlines()
+    assert len(lines) == len(outputs["dashboard"]["panels"]) and all(" 0 series" not in line for line in lines)
+    assert page.read_text().count("<polyline") >= len(lines)
+    if keep:
+        shutil.copy(page, Path(keep) / "dashboard.html")
 
 
 def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_cluster, deployed):
