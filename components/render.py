@@ -6,6 +6,7 @@ at the very edge (`shell_line`), so a hostile value stays one quoted word even i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -30,7 +31,15 @@ from components.names import (
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
 )
-from components.scripts.node_contract import RayReady, Recovery, SupervisorParams, spec_fields
+from components.scripts.node_contract import (
+    HandoverParams,
+    RayReady,
+    ReadyParams,
+    Recovery,
+    SmokeParams,
+    SupervisorParams,
+    spec_fields,
+)
 
 
 def container_name(node: NodeConfig, prefix: str = "") -> str:
@@ -241,17 +250,18 @@ def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_k
     if cfg.executor == "ray":
         env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT  # where serve_spec.py writes the non-carry-over list
     spec = supervisor_spec(cfg, node)
-    return {
-        "node": node.name,
-        "argv": argv,
-        "env": env,
-        "spec": spec,
+    params = HandoverParams(
+        node=node.name,
+        argv=argv,
+        env=env,
+        spec=spec,
         # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
-        "fingerprint": fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
-        "run_dir": RUN_DIR,
-        "timeout_seconds": SERVE_HANDOVER_SECONDS,
-        "ray_non_carry_over": [*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
-    }
+        fingerprint=fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
+        run_dir=RUN_DIR,
+        timeout_seconds=SERVE_HANDOVER_SECONDS,
+        ray_non_carry_over=[*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
+    )
+    return dataclasses.asdict(params)
 
 
 def http_base(cfg: ClusterConfig) -> str:
@@ -260,29 +270,31 @@ def http_base(cfg: ClusterConfig) -> str:
 
 def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """wait_ready.py on the head: /health 200 and /v1/models listing `served`."""
-    return {
-        "base_url": http_base(cfg),
-        "model": served,
-        "api_key": api_key,
-        "timeout_seconds": cfg.vllm.ready_timeout_seconds,
-        "poll_seconds": POLL_SECONDS,
-        "progress_seconds": PROGRESS_SECONDS,
-        "silent_seconds": SILENT_SECONDS,
-        "log_file": VLLM_LOG,
-        "status_file": STATUS_FILE,
-    }
+    params = ReadyParams(
+        base_url=http_base(cfg),
+        model=served,
+        api_key=api_key,
+        timeout_seconds=cfg.vllm.ready_timeout_seconds,
+        poll_seconds=POLL_SECONDS,
+        progress_seconds=PROGRESS_SECONDS,
+        silent_seconds=SILENT_SECONDS,
+        log_file=VLLM_LOG,
+        status_file=STATUS_FILE,
+    )
+    return dataclasses.asdict(params)
 
 
 def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """smoke.py on the head: one short chat completion."""
-    return {
-        "base_url": http_base(cfg),
-        "model": served,
-        "api_key": api_key,
-        "prompt": SMOKE_PROMPT,
-        "max_tokens": SMOKE_MAX_TOKENS,
-        "timeout_seconds": SMOKE_TIMEOUT_SECONDS,
-    }
+    params = SmokeParams(
+        base_url=http_base(cfg),
+        model=served,
+        api_key=api_key,
+        prompt=SMOKE_PROMPT,
+        max_tokens=SMOKE_MAX_TOKENS,
+        timeout_seconds=SMOKE_TIMEOUT_SECONDS,
+    )
+    return dataclasses.asdict(params)
 
 
 def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str | None) -> dict[str, Any]:
@@ -333,6 +345,9 @@ SCRIPT_HELPERS = {
         "node_compile_cache.py",
         "node_vllm_output.py",
     ),
+    "serve_spec.py": ("node_contract.py",),
+    "wait_ready.py": ("node_contract.py",),
+    "smoke.py": ("node_contract.py",),
     "model_fingerprint.py": ("vllm_weights.py",),
     "hf_download.py": ("vllm_weights.py", "node_common.py"),
     "image_pull.py": ("docker_api.py", "node_common.py"),

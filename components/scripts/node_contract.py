@@ -1,9 +1,10 @@
 # What the program hands a node's container, typed once for both sides: components/render.py builds these
 # (it imports this file as a module) and the scripts in the container read them (it is prepended to
-# supervisor.py by components.render.SCRIPT_HELPERS). The JSON is the dataclasses' fields, so a field added
-# here is a field both sides know. Standard library only (Python 3.7+, whatever the image has), no side effects.
+# supervisor.py, serve_spec.py, wait_ready.py and smoke.py by components.render.SCRIPT_HELPERS). The JSON is
+# the dataclasses' fields, so a field added here is a field both sides know. Standard library only (Python
+# 3.7+, whatever the image has), no side effects.
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -86,3 +87,44 @@ def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_read
     if oom_guard_mib is not None:  # only with the guard: turning nothing on restarts no vLLM
         fields["oom_guard_mib"] = oom_guard_mib
     return fields
+
+
+@dataclass(frozen=True)
+class HandoverParams:
+    """serve_spec.py on a node: vLLM's settings for its supervisor (the API key in env: a secret)."""
+
+    node: str
+    argv: list
+    env: dict
+    spec: dict  # VllmSpec's other fields (spec_fields)
+    fingerprint: str
+    run_dir: str
+    timeout_seconds: float
+    ray_non_carry_over: list = field(default_factory=list)  # with Ray: env vars a worker must not inherit
+
+
+@dataclass(frozen=True)
+class ReadyParams:
+    """wait_ready.py on the API node: /health 200 and /v1/models listing `model`."""
+
+    base_url: str
+    model: str
+    timeout_seconds: float
+    poll_seconds: float
+    progress_seconds: float
+    log_file: str
+    status_file: str
+    api_key: Optional[str] = None
+    silent_seconds: float = 60  # log silence after which the progress names vLLM's long step
+
+
+@dataclass(frozen=True)
+class SmokeParams:
+    """smoke.py on the API node: one short chat completion."""
+
+    base_url: str
+    model: str
+    prompt: str
+    max_tokens: int
+    timeout_seconds: float
+    api_key: Optional[str] = None

@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-RUN = P["run_dir"]
+P = HandoverParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+RUN = P.run_dir
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 
 
@@ -39,13 +39,13 @@ def keep_node_specific_env():
     """With Ray: vLLM copies the driver's NCCL_*/UCX_*/VLLM_* values to every worker unless they are listed in
     VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json; listed, each node keeps its own interface names, and
     the API key stays with the API server (render.py HEAD_ONLY_ENV)."""
-    root = P["env"].get("VLLM_CONFIG_ROOT")
-    if not root or not P.get("ray_non_carry_over"):
+    root = P.env.get("VLLM_CONFIG_ROOT")
+    if not root or not P.ray_non_carry_over:
         return
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "ray_non_carry_over_env_vars.json")
     with open(f"{path}.tmp", "w") as handle:
-        json.dump(sorted(P["ray_non_carry_over"]), handle)
+        json.dump(sorted(P.ray_non_carry_over), handle)
     os.replace(f"{path}.tmp", path)
 
 
@@ -53,19 +53,19 @@ def main():
     os.makedirs(RUN, mode=0o700, exist_ok=True)
     keep_node_specific_env()
     current = read(SPEC)
-    unchanged = bool(current) and current.get("fingerprint") == P["fingerprint"]
+    unchanged = bool(current) and current.get("fingerprint") == P.fingerprint
     if not unchanged:
         tmp = f"{SPEC}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({**P["spec"], "argv": P["argv"], "env": P["env"], "fingerprint": P["fingerprint"]}, handle)
+            json.dump({**P.spec, "argv": P.argv, "env": P.env, "fingerprint": P.fingerprint}, handle)
         os.replace(tmp, SPEC)
-    deadline = time.monotonic() + P["timeout_seconds"]
+    deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:
         status = read(STATUS) or {}
-        if status.get("spec_fingerprint") == P["fingerprint"]:
+        if status.get("spec_fingerprint") == P.fingerprint:
             if status.get("failed"):
-                print(f"vLLM on {P['node']} does not start: {status['failed']}")
+                print(f"vLLM on {P.node} does not start: {status['failed']}")
                 print(f"--- last 60 lines of {LOG} ---")
                 print(tail(60), end="")
                 return 1
@@ -74,15 +74,15 @@ def main():
                     print(f"vLLM already running with these settings (pid {status['vllm_pid']})")
                 else:
                     print(f"vLLM started (pid {status['vllm_pid']}); log: {LOG}")
-                print(json.dumps({"vllm_pid": status["vllm_pid"], "fingerprint": P["fingerprint"]}))
+                print(json.dumps({"vllm_pid": status["vllm_pid"], "fingerprint": P.fingerprint}))
                 return 0
             if status.get("state") == "waiting for Ray":
-                print(f"settings handed over; vLLM starts once Ray shows every node ({P['node']})")
-                print(json.dumps({"vllm_pid": None, "fingerprint": P["fingerprint"]}))
+                print(f"settings handed over; vLLM starts once Ray shows every node ({P.node})")
+                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
                 return 0
         time.sleep(0.5)
     print(
-        f"the supervisor in this container did not take up the settings within {P['timeout_seconds']} s "
+        f"the supervisor in this container did not take up the settings within {P.timeout_seconds} s "
         f"(status: {read(STATUS)}); its output: `docker logs` of the container"
     )
     return 1

@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = ReadyParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 HINTS = [
     (
@@ -93,8 +93,8 @@ def since_start(text):
 
 def log_text(limit=1_000_000):
     try:
-        with open(P["log_file"], "rb") as handle:
-            handle.seek(max(0, os.path.getsize(P["log_file"]) - limit))
+        with open(P.log_file, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(P.log_file) - limit))
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
@@ -102,14 +102,14 @@ def log_text(limit=1_000_000):
 
 def log_size():
     try:
-        return os.path.getsize(P["log_file"])
+        return os.path.getsize(P.log_file)
     except OSError:
         return -1
 
 
 def log_lines(count):
     try:
-        with open(P["log_file"], errors="replace") as handle:
+        with open(P.log_file, errors="replace") as handle:
             return handle.readlines()[-count:]
     except OSError:
         return []
@@ -118,18 +118,18 @@ def log_lines(count):
 def supervisor():
     """What the container's supervisor says of vLLM (RUN_DIR/status.json)."""
     try:
-        with open(P["status_file"]) as handle:
+        with open(P.status_file) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return {}
 
 
 def get(path, key=None):
-    request = urllib.request.Request(P["base_url"] + path)
+    request = urllib.request.Request(P.base_url + path)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=P["poll_seconds"] + 1) as response:
+        with urllib.request.urlopen(request, timeout=P.poll_seconds + 1) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, b""
@@ -140,7 +140,7 @@ def get(path, key=None):
 def fail(reason):
     lines = log_lines(100)
     print(f"vLLM is not serving: {reason}", flush=True)
-    print(f"--- last {len(lines)} lines of {P['log_file']} ---")
+    print(f"--- last {len(lines)} lines of {P.log_file} ---")
     print("".join(lines), end="")
     text = "".join(lines)
     hints = []
@@ -156,7 +156,7 @@ def main():
     start = time.monotonic()
     last_progress = start
     size, grew = log_size(), start  # when vLLM's log last grew
-    key = P.get("api_key")
+    key = P.api_key
     health = None
     while True:
         elapsed = time.monotonic() - start
@@ -165,34 +165,34 @@ def main():
             status, body = get("/v1/models", key)
             if status == 200:
                 served = [m.get("id") for m in json.loads(body).get("data", [])]
-                if P["model"] in served:
-                    print(f"vLLM ready after {elapsed:.1f} s: {P['base_url']}/v1 serves {P['model']}", flush=True)
+                if P.model in served:
+                    print(f"vLLM ready after {elapsed:.1f} s: {P.base_url}/v1 serves {P.model}", flush=True)
                     print(json.dumps({"ready_seconds": round(elapsed, 1)}))
                     return 0
-                return fail(f"/v1/models lists {served}, not {P['model']!r}")
+                return fail(f"/v1/models lists {served}, not {P.model!r}")
             if status in (401, 403):
                 return fail(f"/v1/models refused the API key (HTTP {status})")
         status = supervisor()
         if status.get("failed"):
             return fail(status["failed"])
-        if elapsed >= P["timeout_seconds"]:
-            return fail(f"not ready after {P['timeout_seconds']} s (last /health: {health})")
+        if elapsed >= P.timeout_seconds:
+            return fail(f"not ready after {P.timeout_seconds} s (last /health: {health})")
         now = time.monotonic()
         if log_size() != size:
             size, grew = log_size(), now
-        if now - last_progress >= P["progress_seconds"]:
+        if now - last_progress >= P.progress_seconds:
             last_progress = now
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
             state = status.get("state", "unknown")
             line = f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
             silent = now - grew
-            step = long_step(since_start(log_text())) if silent >= P.get("silent_seconds", 60) else None
+            step = long_step(since_start(log_text())) if silent >= P.silent_seconds else None
             if step:
                 line += f"its log has been silent for {silent:.0f} s: vLLM is {step} (a healthy first start waits here)"
             else:
                 line += f"log: {last[-200:]}"
             print(line, flush=True)
-        time.sleep(P["poll_seconds"])
+        time.sleep(P.poll_seconds)
 
 
 sys.exit(main())

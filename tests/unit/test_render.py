@@ -11,6 +11,7 @@ import pytest
 
 from components import render
 from components.config import load_cluster_config, node_listeners
+from tests.harness import ROOT
 from tests.unit.test_config import config
 
 
@@ -174,3 +175,25 @@ def test_docker_host_url():
     nodes = load_cluster_config(raw).nodes
     assert render.docker_host_url(nodes[0]) == "ssh://root@10.0.0.1"
     assert render.docker_host_url(nodes[1]) == "ssh://aurora@10.0.0.2:2222"
+
+
+@pytest.mark.parametrize(
+    "script_name, contract",
+    [("serve_spec.py", "HandoverParams"), ("wait_ready.py", "ReadyParams"), ("smoke.py", "SmokeParams")],
+)
+def test_each_head_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract):
+    """node_contract.py is prepended to the script, and every `P.<field>` the script reads is a field of
+    the dataclass render.py fills: a renamed field fails here, not on a node."""
+    import ast
+    import dataclasses
+
+    from components.render import SCRIPT_HELPERS
+    from components.scripts import node_contract
+
+    assert "node_contract.py" in SCRIPT_HELPERS[script_name]
+    text = (ROOT / "components/scripts" / script_name).read_text()
+    assert f"P = {contract}(**json.loads(PARAMS))" in text
+    read = {node.attr for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "P"}  # fmt: skip
+    fields = {field.name for field in dataclasses.fields(getattr(node_contract, contract))}
+    assert read and read <= fields, read - fields
