@@ -20,9 +20,10 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from components.config import ClusterConfig, NodeConfig
+from components.config import ClusterConfig
 from components.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.render import exec_python, fingerprint, script_program, with_log_tail_on_failure
+from components.router_params import endpoint, keeper_params, replica_url, router_node  # noqa: F401
 from components.steps import SECRET_IO, remote_step, service_container
 
 ROUTER_CONTAINER = "spark-vllm.router"  # a dot: no node's container (spark-vllm-<DNS label>) has it
@@ -31,38 +32,6 @@ INSTALL_DIR = ROUTER_INSTALL_DIR
 READY_TIMEOUT_SECONDS = 600  # a first start may install vllm-router from PyPI
 STEP_TIMEOUT_SECONDS = 120
 DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-sized requests take minutes)
-
-
-def router_node(cfg: ClusterConfig) -> NodeConfig:
-    return next(node for node in cfg.nodes if node.name == cfg.router.node)
-
-
-def endpoint(cfg: ClusterConfig) -> str:
-    return f"http://{router_node(cfg).host}:{cfg.router.port}/v1"
-
-
-def replica_url(replica_cfg: ClusterConfig) -> str:
-    """Where the router reaches a replica's API server: its head's fabric address (vLLM on every address),
-    else the address vLLM binds."""
-    host = replica_cfg.vllm.host
-    address = replica_cfg.head_node.fabric_address if host.is_unspecified else host
-    return f"http://{address}:{replica_cfg.vllm.port}"
-
-
-def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:
-    router, node = cfg.router, router_node(cfg)
-    return {
-        "mode": mode,
-        "host": "0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
-        "port": router.port,
-        "metrics_host": str(node.fabric_address),
-        "metrics_port": router.metrics_port,
-        "policy": router.policy,
-        "version": router.version,
-        "index_url": router.index_url,
-        "health_interval": router.health_check_interval_seconds,
-        **extra,
-    }
 
 
 def worker(replica: Any, served: str) -> dict[str, str]:

@@ -54,6 +54,7 @@ from components.render import (  # noqa: E402
     smoke_params,
     supervisor_params,
 )
+from tests.gpu.lane_router import router_phase  # noqa: E402
 from tests.gpu.model import SHAPES, make_model  # noqa: E402
 
 KV_PATTERNS = {
@@ -428,6 +429,8 @@ def run_lane(args) -> dict:
             report["answer"] = chat_answer(base, api_key, served)
         except (OSError, ValueError, KeyError) as error:
             report["answer"] = {"error": str(error)}
+        if "router" in args.phases:
+            router_phase(raw, node, served, api_key, report, step)
         if "bench" in args.phases:
             benchmark(node, cfg, served, model_dir, api_key, report, step)
         if "metrics" in args.phases:  # what vLLM's /metrics says (the stand-in serves the same names)
@@ -583,8 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phases",
         default="kill",
-        help="after ready and smoke, comma-separated: 'bench' (the benchmark, both tools), 'metrics' (/metrics to "
-        "metrics.txt), 'kill' (and recover); "
+        help="after ready and smoke, comma-separated: 'router' (the stack's router in front: tests/gpu/lane_router.py), "
+        "'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), 'kill' (and recover); "
         "a stop ends every run",
     )
     parser.add_argument("--kills", type=int, default=1, help="with 'kill': how many SIGKILLs, one recovery each")

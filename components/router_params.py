@@ -1,0 +1,40 @@
+"""What the router's keeper is handed, and where the router and its workers are: pure (no Pulumi), so the
+GPU lane renders the same (tests/gpu/lane_router.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.config import ClusterConfig, NodeConfig
+
+
+def router_node(cfg: ClusterConfig) -> NodeConfig:
+    return next(node for node in cfg.nodes if node.name == cfg.router.node)
+
+
+def endpoint(cfg: ClusterConfig) -> str:
+    return f"http://{router_node(cfg).host}:{cfg.router.port}/v1"
+
+
+def replica_url(replica_cfg: ClusterConfig) -> str:
+    """Where the router reaches a replica's API server: its head's fabric address (vLLM on every address),
+    else the address vLLM binds."""
+    host = replica_cfg.vllm.host
+    address = replica_cfg.head_node.fabric_address if host.is_unspecified else host
+    return f"http://{address}:{replica_cfg.vllm.port}"
+
+
+def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:
+    router, node = cfg.router, router_node(cfg)
+    return {
+        "mode": mode,
+        "host": "0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
+        "port": router.port,
+        "metrics_host": str(node.fabric_address),
+        "metrics_port": router.metrics_port,
+        "policy": router.policy,
+        "version": router.version,
+        "index_url": router.index_url,
+        "health_interval": router.health_check_interval_seconds,
+        **extra,
+    }
