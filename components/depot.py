@@ -26,6 +26,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.render import script_program, shell_line
+from components.scripts.node_contract import HfDownloadParams, params_of
 from components.steps import remote_step, service_container
 
 DEPOT_CONTAINER = "spark-vllm.depot"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
@@ -223,15 +224,16 @@ def download_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: Op
     """hf_download.py for `python3 -` (secret when it carries the token); nothing for a directory."""
     if model.startswith("/"):
         return ""
-    params = {
-        "node": node.name,
-        "repo": model,
-        "hf_home": DOWNLOAD_HF_HOME,
-        "host_cache": cfg.container.hf_cache_dir.rstrip("/"),
-        "endpoint": cfg.container.hf_endpoint,
-        "token": token,
-        "progress_seconds": cfg.model_sync.progress_seconds,
-    }
+    params = params_of(
+        HfDownloadParams,
+        node=node.name,
+        repo=model,
+        hf_home=DOWNLOAD_HF_HOME,
+        host_cache=cfg.container.hf_cache_dir.rstrip("/"),
+        endpoint=cfg.container.hf_endpoint,
+        token=token,
+        progress_seconds=cfg.model_sync.progress_seconds,
+    )
     return script_program("hf_download.py", params)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
+from components.scripts.node_contract import FabricGateParams, params_of
 
 RDMA_ROOT = "/sys/class/infiniband"
 STREAMS = 4
@@ -64,14 +65,15 @@ def gate_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
             "expect": expect,
             "wait_seconds": cfg.fabric.peer_wait_seconds,
         }
-    return {
-        "node": node.name,
-        "interface": node.fabric_interface,
-        "address": str(node.fabric_address),
-        "peers": [{"name": o.name, "address": str(o.fabric_address)} for o in cfg.nodes if o.name != node.name],
-        "rdma_root": RDMA_ROOT,
-        "bandwidth": bandwidth,
-    }
+    return params_of(
+        FabricGateParams,
+        node=node.name,
+        interface=node.fabric_interface,
+        address=str(node.fabric_address),
+        peers=[{"name": o.name, "address": str(o.fabric_address)} for o in cfg.nodes if o.name != node.name],
+        rdma_root=RDMA_ROOT,
+        bandwidth=bandwidth,
+    )
 
 
 def twin_key(device: str) -> str:

@@ -17,21 +17,23 @@ from components.fabric import (
     NCCL_WARMUP,
 )
 from components.render import node_env, node_rank
+from components.scripts.node_contract import NcclParams, params_of
 
 
 def nccl_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     """PARAMS of nccl_bandwidth.py on `node`: its rank (the head is 0) and the head's rendezvous."""
-    return {
-        "node": node.name,
-        "rank": node_rank(cfg, node),
-        "world": len(cfg.nodes),
-        "master_address": str(cfg.head_node.fabric_address),
-        "port": cfg.fabric.test_port,
-        "megabytes": NCCL_MEGABYTES,
-        "warmup": NCCL_WARMUP,
-        "iterations": NCCL_ITERATIONS,
-        "timeout_seconds": NCCL_TIMEOUT_SECONDS,
-    }
+    return params_of(
+        NcclParams,
+        node=node.name,
+        rank=node_rank(cfg, node),
+        world=len(cfg.nodes),
+        master_address=str(cfg.head_node.fabric_address),
+        port=cfg.fabric.test_port,
+        megabytes=NCCL_MEGABYTES,
+        warmup=NCCL_WARMUP,
+        iterations=NCCL_ITERATIONS,
+        timeout_seconds=NCCL_TIMEOUT_SECONDS,
+    )
 
 
 def rdma_in_container(cfg: ClusterConfig, node: NodeConfig) -> bool:

@@ -32,12 +32,15 @@ from components.names import (
     VLLM_STOP_GRACE_SECONDS,
 )
 from components.scripts.node_contract import (
+    BenchmarkParams,
+    ClusterWaitParams,
     HandoverParams,
     RayReady,
     ReadyParams,
     Recovery,
     SmokeParams,
     SupervisorParams,
+    params_of,
     spec_fields,
 )
 
@@ -218,15 +221,16 @@ def serve_argv(
 
 def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
     """ray_join.py on the head: every node alive in Ray and TP × PP GPUs, before vLLM is handed its settings."""
-    return {
-        "node": cfg.head_node.name,
-        "ray_address": ray_address(cfg),
-        "expected": [{"name": n.name, "fabric_address": str(n.fabric_address)} for n in cfg.nodes],
-        "gpus_needed": cfg.world_size,
-        "timeout_seconds": cfg.ray.join_timeout_seconds,
-        "poll_seconds": POLL_SECONDS,
-        "progress_seconds": PROGRESS_SECONDS,
-    }
+    return params_of(
+        ClusterWaitParams,
+        node=cfg.head_node.name,
+        ray_address=ray_address(cfg),
+        expected=[{"name": n.name, "fabric_address": str(n.fabric_address)} for n in cfg.nodes],
+        gpus_needed=cfg.world_size,
+        timeout_seconds=cfg.ray.join_timeout_seconds,
+        poll_seconds=POLL_SECONDS,
+        progress_seconds=PROGRESS_SECONDS,
+    )
 
 
 # What differs between nodes among the variables vLLM's Ray executor copies from the driver to every
@@ -301,20 +305,21 @@ def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str |
     """node_benchmark.py on the head: the configured load against the served model (`model`: what vLLM
     loaded, the tokenizer `vllm bench serve` needs)."""
     bench = cfg.benchmark
-    return {
-        "base_url": http_base(cfg),
-        "model": served,
-        "model_path": model,
-        "api_key": api_key,
-        "tool": bench.tool,
-        "concurrency": bench.concurrency,
-        "requests": bench.requests,
-        "prompt_tokens": bench.prompt_tokens,
-        "output_tokens": bench.output_tokens,
-        "max_errors": bench.max_errors,
-        "timeout_seconds": bench.timeout_seconds,
-        "trust_remote_code": cfg.vllm.trust_remote_code,
-    }
+    return params_of(
+        BenchmarkParams,
+        base_url=http_base(cfg),
+        model=served,
+        model_path=model,
+        api_key=api_key,
+        tool=bench.tool,
+        concurrency=bench.concurrency,
+        requests=bench.requests,
+        prompt_tokens=bench.prompt_tokens,
+        output_tokens=bench.output_tokens,
+        max_errors=bench.max_errors,
+        timeout_seconds=bench.timeout_seconds,
+        trust_remote_code=cfg.vllm.trust_remote_code,
+    )
 
 
 def engine_settings(cfg: ClusterConfig) -> dict[str, Any]:
@@ -349,7 +354,11 @@ SCRIPT_HELPERS = {
     "wait_ready.py": ("node_contract.py",),
     "smoke.py": ("node_contract.py",),
     "model_fingerprint.py": ("vllm_weights.py",),
-    "hf_download.py": ("vllm_weights.py", "node_common.py"),
+    "hf_download.py": ("node_contract.py", "vllm_weights.py", "node_common.py"),
+    "ray_join.py": ("node_contract.py",),
+    "node_benchmark.py": ("node_contract.py",),
+    "nccl_bandwidth.py": ("node_contract.py",),
+    "node_fabric_gate.py": ("node_contract.py",),
     "image_pull.py": ("docker_api.py", "node_common.py"),
     "node_fabric_copy.py": ("docker_api.py", "node_common.py", "node_copy_channel.py", "node_copy_tree.py"),
 }

@@ -1,5 +1,5 @@
 # A Hugging Face repo downloaded once, on the copy source, into the host's Hugging Face cache
-# (container.hfCacheDir, mounted at P["hf_home"] in a throwaway container of the node's image, which
+# (container.hfCacheDir, mounted at P.hf_home in a throwaway container of the node's image, which
 # has huggingface_hub as vLLM does); modelSync then copies it to the other nodes over the fabric.
 # A repo already complete in the cache downloads nothing. Prints progress every progress_seconds and
 # one JSON line at the end: repo, revision, the snapshot's path on the host, files, bytes, seconds.
@@ -10,21 +10,21 @@ import sys
 import threading
 import time
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-os.environ["HF_HOME"] = P["hf_home"]
+P = HfDownloadParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+os.environ["HF_HOME"] = P.hf_home
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-if P.get("endpoint"):
-    os.environ["HF_ENDPOINT"] = P["endpoint"]
-if P.get("token"):
-    os.environ["HF_TOKEN"] = P["token"]
+if P.endpoint:
+    os.environ["HF_ENDPOINT"] = P.endpoint
+if P.token:
+    os.environ["HF_TOKEN"] = P.token
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx", ".npz")
 
 
 def repo_dir():
-    return os.path.join(P["hf_home"], "hub", "models--" + P["repo"].replace("/", "--"))
+    return os.path.join(P.hf_home, "hub", "models--" + P.repo.replace("/", "--"))
 
 
 def size_of(path):
@@ -39,10 +39,10 @@ def size_of(path):
 
 
 def report(done, started):
-    while not done.wait(P["progress_seconds"]):
+    while not done.wait(P.progress_seconds):
         elapsed = time.monotonic() - started
         size = size_of(repo_dir())
-        say(f"downloading {P['repo']}: {human(size)} in the cache after {elapsed:.0f} s")
+        say(f"downloading {P.repo}: {human(size)} in the cache after {elapsed:.0f} s")
 
 
 def main():
@@ -56,14 +56,14 @@ def main():
     before = size_of(repo_dir())
     done = threading.Event()
     threading.Thread(target=report, args=(done, started), daemon=True).start()
-    say(f"downloading {P['repo']} into the Hugging Face cache ({P['host_cache']})")
+    say(f"downloading {P.repo} into the Hugging Face cache ({P.host_cache})")
     try:
-        info = HfApi().model_info(P["repo"])
+        info = HfApi().model_info(P.repo)
         names = [sibling.rfilename for sibling in info.siblings or []]
 
         def read_index(name):
             try:
-                with open(hf_hub_download(P["repo"], name, revision=info.sha)) as handle:
+                with open(hf_hub_download(P.repo, name, revision=info.sha)) as handle:
                     return index_files(handle.read())  # noqa: F821 - vllm_weights.py is prepended
             except (OSError, ValueError):
                 return None
@@ -77,13 +77,13 @@ def main():
             say(f"leaving out {len(left_out)} weight file(s) vLLM does not load: {shown}")
         # No revision: huggingface_hub writes refs/main only for a branch name, and vLLM offline
         # (HF_HUB_OFFLINE=1 on every node) finds the snapshot through refs/main.
-        snapshot = snapshot_download(P["repo"], allow_patterns=wanted)
+        snapshot = snapshot_download(P.repo, allow_patterns=wanted)
     except GatedRepoError:
-        say(f"{P['repo']} is gated or private: set hfToken (`pulumi config set --secret hfToken …`) to a token "
+        say(f"{P.repo} is gated or private: set hfToken (`pulumi config set --secret hfToken …`) to a token "
             "that has been granted access")  # fmt: skip
         return 1
     except RepositoryNotFoundError:
-        say(f"no repository {P['repo']} on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} (or it is private)")
+        say(f"no repository {P.repo} on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} (or it is private)")
         return 1
     except Exception as error:  # noqa: BLE001 - the hub's and the network's errors, named for the user
         say(f"the download failed: {type(error).__name__}: {error}")
@@ -94,10 +94,10 @@ def main():
     size = size_of(repo_dir())
     files = sum(len(names) for _, _, names in os.walk(snapshot))
     revision = os.path.basename(snapshot.rstrip("/"))
-    host_snapshot = P["host_cache"] + snapshot[len(P["hf_home"]) :]
+    host_snapshot = P.host_cache + snapshot[len(P.hf_home) :]
     fetched = size - before
-    say(f"{P['repo']} at {revision[:12]}: {files} files, {human(size)}; downloaded {human(fetched)} in {seconds:.1f} s")
-    print(json.dumps({"repo": P["repo"], "revision": revision, "snapshot": host_snapshot, "files": files,
+    say(f"{P.repo} at {revision[:12]}: {files} files, {human(size)}; downloaded {human(fetched)} in {seconds:.1f} s")
+    print(json.dumps({"repo": P.repo, "revision": revision, "snapshot": host_snapshot, "files": files,
                       "bytes": size, "downloaded_bytes": fetched, "seconds": round(seconds, 2)}))  # fmt: skip
     return 0
 

@@ -19,9 +19,9 @@ import threading
 import time
 import traceback
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
-LOG = f"/tmp/spark-vllm-nccl-{P['node']}.{os.getpid()}.log"
-facts = {"node": P["node"], "rank": P["rank"], "world": P["world"]}
+P = NcclParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+LOG = f"/tmp/spark-vllm-nccl-{P.node}.{os.getpid()}.log"
+facts = {"node": P.node, "rank": P.rank, "world": P.world}
 started = time.monotonic()
 
 
@@ -50,14 +50,14 @@ def say(extra):
 
 def watchdog():
     # A peer that never comes, or a hung collective: say so before `docker run` is given up on.
-    say({"error": f"no result within {P['timeout_seconds']} s (a peer's test never started, or NCCL hung)"})
+    say({"error": f"no result within {P.timeout_seconds} s (a peer's test never started, or NCCL hung)"})
     os._exit(0)
 
 
 # NCCL reads its settings when the communicator is made: its INFO log goes to a file of its own, so
 # the network it chose is known even when the user's nccl.debug is off.
 os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=LOG)
-timer = threading.Timer(P["timeout_seconds"], watchdog)
+timer = threading.Timer(P.timeout_seconds, watchdog)
 timer.daemon = True
 timer.start()
 try:
@@ -71,30 +71,30 @@ try:
     torch.cuda.set_device(0)
     dist.init_process_group(
         "nccl",
-        init_method=f"tcp://{P['master_address']}:{P['port']}",
-        rank=P["rank"],
-        world_size=P["world"],
-        timeout=datetime.timedelta(seconds=P["timeout_seconds"]),
+        init_method=f"tcp://{P.master_address}:{P.port}",
+        rank=P.rank,
+        world_size=P.world,
+        timeout=datetime.timedelta(seconds=P.timeout_seconds),
         device_id=torch.device("cuda", 0),  # the communicator is made now, not at the first collective
     )
     facts["init_seconds"] = round(time.monotonic() - started, 2)
-    size = P["megabytes"] << 20
+    size = P.megabytes << 20
     tensor = torch.ones(size // 4, dtype=torch.float32, device="cuda")
     dist.all_reduce(tensor)
     torch.cuda.synchronize()
-    facts["correct"] = float(tensor[0]) == P["world"] and float(tensor[-1]) == P["world"]
-    for _ in range(P["warmup"]):
+    facts["correct"] = float(tensor[0]) == P.world and float(tensor[-1]) == P.world
+    for _ in range(P.warmup):
         dist.all_reduce(tensor)
     torch.cuda.synchronize()
     dist.barrier()
     begin = time.perf_counter()
-    for _ in range(P["iterations"]):
+    for _ in range(P.iterations):
         dist.all_reduce(tensor)
     torch.cuda.synchronize()
-    seconds = (time.perf_counter() - begin) / P["iterations"]
+    seconds = (time.perf_counter() - begin) / P.iterations
     dist.destroy_process_group()
     timer.cancel()
-    say({"bytes": size, "seconds": seconds, "iterations": P["iterations"]})
+    say({"bytes": size, "seconds": seconds, "iterations": P.iterations})
 except Exception as error:  # noqa: BLE001 - every failure is a fact for the judge
     timer.cancel()
     said = traceback.format_exception_only(type(error), error)[-1].strip()

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = BenchmarkParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 TOKEN_IDS = range(32, 256)  # in every tokenizer's vocabulary (byte-level BPE and SentencePiece byte tokens sit here)
 
 
@@ -39,22 +39,22 @@ def one_request(index):
     """One streamed completion: (ttft, [inter-token gaps], output tokens, error or None)."""
     rng = random.Random(index)
     body = {
-        "model": P["model"],
-        "prompt": [rng.choice(TOKEN_IDS) for _ in range(P["prompt_tokens"])],
-        "max_tokens": P["output_tokens"],
+        "model": P.model,
+        "prompt": [rng.choice(TOKEN_IDS) for _ in range(P.prompt_tokens)],
+        "max_tokens": P.output_tokens,
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    request = urllib.request.Request(P["base_url"] + "/v1/completions", data=json.dumps(body).encode(), method="POST")
+    request = urllib.request.Request(P.base_url + "/v1/completions", data=json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")
-    if P.get("api_key"):
-        request.add_header("Authorization", f"Bearer {P['api_key']}")
+    if P.api_key:
+        request.add_header("Authorization", f"Bearer {P.api_key}")
     start = time.perf_counter()
     ttft, last, gaps, tokens = None, start, [], 0
     try:
-        with urllib.request.urlopen(request, timeout=P["timeout_seconds"]) as response:
+        with urllib.request.urlopen(request, timeout=P.timeout_seconds) as response:
             for line in response:
                 if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                     continue
@@ -81,9 +81,9 @@ def own_load():
     # One request first, not counted, as `vllm bench serve` sends its "initial test run": the server's
     # first request of a shape pays for paths not warmed yet, which would land in the p99 TTFT.
     warmup = one_request(-1)
-    results = [None] * P["requests"]
+    results = [None] * P.requests
     lock = threading.Lock()
-    queue = iter(range(P["requests"]))
+    queue = iter(range(P.requests))
 
     def worker():
         while True:
@@ -93,7 +93,7 @@ def own_load():
                 return
             results[index] = one_request(index)
 
-    threads = [threading.Thread(target=worker) for _ in range(min(P["concurrency"], P["requests"]))]
+    threads = [threading.Thread(target=worker) for _ in range(min(P.concurrency, P.requests))]
     start = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -120,13 +120,13 @@ def own_load():
 
 def vllm_bench_argv(result_dir):
     return [
-        "vllm", "bench", "serve", "--backend", "openai", "--base-url", P["base_url"], "--endpoint", "/v1/completions",
-        "--model", P["model_path"], "--served-model-name", P["model"], "--dataset-name", "random",
-        "--random-input-len", str(P["prompt_tokens"]), "--random-output-len", str(P["output_tokens"]),
-        "--num-prompts", str(P["requests"]), "--max-concurrency", str(P["concurrency"]), "--ignore-eos",
+        "vllm", "bench", "serve", "--backend", "openai", "--base-url", P.base_url, "--endpoint", "/v1/completions",
+        "--model", P.model_path, "--served-model-name", P.model, "--dataset-name", "random",
+        "--random-input-len", str(P.prompt_tokens), "--random-output-len", str(P.output_tokens),
+        "--num-prompts", str(P.requests), "--max-concurrency", str(P.concurrency), "--ignore-eos",
         "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--save-result",
         "--result-dir", result_dir, "--result-filename", "result.json", "--disable-tqdm",
-        *(["--trust-remote-code"] if P.get("trust_remote_code") else []),
+        *(["--trust-remote-code"] if P.trust_remote_code else []),
     ]  # fmt: skip
 
 
@@ -134,11 +134,11 @@ def vllm_bench():
     """`vllm bench serve`'s own figures (its saved result file), in this script's shape. The API key
     travels in OPENAI_API_KEY, where vllm bench reads it (never on its command line)."""
     env = dict(os.environ)
-    if P.get("api_key"):
-        env["OPENAI_API_KEY"] = P["api_key"]
+    if P.api_key:
+        env["OPENAI_API_KEY"] = P.api_key
     with tempfile.TemporaryDirectory() as result_dir:
         run = subprocess.run(
-            vllm_bench_argv(result_dir), env=env, capture_output=True, text=True, timeout=P["timeout_seconds"]
+            vllm_bench_argv(result_dir), env=env, capture_output=True, text=True, timeout=P.timeout_seconds
         )
         path = os.path.join(result_dir, "result.json")
         if run.returncode != 0 or not os.path.exists(path):
@@ -172,16 +172,16 @@ def has_vllm_bench():
     return probe.returncode == 0
 
 
-tool = P["tool"]
+tool = P.tool
 if tool == "auto":
     tool = "vllm" if has_vllm_bench() else "spark-vllm"
 figures = vllm_bench() if tool == "vllm" else own_load()
-figures["settings"] = {"concurrency": P["concurrency"], "requests": P["requests"], "promptTokens": P["prompt_tokens"],
-                       "outputTokens": P["output_tokens"]}  # fmt: skip
+figures["settings"] = {"concurrency": P.concurrency, "requests": P.requests, "promptTokens": P.prompt_tokens,
+                       "outputTokens": P.output_tokens}  # fmt: skip
 print(json.dumps(figures))
-if figures["errors"] > P["max_errors"]:
+if figures["errors"] > P.max_errors:
     print(
-        f"benchmark failed: {figures['errors']} of {P['requests']} requests failed (benchmark.maxErrors "
-        f"{P['max_errors']}); first errors: {figures['errorSamples']}"
+        f"benchmark failed: {figures['errors']} of {P.requests} requests failed (benchmark.maxErrors "
+        f"{P.max_errors}); first errors: {figures['errorSamples']}"
     )
     sys.exit(1)

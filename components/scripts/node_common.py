@@ -4,7 +4,8 @@
 
 
 def say(message):
-    print(f"[{P['node']}] {message}", flush=True)
+    node = P.node if hasattr(P, "node") else P["node"]  # a node_contract dataclass, or a plain dict's scripts
+    print(f"[{node}] {message}", flush=True)
 
 
 def human(count):

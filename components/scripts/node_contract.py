@@ -1,6 +1,6 @@
 # What the program hands a node's container, typed once for both sides: components/render.py builds these
 # (it imports this file as a module) and the scripts in the container read them (it is prepended to
-# supervisor.py, serve_spec.py, wait_ready.py and smoke.py by components.render.SCRIPT_HELPERS). The JSON is
+# the scripts that read them by components.render.SCRIPT_HELPERS). The JSON is
 # the dataclasses' fields, so a field added here is a field both sides know. Standard library only (Python
 # 3.7+, whatever the image has), no side effects.
 import dataclasses
@@ -128,3 +128,79 @@ class SmokeParams:
     max_tokens: int
     timeout_seconds: float
     api_key: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ClusterWaitParams:
+    """ray_join.py on the Ray head: every node alive in Ray and the GPUs TP × PP needs."""
+
+    node: str
+    ray_address: str
+    expected: list  # [{"name", "fabric_address"}]
+    gpus_needed: int
+    timeout_seconds: float
+    poll_seconds: float
+    progress_seconds: float
+
+
+@dataclass(frozen=True)
+class BenchmarkParams:
+    """node_benchmark.py on the API node: the configured load against the served model."""
+
+    base_url: str
+    model: str
+    model_path: str  # what vLLM loaded: the tokenizer `vllm bench serve` needs
+    tool: str
+    concurrency: int
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    max_errors: int
+    timeout_seconds: float
+    api_key: Optional[str] = None
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class NcclParams:
+    """nccl_bandwidth.py in `docker run` on a node: its rank of the fabric gate's all-reduce."""
+
+    node: str
+    rank: int
+    world: int
+    master_address: str
+    port: int
+    megabytes: int
+    warmup: int
+    iterations: int
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class FabricGateParams:
+    """node_fabric_gate.py on a node's host: the fabric's facts, the peers, the TCP test."""
+
+    node: str
+    interface: str
+    address: str
+    peers: list  # [{"name", "address"}]
+    rdma_root: str
+    bandwidth: Optional[dict] = None  # {"port", "seconds", "streams", "targets", "expect", "wait_seconds"}
+
+
+@dataclass(frozen=True)
+class HfDownloadParams:
+    """hf_download.py on the copy source: a Hugging Face repo id into the host's cache directory."""
+
+    node: str
+    repo: str
+    hf_home: str
+    host_cache: str
+    progress_seconds: float
+    endpoint: Optional[str] = None
+    token: Optional[str] = None
+
+
+def params_of(cls, **fields) -> dict:
+    """What render.py hands a script: `cls`'s fields as JSON-ready data (a field unknown or missing: TypeError)."""
+    return dataclasses.asdict(cls(**fields))

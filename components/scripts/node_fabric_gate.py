@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = FabricGateParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 NET = "/sys/class/net"
 CHUNK = b"\0" * (1 << 20)
 
@@ -270,11 +270,11 @@ def measure(peer, bandwidth, source, deadline, me):
 
 def main():
     started = time.monotonic()
-    interface, address = P["interface"], P["address"]
-    facts = {"node": P["node"], "interface": interface_facts(interface)}
+    interface, address = P.interface, P.address
+    facts = {"node": P.node, "interface": interface_facts(interface)}
     facts["address_on"] = address_elsewhere(address)
-    facts["rdma"] = rdma_facts(P["rdma_root"], address)
-    bandwidth = P.get("bandwidth")
+    facts["rdma"] = rdma_facts(P.rdma_root, address)
+    bandwidth = P.bandwidth
     listener = None
     if bandwidth and bandwidth["expect"]:
         try:
@@ -291,7 +291,7 @@ def main():
     def probe(peer):
         peers[peer["name"]] = peer_facts(peer, interface, mtu, have_ping)
 
-    threads = [threading.Thread(target=probe, args=(peer,)) for peer in P["peers"]]
+    threads = [threading.Thread(target=probe, args=(peer,)) for peer in P.peers]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -301,12 +301,12 @@ def main():
         unreachable = {name for name, seen in peers.items() if seen.get("reach") is False or not seen.get("route_dev")}
         deadline = time.monotonic() + bandwidth["wait_seconds"]
         facts["bandwidth"] = {}
-        for peer in P["peers"]:
+        for peer in P.peers:
             if peer["name"] in bandwidth["targets"]:
                 facts["bandwidth"][peer["name"]] = (
                     {"skipped": "no answer over the fabric"}
                     if peer["name"] in unreachable
-                    else measure(peer, bandwidth, address, deadline, P["node"])
+                    else measure(peer, bandwidth, address, deadline, P.node)
                 )
         if listener is not None:
             listener.expect -= unreachable

@@ -6,11 +6,11 @@ import subprocess
 import sys
 import time
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = ClusterWaitParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 
 def say(message):
-    print(f"[{P['node']}] {message}", flush=True)
+    print(f"[{P.node}] {message}", flush=True)
 
 
 def alive_nodes(ray):
@@ -23,20 +23,20 @@ def connect(deadline):
     last_error = None
     while time.monotonic() < deadline:
         try:
-            ray.init(address=P["ray_address"], logging_level="ERROR", log_to_driver=False)
+            ray.init(address=P.ray_address, logging_level="ERROR", log_to_driver=False)
             return ray
         except Exception as error:  # GCS or local raylet not up yet
             last_error = error
-            time.sleep(P["poll_seconds"])
-    say(f"could not connect to Ray at {P['ray_address']} within {P['timeout_seconds']} s: {last_error}")
+            time.sleep(P.poll_seconds)
+    say(f"could not connect to Ray at {P.ray_address} within {P.timeout_seconds} s: {last_error}")
     return None
 
 
 def main():
     start = time.monotonic()
-    deadline = start + P["timeout_seconds"]
+    deadline = start + P.timeout_seconds
     ray = connect(deadline)
-    expected = {n["fabric_address"]: n["name"] for n in P["expected"]}
+    expected = {n["fabric_address"]: n["name"] for n in P.expected}
     missing, gpus = dict(expected), 0.0
     last_report = start
     while ray is not None:
@@ -44,25 +44,25 @@ def main():
         seen = {n["NodeManagerAddress"] for n in nodes}
         missing = {addr: name for addr, name in expected.items() if addr not in seen}
         gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
-        if not missing and gpus >= P["gpus_needed"]:
+        if not missing and gpus >= P.gpus_needed:
             say(f"Ray ready after {time.monotonic() - start:.1f} s: {len(nodes)} node(s) alive, {gpus:g} GPU")
             print(json.dumps({"alive": sorted(seen), "gpus": gpus}))
             return 0
         now = time.monotonic()
         if now >= deadline:
             break
-        if now - last_report >= P["progress_seconds"]:
+        if now - last_report >= P.progress_seconds:
             last_report = now
-            say(f"waiting for Ray: {len(nodes)} alive, {gpus:g}/{P['gpus_needed']} GPU, missing {missing or 'none'}")
-        time.sleep(P["poll_seconds"])
-    say(f"Ray cluster at {P['ray_address']} not ready after {P['timeout_seconds']} s")
+            say(f"waiting for Ray: {len(nodes)} alive, {gpus:g}/{P.gpus_needed} GPU, missing {missing or 'none'}")
+        time.sleep(P.poll_seconds)
+    say(f"Ray cluster at {P.ray_address} not ready after {P.timeout_seconds} s")
     for address, name in sorted(missing.items()):
         say(f"missing node {name} (fabric address {address}): check its Ray container log and the fabric link")
-    if gpus < P["gpus_needed"]:
-        say(f"GPUs in Ray: {gpus:g}, needed for tensor x pipeline parallel: {P['gpus_needed']}")
+    if gpus < P.gpus_needed:
+        say(f"GPUs in Ray: {gpus:g}, needed for tensor x pipeline parallel: {P.gpus_needed}")
     try:
         status = subprocess.run(
-            ["ray", "status", f"--address={P['ray_address']}"], capture_output=True, text=True, timeout=60
+            ["ray", "status", f"--address={P.ray_address}"], capture_output=True, text=True, timeout=60
         )
         print("--- ray status ---\n" + status.stdout + status.stderr, flush=True)
     except (OSError, subprocess.TimeoutExpired) as error:

@@ -179,9 +179,18 @@ def test_docker_host_url():
 
 @pytest.mark.parametrize(
     "script_name, contract",
-    [("serve_spec.py", "HandoverParams"), ("wait_ready.py", "ReadyParams"), ("smoke.py", "SmokeParams")],
+    [
+        ("serve_spec.py", "HandoverParams"),
+        ("wait_ready.py", "ReadyParams"),
+        ("smoke.py", "SmokeParams"),
+        ("ray_join.py", "ClusterWaitParams"),
+        ("node_benchmark.py", "BenchmarkParams"),
+        ("nccl_bandwidth.py", "NcclParams"),
+        ("node_fabric_gate.py", "FabricGateParams"),
+        ("hf_download.py", "HfDownloadParams"),
+    ],
 )
-def test_each_head_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract):
+def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract):
     """node_contract.py is prepended to the script, and every `P.<field>` the script reads is a field of
     the dataclass render.py fills: a renamed field fails here, not on a node."""
     import ast
