@@ -5,7 +5,8 @@
 # * the same settings already running: nothing changes ("already running with these settings");
 # * other settings (or none yet): RUN_DIR/spec.json is replaced (mode 600: it carries the API key),
 #   the supervisor stops the old vLLM and starts the new one;
-# * the supervisor reports failure (vLLM keeps exiting): its reason and the log tail, exit 1.
+# * the supervisor reports failure (vLLM keeps exiting, or refused these settings): its reason and the
+#   log tail, and still exit 0, so the state holds what the node holds; the readiness step then fails.
 #
 # Re-running it is safe: a changed SSH credential re-runs every remote command, and this one then
 # leaves a running vLLM alone.
@@ -65,10 +66,15 @@ def main():
         status = read(STATUS) or {}
         if status.get("spec_fingerprint") == P.fingerprint:
             if status.get("failed"):
-                print(f"vLLM on {P.node} does not start: {status['failed']}")
+                # Handed over all the same: the step records these settings, so the next `up` with the
+                # settings mended changes them again (a failed step would keep the previous ones in the
+                # state, and mending them back would then change nothing). The readiness step stops
+                # `pulumi up` with the supervisor's reason.
+                print(f"settings handed over, but vLLM on {P.node} does not start: {status['failed']}")
                 print(f"--- last 60 lines of {LOG} ---")
-                print(tail(60), end="")
-                return 1
+                print(tail(60))
+                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
+                return 0
             if status.get("vllm_pid"):
                 if unchanged:
                     print(f"vLLM already running with these settings (pid {status['vllm_pid']})")
