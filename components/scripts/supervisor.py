@@ -208,6 +208,7 @@ class Supervisor(MemoryWaits):
         with open(f"{RUN}/vllm.pid", "w") as handle:
             handle.write(str(self.vllm.pid))
         self.started_at = now
+        self.next_redact = min(self.next_redact, now + 2)  # vLLM writes the metadata while it starts
         self.serving = False
         self.served_since_start = False
         self.state = "starting"

@@ -419,6 +419,10 @@ def test_the_api_key_is_taken_out_of_vllms_compile_cache_metadata(node, tmp_path
     cache_key_factors.json beside its compiled graphs; the supervisor puts a mark in their place."""
     cache = tmp_path / "vllm-cache"
     node.start(VLLM_CACHE_ROOT=str(cache), FAKE_VLLM_FACTORS="1")
+    # the supervisor's first rounds (and a scan, with no vLLM yet) before the settings come: a vLLM started
+    # then is scanned within seconds all the same, not at the idle cadence (seen in CI, under load)
+    assert wait_for(lambda: node.status().get("state"), 10)
+    time.sleep(1)
     node.serve()
     factors = cache / "torch_compile_cache" / "3f8484553b" / "rank_0_0" / "backbone" / "cache_key_factors.json"
     assert wait_for(lambda: factors.exists() and "redacted" in factors.read_text(), 10), factors.read_text()
