@@ -360,7 +360,14 @@ def plan_memory(
                 "free (something else holds it: `nvidia-smi` on the node shows what; stop it, or lower "
                 "vllm.gpuMemoryUtilization)"
             )
-        if starved:
+        if starved and os_reserve_bytes >= node.memory_bytes * node.gpus:
+            problems.append(
+                f"{node.name}: memory.osReserveGib {_gib(os_reserve_bytes):g} is the whole of its "
+                f"{_gib(node.memory_bytes * node.gpus):g} GiB of unified memory or more: nothing would be left for "
+                "vLLM at any gpuMemoryUtilization or maxModelLen; set it to what the operating system needs (the "
+                "default is 8 GiB)"
+            )
+        elif starved:
             problems.append(
                 f"{node.name}: gpuMemoryUtilization {gpu_memory_utilization} leaves the operating system "
                 f"{plan.os_left_gib} GiB of its {plan.memory_gib} GiB unified memory, less than "
@@ -422,6 +429,10 @@ def _ways_out(
     ranks: int,
 ) -> list[str]:
     ways = []
+    whole = [node for node in nodes if node.unified and os_reserve >= node.memory_bytes * node.gpus]
+    if whole:  # no setting of vLLM's is a way out of a reserve that takes the whole node
+        memory = min(node.memory_bytes * node.gpus for node in whole)
+        return [f"memory.osReserveGib under {_gib(memory):g} GiB ({whole[0].name}'s memory)"]
     smallest = min(nodes, key=lambda n: n.memory_bytes)
     budget = smallest.memory_bytes * utilization
     longest = cost.longest(budget - weights - allowance)

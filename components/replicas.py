@@ -87,7 +87,12 @@ def together(cfg: ClusterConfig, plans: dict[str, Any]) -> tuple[list[str], dict
             "memoryGib": memory,
             "osReserveGib": reserve if unified else None,
         }
-        if total > room:
+        if unified and reserve >= memory:
+            problems.append(
+                f"node {node}: memory.osReserveGib {reserve:g} is the whole of its {memory} GiB of unified memory or "
+                "more, so no deployment fits there: set it to what the operating system needs (the default is 8 GiB)"
+            )
+        elif total > room:
             listing = " + ".join(f"{replica} {each['budget_gib']} GiB" for replica, each in shared)
             less = f" less the OS's reserve of {reserve:g} GiB (memory.osReserveGib)" if unified else ""
             problems.append(

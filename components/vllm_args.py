@@ -191,6 +191,26 @@ def read_extra_args(extra_args: list[str]) -> ReadArgs:
     return read
 
 
+def scrub_args(extra_args: list) -> list:
+    """extraArgs as a message may show them: the value of a secret flag (under any spelling vLLM reads)
+    replaced, whether it follows the flag or is joined to it with `=` or a space."""
+    if not all(isinstance(arg, str) for arg in extra_args):
+        return list(extra_args)
+    read = read_extra_args(extra_args)
+    shown = list(extra_args)
+    for arg in read.args:
+        if arg.flag is None or not any(match in SECRET_FLAGS for match in candidates(arg.flag)):
+            continue
+        if arg.value_index is not None:
+            shown[arg.value_index] = "[secret]"
+        shown[arg.index] = _shown(arg.text, True)
+    for index, text in enumerate(shown):
+        words = text.split(None, 1)
+        if len(words) == 2 and any(m in SECRET_FLAGS for m in candidates(normalise(words[0])[0])):
+            shown[index] = f"{words[0]} [secret]"
+    return shown
+
+
 def _malformed(arg: str) -> tuple[str, str]:
     """(value shown, expected) for an element that starts like a flag but is none."""
     words = arg.split(None, 1)

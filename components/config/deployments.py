@@ -101,9 +101,22 @@ class RouterConfig(_Model):
         description="The vllm-router release (PyPI). The image's own when it has this version; else installed at "
         "the router's first start into the volume spark-vllm-router (the node needs PyPI, or routerIndexUrl).",
     )
-    index_url: Optional[Annotated[str, _pattern(r"https?://[A-Za-z0-9.:/_%+~-]+", "an http(s) URL")]] = Field(
-        None, description="A PyPI mirror for that install (pip --index-url). Default: PyPI."
-    )
+    index_url: Optional[
+        Annotated[
+            str,
+            _pattern(
+                r"https?://[A-Za-z0-9.:/_%+~-]+",
+                "an http(s) URL without credentials (no user:token@: they would sit in plain text in the stack "
+                "file and in the router container's command; use a mirror that needs none, or an image with "
+                "vllm-router in it)",
+            ),
+        ]
+    ] = Field(None, description="A PyPI mirror for that install (pip --index-url). Default: PyPI.")
     health_check_interval_seconds: PositiveInt = Field(
         5, description="How often the router checks each replica's /health (--health-check-interval-secs)."
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve the router without apiKey. It listens beyond loopback (every address, or the fabric "
+        "address), so anyone who reaches its port can then use every model behind it.",
     )

@@ -5,6 +5,7 @@ key it probably meant."""
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -13,10 +14,27 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from components.config.models import SECRET_KEYS, ClusterConfig
+from components.vllm_args import scrub_args
 
 
 def problem(path: str, value: Any, expected: str) -> str:
-    return f"{path}: {value!r} — {expected}"
+    return f"{path}: {shown(value)!r} — {expected}"
+
+
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@]+@")
+
+
+def shown(value: Any) -> Any:
+    """A value as a message may show it: never a secret it holds. A URL's credentials (`https://user:token@…`) and
+    the value of a secret flag in an argument list (`--api-key …`, in any spelling vLLM reads) are replaced."""
+    if isinstance(value, str):
+        return _URL_CREDENTIALS.sub(r"\1[secret]@", value)
+    if isinstance(value, dict):
+        return {key: shown(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = scrub_args(list(value)) if all(isinstance(item, str) for item in value) else list(value)
+        return [shown(item) for item in items]
+    return value
 
 
 def submodel(annotation: Any) -> tuple[Optional[type[BaseModel]], bool]:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from components.config.deployment_rules import fleet_problems
 from components.config.deployments import SINGLE_MODEL_KEYS
 from components.config.errors import problem
 from components.config.listeners import EPHEMERAL_KEY, RAY_CLIENT_KEY, Listener, node_listeners
@@ -121,17 +122,35 @@ def stack_listeners(cfg: Any, index: int) -> list[Listener]:
     (keys under deployments[i]) and the stack's own (sshd, the fabric gate's test, Prometheus, the router…)."""
     if not cfg.deployments:
         return node_listeners(cfg, index)
+    return [item for item, _ in _listeners_on(cfg, index, list(enumerate(cfg.deployments)))]
+
+
+def _own(key: str) -> bool:
+    """Whether a listener of a replica's view is the stack's own (sshd, the gate's test, the router…)."""
+    return not _VIEW_PATH.match(key) and key not in (RAY_CLIENT_KEY, EPHEMERAL_KEY)
+
+
+def _listeners_on(cfg: Any, index: int, usable: list) -> list[tuple[Listener, Optional[tuple[int, str]]]]:
+    """Everything listening on node `index`, each with its owner ((deployment index, replica name), None for the
+    stack's own),
+    keyed as the stack file spells it: a replica's under deployments[i], a node's under its index in `nodes`
+    (not its place among the replica's nodes: the worker half of one deployment is another's head)."""
     node = cfg.nodes[index]
-    own = (RAY_CLIENT_KEY, EPHEMERAL_KEY)
-    found = [item for item in node_listeners(cfg, index) if not _VIEW_PATH.match(item.key) and item.key not in own]
-    for replica in on_node(cfg, node.name):
-        local = [each.name for each in replica.config.nodes].index(node.name)
-        for item in node_listeners(replica.config, local):
-            if _VIEW_PATH.match(item.key) or item.key in own:
-                key = f"deployments[{replica.deployment_index}].{item.key}" if _VIEW_PATH.match(item.key) else item.key
-                item = Listener(key, f"{item.what} of {replica.name}", item.first, item.last, item.default)
-            if not any((item.key, item.first, item.last) == (seen.key, seen.first, seen.last) for seen in found):
-                found.append(item)
+    found = [(item, None) for item in node_listeners(cfg, index) if _own(item.key)]
+    by_name = {each.name: each for each in cfg.nodes}
+    for d_index, deployment in usable:
+        for k, group in enumerate(node_groups(list(deployment.nodes), deployment.replicas)):
+            if node.name not in group:
+                continue
+            name = replica_name(deployment.name, k)
+            replica_view = view(cfg, deployment, [by_name[n] for n in group], "", k)
+            for item in node_listeners(replica_view, group.index(node.name)):
+                if _own(item.key):
+                    continue  # the stack's, listed once above
+                key = f"deployments[{d_index}].{item.key}" if _VIEW_PATH.match(item.key) else item.key
+                listener = Listener(key, f"{item.what} of {name}", item.first, item.last, item.default)
+                if not any(listener == seen for seen, _ in found):
+                    found.append((listener, (d_index, name)))
     return found
 
 
@@ -212,7 +231,8 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
     if nodes:
         problems += _view_problems(cfg, usable, node_index, run_view)
         problems += _shared_node_problems(cfg, usable)
-        problems += _prometheus_reaches(cfg, usable)
+        keys = {line.split(": ")[0] for line in problems}
+        problems += [line for line in fleet_problems(cfg, usable, _valid) if line.split(": ")[0] not in keys]
     if _valid(cfg.fabric) and cfg.fabric.bandwidth_test == "nccl" and cfg.fabric.gate != "off":
         problems.append(
             problem(
@@ -232,39 +252,6 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
             )
         )
     return problems
-
-
-def _prometheus_reaches(cfg: Any, usable: list) -> list[str]:
-    """metrics.prometheusNode on a node a replica does not run on still scrapes that replica's head."""
-    if not _valid(cfg.metrics) or cfg.metrics.prometheus_node is None or not _valid(cfg.network):
-        return []
-    nodes = {node.name: node for node in cfg.nodes}
-    scraper = nodes.get(cfg.metrics.prometheus_node)
-    if scraper is None:
-        return []
-    problems = []
-    sources = cfg.network.api_sources
-    for index, deployment in usable:
-        if scraper.name in deployment.nodes:
-            continue  # the view's own rule checks it
-        if deployment.vllm.host.is_loopback:
-            problems.append(
-                problem(
-                    f"deployments[{index}].vllm.host",
-                    str(deployment.vllm.host),
-                    f"an address metrics.prometheusNode {scraper.name} reaches: it scrapes vLLM's /metrics there",
-                )
-            )
-        elif sources and not any(scraper.fabric_address in source for source in sources):
-            problems.append(
-                problem(
-                    "network.apiSources",
-                    [str(source) for source in sources],
-                    f"a network holding {scraper.fabric_address}, metrics.prometheusNode {scraper.name}'s fabric "
-                    f"address: its Prometheus scrapes deployment {deployment.name}'s /metrics",
-                )
-            )
-    return list(dict.fromkeys(problems))
 
 
 def _shown(cfg: Any, field: str) -> Any:
@@ -319,50 +306,46 @@ def _view_problems(cfg: Any, usable: list, node_index: dict[str, int], run_view:
 
 
 def _shared_node_problems(cfg: Any, usable: list) -> list[str]:
-    """On each node: the ports of everything there (each deployment's, the stack's), and the GPU memory
-    every deployment there asks for."""
+    """On each node: the ports of everything there (each deployment's, the stack's: a node that runs only the
+    router, Prometheus or the copy depot too), and the GPU memory every deployment there asks for."""
     problems: list[str] = []
     by_name = {node.name: node for node in cfg.nodes if _valid(node.name)}
-    for node in cfg.nodes:
-        if not _valid(node):
+    for index, node in enumerate(cfg.nodes):
+        if not _valid(node) or not all(_valid(each) for each in cfg.nodes):
             continue  # its own fields' problems are listed; its ports cannot be judged
-        here = []  # (deployment index, deployment, the view whose nodes hold this one, its index there)
-        for index, deployment in usable:
+        here = []  # (deployment index, deployment, replica k, its view, this node's index among the view's nodes)
+        for d_index, deployment in usable:
             for k, group in enumerate(node_groups(list(deployment.nodes), deployment.replicas)):
                 if node.name in group:
                     local = [by_name[name] for name in group]
-                    here.append((index, deployment, k, view(cfg, deployment, local, "", k), group.index(node.name)))
-        if len(here) < 2:
-            continue
-        for line in _port_clashes(node, here) + _memory_together(cfg, node, here):
+                    here.append((d_index, deployment, k, view(cfg, deployment, local, "", k), group.index(node.name)))
+        lines = _port_clashes(node, _listeners_on(cfg, index, usable), bool(here))
+        lines += _memory_together(cfg, node, here) if len(here) > 1 else []
+        for line in lines:
             if not any(seen.split(": ")[0] == line.split(": ")[0] for seen in problems):
                 problems.append(line)  # one line a key: a range on every node of a replica is one mistake
     return problems
 
 
-def _port_clashes(node: Any, here: list) -> list[str]:
-    listeners = []
-    for index, deployment, k, replica_view, local in here:
-        for listener in node_listeners(replica_view, local):
-            key = listener.key
-            if _VIEW_PATH.match(key) or key == RAY_CLIENT_KEY:
-                key = f"deployments[{index}].{key}" if _VIEW_PATH.match(key) else key
-                what = f"{listener.what} of {replica_name(deployment.name, k)}"
-                listener = type(listener)(key, what, listener.first, listener.last, listener.default)
-            if listener not in listeners:
-                listeners.append(listener)
+def _port_clashes(
+    node: Any, listeners: list[tuple[Listener, Optional[tuple[int, str]]]], replicas_here: bool
+) -> list[str]:
+    """Two listeners of different owners on one port. The clashes inside one replica's view (its own ports, and
+    the stack's on its nodes) are the view rules' to tell; a node without replicas has only the stack's."""
     problems: list[str] = []
-    for later, listener in enumerate(listeners):
-        for other in listeners[:later]:
+    for later, (listener, owner) in enumerate(listeners):
+        for other, other_owner in listeners[:later]:
             if not other.overlaps(listener) or EPHEMERAL_KEY in (other.key, listener.key):
                 continue  # the kernel hands out an ephemeral port once; two Ray clusters share the range
+            if replicas_here and (owner is None or other_owner is None or owner == other_owner):
+                continue  # inside one replica's view: its rules name it
             blamed = listener if listener.key.startswith("deployments[") else other
             if any(line.startswith(f"{blamed.key}: ") for line in problems):
                 continue  # one line a key on a node: its message names what it collides with
             if blamed.key == RAY_CLIENT_KEY:
                 problems.append(
                     problem(
-                        f"deployments[{here[-1][0]}].executor",
+                        f"deployments[{owner[0]}].executor",
                         "ray",
                         f"one Ray head on node {node.name}: {other.what} and {listener.what} both take port "
                         f"{listener.first}, which Ray fixes (its client server, with ray[client]): run one of them "
@@ -375,7 +358,9 @@ def _port_clashes(node: Any, here: list) -> list[str]:
                     blamed.key,
                     blamed.first,
                     f"a port nothing else on node {node.name} listens on: {other} and {listener} collide "
-                    "(deployments sharing a node need their own ports there)",
+                    "(deployments sharing a node need their own ports there)"
+                    if replicas_here
+                    else f"a port nothing else on node {node.name} listens on: {other} and {listener} collide",
                 )
             )
     return problems

@@ -161,6 +161,9 @@ def test_a_public_bind_without_an_api_key_is_refused_once_for_the_stack():
     assert "because vLLM binds 0.0.0.0" in line
     for index in range(3):  # or each deployment serves openly, said where it is said
         raw["deployments"][index]["vllm"]["allowUnauthenticated"] = True
+    (line,) = problems_of(raw)  # and the router in front of them, which listens beyond loopback, too
+    assert line.startswith("apiKey: None — a secret") and "router.allowUnauthenticated: true" in line
+    raw["router"] = {"allowUnauthenticated": True}
     load_cluster_config(raw)
 
 
@@ -221,7 +224,7 @@ def test_the_router_node_must_be_a_node():
 def test_a_prometheus_on_a_node_of_no_replica_must_reach_each_head():
     raw = config(metrics={"prometheusNode": "spark-03"}, network={"guard": True, "apiSources": ["10.0.0.0/24"]})
     problems = problems_of(raw)
-    assert any(p.startswith("network.apiSources:") and "deployment big's /metrics" in p for p in problems)
+    assert any(p.startswith("network.apiSources:") and "big's API server" in p and "Prometheus" in p for p in problems)
 
 
 def test_problems_of_deployments_are_listed_with_every_other_problem():
