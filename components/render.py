@@ -343,6 +343,7 @@ def local_http_host(cfg: ClusterConfig) -> str:
 SCRIPT_HELPERS = {
     "supervisor.py": (
         "node_contract.py",
+        "node_gpu_turn.py",
         "node_processes.py",
         "node_gpus.py",
         "node_memory_waits.py",

@@ -276,7 +276,8 @@ STATUS_SUMMARY = (
     "print('vLLM: %s, serving: %s, restarts: %s (%s in the window), last exit: %s %s%s' % (s['state'], "
     "'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), e.get('code', '-'), "
     "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else "
-    "('; waiting: ' + s['gpu_busy']) if s.get('gpu_busy') else ''))"
+    "('; waiting: ' + s['gpu_busy']) if s.get('gpu_busy') else ('; GPU turn: ' + s['turn']) if s.get('turn') "
+    "else ''))"
 )
 
 

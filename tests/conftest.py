@@ -1,6 +1,10 @@
 import logging
+import os
 import sys
+import uuid
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -10,6 +14,14 @@ if str(ROOT) not in sys.path:
 # reports each one again ("Future exception was never retrieved") when it is collected, long after
 # the test asserted the error. Keep CI output to what matters.
 logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
+@pytest.fixture(autouse=True)
+def _own_gpu_turn(monkeypatch):
+    """Supervisors started by a test on this machine share its network namespace, where the node's GPU turn
+    lives (components/scripts/node_gpu_turn.py): each test gets a turn of its own, so tests running side by side
+    never wait for each other's. (The rehearsal's nodes are namespaces of their own: one turn each.)"""
+    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-test-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
 # The rehearsal's modules, longest first (seconds per file, 2 processes, 2026-12-02): ./run-tests hands out

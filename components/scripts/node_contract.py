@@ -60,10 +60,12 @@ class VllmSpec:
     health_url: Optional[str]  # on the API server's node
     ray_ready: Optional[RayReady]  # on the Ray head
     oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
+    tenancy: Optional["Tenancy"] = None  # with deployments: who this is on the node, and who else is there
 
     @classmethod
     def from_json(cls, data: dict) -> "VllmSpec":
         ray_ready = data.get("ray_ready")
+        tenancy = data.get("tenancy")
         return cls(
             argv=list(data["argv"]),
             env=dict(data.get("env") or {}),
@@ -73,10 +75,28 @@ class VllmSpec:
             health_url=data.get("health_url"),
             ray_ready=RayReady(**ray_ready) if ray_ready else None,
             oom_guard_mib=data.get("oom_guard_mib"),
+            tenancy=Tenancy.from_json(tenancy) if tenancy else None,
         )
 
 
-def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_ready, oom_guard_mib=None) -> dict:
+@dataclass(frozen=True)
+class Tenancy:
+    """A replica of a stack with deployments on one node: its name, how long it may hold the node's GPU turn
+    (node_gpu_turn.py), and the other replicas on the node with the share of its GPU memory each asks."""
+
+    replica: str
+    turn_hold_seconds: float  # vllm.readyTimeoutSeconds: a start that takes longer gives the turn back
+    co_tenants: list = field(default_factory=list)  # [{"replica": name, "gpu_memory_utilization": f}]
+    kv_cache_bytes: Optional[int] = None  # pinned by the memory plan (--kv-cache-memory-bytes), when it is
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Tenancy":
+        return cls(**data)
+
+
+def spec_fields(
+    recovery: Recovery, gpu_memory_utilization, health_url, ray_ready, oom_guard_mib=None, tenancy=None
+) -> dict:
     """The part of a VllmSpec the serve step renders beside argv, env and fingerprint, as JSON."""
     fields = {
         "recovery": dataclasses.asdict(recovery),
@@ -86,6 +106,8 @@ def spec_fields(recovery: Recovery, gpu_memory_utilization, health_url, ray_read
     }
     if oom_guard_mib is not None:  # only with the guard: turning nothing on restarts no vLLM
         fields["oom_guard_mib"] = oom_guard_mib
+    if tenancy is not None:  # only with deployments: a single-model stack's spec (and its vLLM) stays as it was
+        fields["tenancy"] = dataclasses.asdict(tenancy)
     return fields
 
 

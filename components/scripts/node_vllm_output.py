@@ -12,13 +12,32 @@ GPU_BUSY_MESSAGE = "on startup is less than desired GPU memory utilization"
 START_REFUSALS = (
     "exceeds available Mamba cache blocks",  # vllm/config/compilation.py: max_num_seqs above the blocks
     "To serve at least one request with the model's max seq len",  # vllm/v1/core/kv_cache_utils.py
-    "No available memory for the cache blocks",  # vllm/v1/core/kv_cache_utils.py
     "User-specified max_model_len",  # vllm/config/model.py: above what the model allows
     "error: unrecognized arguments",  # argparse: an unknown flag in extraArgs
     "error: argument ",  # argparse: a flag's value it cannot take ("invalid choice", "expected one argument")
     "error: ambiguous option",  # argparse: a prefix of several flags
     " validation error for ",  # pydantic: a value vLLM's config dataclasses refuse
 )
+
+
+# vLLM not getting its memory while it starts (vLLM 0.25's messages). Alone on the GPU these refuse the settings
+# (the weights and activations leave nothing of gpuMemoryUtilization); beside another process that starts, stops or
+# grows meanwhile they are that process's doing (vLLM counts every change of the GPU's used memory while it
+# profiles as its own: vLLM issue 55827), and a start once the GPU is quiet may well succeed. The supervisor tells
+# the two apart (supervisor.py, memory_refused).
+MEMORY_REFUSALS = (
+    "No available memory for the cache blocks",  # vllm/v1/core/kv_cache_utils.py: nothing left for the KV cache
+    "Error in memory profiling",  # vllm/v1/worker/gpu_worker.py: free memory grew while it profiled
+    "CUDA out of memory",  # torch: an allocation failed while it loaded or profiled
+)
+
+
+def memory_refusal(text):
+    """The line of vLLM's output where it did not get its memory at start (MEMORY_REFUSALS), or ""."""
+    for line in reversed(text.splitlines()[-400:]):
+        if "=== spark-vllm:" not in line and any(needle in line for needle in MEMORY_REFUSALS):
+            return line.strip()[:400]
+    return ""
 
 
 # vLLM's own log lines carry their level ("(APIServer pid=7) WARNING 12-01 20:42:04 [...]"): a warning

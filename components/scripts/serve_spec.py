@@ -86,6 +86,12 @@ def main():
                 print(f"settings handed over; vLLM starts once Ray shows every node ({P.node})")
                 print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
                 return 0
+            if status.get("state") == "waiting for the GPU turn":
+                # another replica on this node is starting: this one starts after it (the readiness step waits)
+                held = (status.get("turn") or "").replace("waiting: ", "")
+                print(f"settings handed over; vLLM starts on {P.node} once the node's GPU turn is free ({held})")
+                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
+                return 0
         time.sleep(0.5)
     print(
         f"the supervisor in this container did not take up the settings within {P.timeout_seconds} s "

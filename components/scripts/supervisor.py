@@ -14,10 +14,18 @@
 # stop it. On the Ray head vLLM starts only once Ray shows every node and the GPUs it needs, so a
 # cluster still forming after a reboot does not use up restarts.
 #
+# Replicas that share a node's GPUs start in turn: vLLM starts only while this supervisor holds the node's GPU
+# turn (node_gpu_turn.py), taken just before the start and given back once vLLM serves (a rank without an API
+# server: once it has its KV cache), exits, or outlasts vllm.readyTimeoutSeconds. A start that vLLM refuses for
+# memory ("No available memory for the cache blocks", "Error in memory profiling") while another process on the
+# GPU changed its own memory is that process's doing: it waits for the turn and starts again, not counted as a
+# crash; only a refusal that repeats with the GPU otherwise quiet stops the loop, its reason naming what the
+# GPU's other processes hold.
 # RUN_DIR/status.json, rewritten on every change: state (waiting for network.guard | no settings |
-# waiting for Ray | starting |
+# waiting for Ray | waiting for the GPU turn | waiting for GPU memory | starting |
 # running | backoff | failed | stopped), vLLM's pid, restarts in the window and in all, the last
-# exit and the last error line of the log, whether /health answers 200 (serving), Ray's restarts.
+# exit and the last error line of the log, whether /health answers 200 (serving), Ray's restarts, the turn
+# (held, or who holds it while this one waits).
 # RUN_DIR/vllm.log: vLLM's output, with a `=== spark-vllm: MM-DD HH:MM:SS …` line for each start and exit.
 # With network.guard (P.guard_marker), nothing starts until the guard container applied its
 # rules in this boot (its marker names the boot id): after a reboot Ray never listens unguarded.
@@ -55,6 +63,12 @@ SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # (its container's delete took 31.7 s of a 39.7 s destroy). A single node drains in 0.5 s (H200).
 RAY_STOP_GRACE_SECONDS = 5
 LEFTOVER_GRACE_SECONDS = 2  # after vLLM exited: what it left behind gets SIGTERM, then SIGKILL after this
+# The GPU's other processes changing their memory by more than this while vLLM started: its memory refusal is
+# theirs to answer for (a neighbour starting, stopping or growing), not a refusal of its own settings.
+DISTURBED_MIB = 1024
+TURN_HOLD_SECONDS = 1800  # vllm.readyTimeoutSeconds' default, for a single-model stack's spec that names none
+# A rank without an API server (mp, --headless) has what the turn protects once its workers have their KV cache
+KV_CACHE_LINES = ("Available KV cache memory", "memory for KV Cache as specified", "GPU KV cache size")
 RAY_CHECK = """
 import json, ray
 ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
@@ -120,6 +134,14 @@ class Supervisor(MemoryWaits):
         self.guard_note = 0.0
         self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> (mtime, size)
         self.next_redact = 0.0
+        self.turn = GpuTurn()
+        self.turn_waiting = None  # since when this supervisor waits for the node's GPU turn
+        self.turn_holder = None  # who holds it meanwhile, as it answered
+        self.turn_note = 0.0
+        self.turn_kept = False  # the turn held from vLLM's start until now (not given back at the hold limit)
+        self.next_turn_check = 0.0
+        self.others_at_start = None  # MiB the GPU's other processes held when vLLM started (None: unknown)
+        self.quiet_refusals = 0  # memory refusals in a row with the GPU otherwise quiet
 
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
@@ -212,7 +234,143 @@ class Supervisor(MemoryWaits):
         self.serving = False
         self.served_since_start = False
         self.state = "starting"
+        self.turn_kept = self.turn.held
         say(f"vLLM started (pid {self.vllm.pid})")
+
+    # -- the node's GPU turn --------------------------------------------------------------------
+    def tenancy(self):
+        return self.spec.tenancy if self.spec else None
+
+    def take_turn(self, now):
+        """Whether vLLM may start now: this supervisor holds the node's GPU turn (node_gpu_turn.py)."""
+        tenancy = self.tenancy()
+        identity = {"node": P.node, "replica": tenancy.replica if tenancy else None, "why": "starting vLLM"}
+        if self.turn.take(identity):
+            if self.turn_waiting is not None:
+                say(f"took the node's GPU turn after waiting {now - self.turn_waiting:.0f} s for {self.turn_holder}")
+            self.turn_waiting, self.turn_holder = None, None
+            return True
+        if self.turn_waiting is None:
+            self.turn_waiting, self.turn_note = now, 0.0
+        self.gpu_busy_since, self.gpu_busy = None, None  # memory a neighbour takes while it starts is not a busy GPU
+        if now >= self.turn_note:
+            self.turn_holder = describe_holder(self.turn.holder())
+            say(
+                f"waiting for the node's GPU turn ({now - self.turn_waiting:.0f} s): held by {self.turn_holder}; "
+                "vLLMs sharing a GPU start one at a time, so that none counts another's memory as its own"
+            )
+            self.turn_note = now + 30
+        self.state = "waiting for the GPU turn"
+        return False
+
+    def keep_turn(self, now):
+        """Answers who holds the turn; gives it back once vLLM serves (a rank without an API server: once its
+        KV cache is allocated), when it is gone, or at the hold limit."""
+        if not self.turn.held:
+            return
+        self.turn.answer()
+        if self.vllm is None:
+            self.give_turn_back("vLLM is not running")
+            return
+        if now < self.next_turn_check:
+            return
+        self.next_turn_check = now + 1
+        tenancy = self.tenancy()
+        limit = tenancy.turn_hold_seconds if tenancy else TURN_HOLD_SECONDS
+        if self.serving:
+            self.give_turn_back("vLLM serves")
+        elif not (self.spec and self.spec.health_url) and any(
+            line in self.output_since_start() for line in KV_CACHE_LINES
+        ):
+            self.give_turn_back("this rank has its KV cache")
+        elif now - self.turn.since > limit:
+            self.turn_kept = False
+            self.give_turn_back(f"vLLM did not serve within {limit:g} s of taking it (vllm.readyTimeoutSeconds)")
+
+    def give_turn_back(self, why):
+        if self.turn.held:
+            self.turn.give_back()
+            say(f"gave the node's GPU turn back: {why}")
+
+    def others_memory(self):
+        """MiB that processes other than this vLLM hold of the GPUs it uses (of a GB10's memory: MemTotal less
+        MemAvailable), with none of this vLLM's running; None where nothing can tell."""
+        gpus = gpu_memory(visible_gpus({**os.environ, **(self.spec.env if self.spec else {})}))
+        if gpus:
+            return sum(total - free for _, total, free in gpus)
+        unified = unified_memory()
+        return None if unified is None else unified[0] - unified[1]
+
+    def memory_refused(self, now, refused):
+        """vLLM did not get its memory while it started (MEMORY_REFUSALS). Another process on the GPU that changed
+        its memory meanwhile caused it: start again once the turn is free, not counted. With the GPU otherwise
+        quiet, once more; a second time is a refusal of these settings, said with what the neighbours hold."""
+        others = self.others_memory()
+        changed = None if others is None or self.others_at_start is None else others - self.others_at_start
+        recovery = self.recovery
+        if not self.turn_kept or (changed is not None and abs(changed) > DISTURBED_MIB):
+            self.quiet_refusals = 0
+            if changed is not None and abs(changed) > DISTURBED_MIB:
+                was, now_gib = self.others_at_start / 1024, others / 1024
+                what = f"the GPU's other processes went from {was:.1f} to {now_gib:.1f} GiB"
+            else:
+                what = "it started without the node's GPU turn for all of its start"
+            self.next_start = now + recovery.backoff_seconds
+            self.state = "backoff"
+            say(
+                f"vLLM did not get its memory while it started, and {what}: that is another process's doing, not a "
+                f"refusal of its settings; starting it again once the GPU turn is free, not counted as a crash "
+                f"({refused})"
+            )
+            return
+        self.quiet_refusals += 1
+        if self.quiet_refusals < 2:
+            self.next_start = now + recovery.backoff_seconds
+            self.state = "backoff"
+            say(
+                "vLLM did not get its memory while it started, with the GPU otherwise quiet; once more before "
+                f"calling it a refusal of its settings ({refused})"
+            )
+            return
+        self.failed = self.quiet_refusal_reason(refused, others)
+        self.state = "failed"
+        say(self.failed)
+
+    def quiet_refusal_reason(self, refused, others):
+        """Why vLLM will not start, said so that no advice takes memory a neighbour holds (or would need)."""
+        fraction = self.spec.gpu_memory_utilization if self.spec else None
+        tenancy = self.tenancy()
+        neighbours = tenancy.co_tenants if tenancy else []
+        head = f"vLLM refused to start twice in a row with the GPU otherwise quiet: {refused} — "
+        gpus = gpu_memory(visible_gpus({**os.environ, **(self.spec.env if self.spec else {})}))
+        total = sum(t for _, t, _ in gpus) if gpus else None
+        if others is not None and others > DISTURBED_MIB and total:
+            asked = " + ".join(f"{n['replica']} {n['gpu_memory_utilization']:g}" for n in neighbours) or "none listed"
+            budgets = sum(n["gpu_memory_utilization"] for n in neighbours) * total
+            held = (
+                f"other processes hold {others / 1024:.1f} GiB of the GPU's {total / 1024:.1f} GiB (the replicas "
+                f"beside it ask {asked} of it, {budgets / 1024:.1f} GiB), and this one asks gpuMemoryUtilization "
+                f"{fraction:g} = {(fraction or 0) * total / 1024:.1f} GiB. "
+            )
+            if others > budgets + DISTURBED_MIB:
+                advice = (
+                    "They hold more than the replicas beside it ask for: one of them (or a process outside the "
+                    "stack: nvidia-smi shows which) took more than its share, e.g. having started while another vLLM "
+                    "profiled; restart that one (bump its vllm.restartGeneration). Raising this replica's "
+                    "gpuMemoryUtilization would only take from them"
+                )
+            else:
+                advice = (
+                    "Its own share does not hold its weights and activations: lower its maxModelLen or maxNumSeqs, or "
+                    "give it a larger share by first lowering a neighbour's gpuMemoryUtilization (the shares of a "
+                    "node's replicas add up to at most 1)"
+                )
+            return head + held + advice
+        return head + (
+            f"alone on the GPU, its weights and activations take all of gpuMemoryUtilization {fraction}: raise "
+            "vllm.gpuMemoryUtilization (where nothing else shares the GPU), or serve a smaller or quantized model; "
+            "`pulumi up` hands vLLM the new settings"
+        )
 
     def stop_vllm(self, why, grace=None):
         """SIGTERM to everything vLLM started, the grace, SIGKILL to what is left."""
@@ -256,11 +414,17 @@ class Supervisor(MemoryWaits):
         self.last_exit = {"code": code, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": error}
         recovery = self.recovery
         if GPU_BUSY_MESSAGE in output:
+            self.give_turn_back("vLLM exited")
             # Not a crash: the GPU was not free yet (a process still releasing it). Wait and try again.
             self.next_start = now + recovery.backoff_seconds
             self.gpu_busy = f"vLLM refused to start: {error}"
             say(f"vLLM could not start because the GPU is still busy; not counted as a crash ({error})")
             self.gpu_wait(now, self.gpu_busy)
+            return
+        refused = "" if self.served_since_start else memory_refusal(output)
+        self.give_turn_back("vLLM exited")
+        if refused:
+            self.memory_refused(now, refused)
             return
         refusal = "" if self.served_since_start else start_refusal(output)
         if refusal:
@@ -304,6 +468,7 @@ class Supervisor(MemoryWaits):
             self.fingerprint = wanted
             self.exits.clear()
             self.failed = None
+            self.quiet_refusals = 0
             self.gpu_busy_since, self.gpu_busy = None, None
             self.next_start = now
             self.state = "no settings" if wanted is None else "starting"
@@ -321,6 +486,7 @@ class Supervisor(MemoryWaits):
             self.serving = False
         if self.serving:
             self.served_since_start = True
+            self.quiet_refusals = 0
             self.state = "running"
             self.gpu_busy_since, self.gpu_busy = None, None
 
@@ -343,11 +509,16 @@ class Supervisor(MemoryWaits):
             if now >= self.next_start:
                 if not formed:
                     self.state = "waiting for Ray"
-                elif self.gpu_ready(spec, now):
-                    self.start_vllm(spec, now)
+                elif self.take_turn(now):
+                    if self.gpu_ready(spec, now):
+                        self.others_at_start = self.others_memory()
+                        self.start_vllm(spec, now)
+                    else:  # waiting for memory held elsewhere: the turn is another replica's meanwhile
+                        self.turn.give_back()
         if self.vllm is not None and not (spec and spec.health_url) and now - (self.started_at or now) > 5:
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
+        self.keep_turn(now)
         self.oom_guard(now)
         self.redact(now)
         self.write_status()
@@ -378,6 +549,9 @@ class Supervisor(MemoryWaits):
             "gpu_busy": self.gpu_busy,
             "ray_restarts": self.ray_restarts if P.ray_argv else None,
             "oom_guarded": self.oom_guarded,
+            "turn": "held"
+            if self.turn.held
+            else (f"waiting: held by {self.turn_holder}" if self.turn_waiting is not None else None),
         }
         if status == self.written:
             return
@@ -398,6 +572,7 @@ class Supervisor(MemoryWaits):
             self.step()
             time.sleep(0.5)
         self.stop_vllm("the container is stopping")
+        self.turn.give_back()
         if self.ray is not None:
             stop_group(self.ray, min(P.stop_grace_seconds, RAY_STOP_GRACE_SECONDS))
         self.state = "stopped"

@@ -184,6 +184,8 @@ def main():
             last_progress = now
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
             state = status.get("state", "unknown")
+            if state == "waiting for the GPU turn" and status.get("turn"):
+                state += f" ({status['turn']}: replicas sharing a GPU start one at a time)"
             line = f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
             silent = now - grew
             step = long_step(since_start(log_text())) if silent >= P.silent_seconds else None

@@ -43,12 +43,21 @@ if os.environ.get("FAKE_VLLM_FACTORS"):  # what vLLM 0.25's worker writes while 
 print("(APIServer pid=1) WARNING 12-01 20:42:04 [system_utils.py:299] Found ulimit of 20000 and failed to "
       "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
       "like `OSError: [Errno 24] Too many open files`.", flush=True)
+if os.environ.get("FAKE_VLLM_MEMORY_REFUSE"):  # vLLM 0.25 finding no memory for its KV cache after profiling
+    time.sleep(float(os.environ.get("FAKE_VLLM_PROFILE_SECONDS", "0.3")))
+    if os.environ.get("FAKE_VLLM_FREE_AT_EXIT"):  # a neighbour took (or gave back) memory meanwhile
+        open(os.environ["FAKE_GPU_FREE_MIB"], "w").write(os.environ["FAKE_VLLM_FREE_AT_EXIT"])
+    print("(EngineCore pid=1) ERROR 12-03 10:11:12 [core.py:1100] ValueError: No available memory for the cache "
+          "blocks. Try increasing `gpu_memory_utilization` when initializing the engine.", flush=True)
+    sys.exit(1)
 if os.environ.get("FAKE_VLLM_REFUSE"):  # vLLM 0.25 refusing its settings at start (after loading, compiling)
     time.sleep(0.3)
     print("(EngineCore pid=1) ERROR 12-02 10:11:12 [core.py:1100] ValueError: max_num_seqs (1024) exceeds available "
           "Mamba cache blocks (609). Each decode sequence requires one Mamba cache block, so CUDA graph capture cannot "
           "proceed. Please lower max_num_seqs to at most 609 or increase gpu_memory_utilization.", flush=True)
     sys.exit(1)
+if os.environ.get("FAKE_VLLM_KV_LINE"):  # a worker's line once its KV cache is allocated (vLLM 0.25's gpu_worker.py)
+    print("(Worker pid=2) INFO 12-03 10:11:12 [gpu_worker.py:436] Available KV cache memory: 56.24 GiB", flush=True)
 if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
     time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
     print(os.environ.get("FAKE_VLLM_CRASH_LINE", "ERROR EngineCore failed: out of memory"), flush=True)
@@ -88,116 +97,131 @@ def nodes():
 
 
 class Health(BaseHTTPRequestHandler):
+    """vLLM's /health: 200 once the file the server names exists (always, when it names none)."""
+
     def do_GET(self):  # noqa: N802
-        self.send_response(200)
+        ready = self.server.ready_file is None or self.server.ready_file.exists()
+        self.send_response(200 if ready else 503)
         self.end_headers()
 
     def log_message(self, *args):
         pass
 
 
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    """A node's container, as far as the supervisor sees it: a run directory, PATH with fake vllm and
-    ray, a health endpoint; `start()` runs the supervisor, the fixture stops it."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, source in (("vllm", FAKE_VLLM), ("ray", FAKE_RAY), ("nvidia-smi", FAKE_NVIDIA_SMI)):
-        (bin_dir / name).write_text(f"#!{PYTHON}\n{source}")
-        (bin_dir / name).chmod(0o755)
-    module = tmp_path / "site"
-    (module / "ray").mkdir(parents=True)
-    (module / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
-    (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
-    (tmp_path / "gpu-free").write_text("143000")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "PYTHONPATH": str(module),
-        "CHILD_PID_FILE": str(tmp_path / "children"),
-        "RAY_STARTS": str(tmp_path / "ray-starts"),
-        "FAKE_RAY_NODES": str(tmp_path / "nodes.json"),
-        "FAKE_GPU_FREE_MIB": str(tmp_path / "gpu-free"),
-    }
-    state = {"process": None}
+class NodeSim:
+    """A node's container, as far as the supervisor sees it: a run directory, PATH with fake vllm, ray and
+    nvidia-smi, a health endpoint; `start()` runs the supervisor, `close()` stops it. Several of them in one
+    test are containers of one node: they share its GPU turn (the test's) and its fake GPU (`gpu-free`)."""
 
-    class Node:
-        run_dir = tmp_path / "run"
-        health_url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    def __init__(self, tmp_path: Path, name: str = "node-1", ready_file: Path | None = None):
+        self.tmp_path, self.name = tmp_path, name
+        self.run_dir = tmp_path / f"run-{name}" if name != "node-1" else tmp_path / "run"
+        bin_dir = tmp_path / "bin"
+        if not bin_dir.exists():
+            bin_dir.mkdir()
+            for program, source in (("vllm", FAKE_VLLM), ("ray", FAKE_RAY), ("nvidia-smi", FAKE_NVIDIA_SMI)):
+                (bin_dir / program).write_text(f"#!{PYTHON}\n{source}")
+                (bin_dir / program).chmod(0o755)
+            module = tmp_path / "site"
+            (module / "ray").mkdir(parents=True)
+            (module / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
+            (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
+            (tmp_path / "gpu-free").write_text("143000")
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+        self.server.ready_file = ready_file
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.health_url = f"http://127.0.0.1:{self.server.server_address[1]}/health"
+        self.env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "PYTHONPATH": str(tmp_path / "site"),
+            "CHILD_PID_FILE": str(tmp_path / "children"),
+            "RAY_STARTS": str(tmp_path / "ray-starts"),
+            "FAKE_RAY_NODES": str(tmp_path / "nodes.json"),
+            "FAKE_GPU_FREE_MIB": str(tmp_path / "gpu-free"),
+        }
+        self.process = None
 
-        def start(self, ray_argv=None, guard_marker=None, stop_grace=2, **extra_env):
-            params = {"node": "node-1", "executor": "ray" if ray_argv else "mp", "run_dir": str(self.run_dir),
-                      "ray_argv": ray_argv, "stop_grace_seconds": stop_grace}  # fmt: skip
-            if guard_marker:
-                params["guard_marker"] = str(guard_marker)
-            state["process"] = subprocess.Popen(
-                [PYTHON, "-u", "-c", script("supervisor.py"), json.dumps(params)],
-                env={**env, **extra_env},
-                stdout=open(tmp_path / "supervisor.log", "w"),
-                stderr=subprocess.STDOUT,
-            )
-            return state["process"]
+    def start(self, ray_argv=None, guard_marker=None, stop_grace=2, **extra_env):
+        params = {"node": "node-1", "executor": "ray" if ray_argv else "mp", "run_dir": str(self.run_dir),
+                  "ray_argv": ray_argv, "stop_grace_seconds": stop_grace}  # fmt: skip
+        if guard_marker:
+            params["guard_marker"] = str(guard_marker)
+        self.process = subprocess.Popen(
+            [PYTHON, "-u", "-c", script("supervisor.py"), json.dumps(params)],
+            env={**self.env, **extra_env},
+            stdout=open(self.tmp_path / f"supervisor-{self.name}.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
+        return self.process
 
-        def status(self) -> dict:
-            try:
-                return json.loads((self.run_dir / "status.json").read_text())
-            except (OSError, ValueError):
-                return {}
+    def status(self) -> dict:
+        try:
+            return json.loads((self.run_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
 
-        def log(self) -> str:
+    def log(self) -> str:
+        try:
             return (self.run_dir / "vllm.log").read_text()
+        except OSError:
+            return ""
 
-        def serve(
-            self, argv=("vllm", "serve", "m"), fingerprint="f1", timeout=20, **spec
-        ) -> subprocess.CompletedProcess:
-            params = {
-                "node": "node-1",
-                "argv": list(argv),
-                "env": {"VLLM_API_KEY": "secret-key"},
-                "spec": {
-                    "recovery": {
-                        "max_restarts": 3,
-                        "window_seconds": 60,
-                        "backoff_seconds": 0.5,
-                        "max_backoff_seconds": 1,
-                        "gpu_wait_seconds": 6,
-                    },
-                    "gpu_memory_utilization": 0.9,
-                    "health_url": self.health_url,
-                    "ray_ready": None,
-                    **spec,
-                },  # fmt: skip
-                "fingerprint": fingerprint,
-                "run_dir": str(self.run_dir),
-                "timeout_seconds": timeout,
-            }
-            return subprocess.run(
-                [PYTHON, "-"], input=script_program("serve_spec.py", params), capture_output=True, text=True,
-                timeout=timeout + 30,
-            )  # fmt: skip
+    def serve(self, argv=("vllm", "serve", "m"), fingerprint="f1", timeout=20, **spec) -> subprocess.CompletedProcess:
+        params = {
+            "node": "node-1",
+            "argv": list(argv),
+            "env": {"VLLM_API_KEY": "secret-key"},
+            "spec": {
+                "recovery": {
+                    "max_restarts": 3,
+                    "window_seconds": 60,
+                    "backoff_seconds": 0.5,
+                    "max_backoff_seconds": 1,
+                    "gpu_wait_seconds": 6,
+                },
+                "gpu_memory_utilization": 0.9,
+                "health_url": self.health_url,
+                "ray_ready": None,
+                **spec,
+            },  # fmt: skip
+            "fingerprint": fingerprint,
+            "run_dir": str(self.run_dir),
+            "timeout_seconds": timeout,
+        }
+        return subprocess.run(
+            [PYTHON, "-"], input=script_program("serve_spec.py", params), capture_output=True, text=True,
+            timeout=timeout + 30,
+        )  # fmt: skip
 
-        def stop_vllm(self) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [PYTHON, "-", str(self.run_dir), "2"], input=script("serve_stop.py"), capture_output=True,
-                text=True, timeout=60,
-            )  # fmt: skip
+    def stop_vllm(self) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, "-", str(self.run_dir), "2"], input=script("serve_stop.py"), capture_output=True,
+            text=True, timeout=60,
+        )  # fmt: skip
 
-    yield Node()
-    server.shutdown()
-    process = state["process"]
-    if process is not None and process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    for line in (tmp_path / "children").read_text().split() if (tmp_path / "children").exists() else []:
-        try:
-            os.kill(int(line), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def close(self) -> None:
+        self.server.shutdown()
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        children = self.tmp_path / "children"
+        for line in children.read_text().split() if children.exists() else []:
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def node(tmp_path):
+    sim = NodeSim(tmp_path)
+    yield sim
+    sim.close()
 
 
 def alive(pid: int) -> bool:
@@ -350,7 +374,7 @@ def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boo
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     marker.write_text(json.dumps({"boot_id": boot, "hash": "h"}))  # the guard applied its rules
     assert wait_for(lambda: (tmp_path / "ray-starts").exists())
-    assert "network.guard's rules are in place" in (tmp_path / "supervisor.log").read_text()
+    assert "network.guard's rules are in place" in (tmp_path / "supervisor-node-1.log").read_text()
 
 
 def children(tmp_path) -> list[int]:
@@ -547,6 +571,16 @@ def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node
                 "gpu_busy": "unified memory: 4.0 of 128.0 GiB",
             },
             "vLLM: failed, serving: no, restarts: 2 (0 in the window), last exit: - ; GAVE UP: the GPU stayed busy",
+        ),
+        (
+            {
+                "state": "waiting for the GPU turn",
+                "restarts_total": 0,
+                "restarts_in_window": 0,
+                "turn": "waiting: held by coder (node spark-03) since 2026-12-03T10:00:00Z, starting vLLM",
+            },
+            "vLLM: waiting for the GPU turn, serving: no, restarts: 0 (0 in the window), last exit: - ; GPU turn: "
+            "waiting: held by coder (node spark-03) since 2026-12-03T10:00:00Z, starting vLLM",
         ),
     ],
 )

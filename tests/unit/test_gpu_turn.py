@@ -1,0 +1,155 @@
+"""Replicas that share a node's GPU start in turn, and a start refused for memory is told apart: another process's
+doing (start again, not a crash) or a refusal of its settings (it repeats with the GPU otherwise quiet). The
+supervisors run for real (tests/unit/test_supervisor.py's NodeSim: fake vllm and nvidia-smi on PATH), two of them
+in one test being two containers of one node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from components.render import script
+from tests.unit.test_supervisor import NodeSim
+from tests.waiting import wait_for
+
+TENANCY = {"replica": "small", "turn_hold_seconds": 60,
+           "co_tenants": [{"replica": "coder", "gpu_memory_utilization": 0.2}]}  # fmt: skip
+
+
+@pytest.fixture
+def sims(tmp_path):
+    made = []
+
+    def make(name, ready_file=None):
+        sim = NodeSim(tmp_path, name, ready_file)
+        made.append(sim)
+        return sim
+
+    yield make
+    for sim in made:
+        sim.close()
+
+
+def test_two_replicas_handed_their_settings_at_once_start_one_after_the_other(sims, tmp_path):
+    coder = sims("coder", ready_file=tmp_path / "coder-serves")
+    small = sims("small", ready_file=tmp_path / "small-serves")
+    coder.start()
+    small.start()
+    first = coder.serve(tenancy={**TENANCY, "replica": "coder"}, gpu_memory_utilization=0.5)
+    assert first.returncode == 0 and "vLLM started" in first.stdout
+    second = small.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=10)
+    # handed over all the same: it starts once the turn is free, which `pulumi up`'s readiness then waits for
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "the node's GPU turn" in second.stdout and "coder" in second.stdout
+    status = small.status()
+    assert status["state"] == "waiting for the GPU turn" and status["vllm_pid"] is None
+    assert status["turn"].startswith("waiting: held by coder (node node-1)")
+    assert coder.status()["turn"] == "held"
+    (tmp_path / "coder-serves").touch()  # coder's vLLM serves: it gives the turn back, small starts
+    assert wait_for(lambda: small.status().get("vllm_pid") is not None, 20)
+    assert "gave the node's GPU turn back: vLLM serves" in coder.log()
+    assert "took the node's GPU turn after waiting" in small.log()
+    assert coder.status()["turn"] is None and small.status()["turn"] == "held"
+
+
+def test_the_turn_is_free_the_moment_its_holder_dies(sims, tmp_path):
+    coder = sims("coder", ready_file=tmp_path / "never")
+    small = sims("small", ready_file=tmp_path / "never")
+    holder = coder.start()
+    small.start()
+    coder.serve(tenancy={**TENANCY, "replica": "coder"}, gpu_memory_utilization=0.5)
+    small.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=5)
+    assert small.status()["state"] == "waiting for the GPU turn"
+    holder.send_signal(signal.SIGKILL)  # a container killed, a node's crash: no goodbye
+    assert wait_for(lambda: small.status().get("vllm_pid") is not None, 15)
+
+
+def test_a_rank_without_an_api_server_gives_the_turn_back_once_it_has_its_kv_cache(sims, tmp_path):
+    rank = sims("rank")
+    other = sims("other", ready_file=tmp_path / "never")
+    rank.start(FAKE_VLLM_KV_LINE="1")
+    other.start()
+    rank.serve(health_url=None, tenancy={**TENANCY, "replica": "big"}, gpu_memory_utilization=0.5)
+    assert wait_for(lambda: "gave the node's GPU turn back: this rank has its KV cache" in rank.log(), 15)
+    other.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=10)
+    assert wait_for(lambda: other.status().get("vllm_pid") is not None, 10)
+
+
+def test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_not_counted(node_pair):
+    sim, tmp_path = node_pair
+    # the first start sees a neighbour take 42 GiB meanwhile; every start after it is refused with the GPU quiet
+    sim.start(FAKE_VLLM_MEMORY_REFUSE="1", FAKE_VLLM_FREE_AT_EXIT="100000")
+    sim.serve(tenancy=TENANCY, gpu_memory_utilization=0.5, timeout=5)
+    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    log, status = sim.log(), sim.status()
+    assert "went from 0.8 to 42.7 GiB: that is another process's doing, not a refusal of its settings" in log
+    assert "once more before calling it a refusal of its settings" in log
+    assert log.count("vLLM started (pid") == 3 and status["restarts_total"] == 0  # none counted as a crash
+    failed = status["failed"]
+    assert failed.startswith("vLLM refused to start twice in a row with the GPU otherwise quiet: ")
+    assert "No available memory for the cache blocks" in failed
+    assert "other processes hold 42.7 GiB of the GPU's 140.4 GiB (the replicas beside it ask coder 0.2" in failed
+    assert "They hold more than the replicas beside it ask for" in failed
+    assert "raise vllm.gpuMemoryUtilization" not in failed  # that would take from the neighbours
+
+
+def test_a_memory_refusal_alone_on_the_gpu_is_a_refusal_of_its_settings_the_second_time(node_pair):
+    sim, _ = node_pair
+    sim.start(FAKE_VLLM_MEMORY_REFUSE="1")
+    sim.serve(gpu_memory_utilization=0.5, timeout=5)
+    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    failed = sim.status()["failed"]
+    assert "alone on the GPU, its weights and activations take all of gpuMemoryUtilization 0.5" in failed
+    assert "raise vllm.gpuMemoryUtilization" in failed
+    assert sim.log().count("vLLM started (pid") == 2
+
+
+def test_new_settings_start_the_count_of_quiet_refusals_again(node_pair):
+    sim, _ = node_pair
+    sim.start(FAKE_VLLM_MEMORY_REFUSE="1")
+    sim.serve(gpu_memory_utilization=0.5, timeout=5)
+    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    sim.serve(gpu_memory_utilization=0.6, fingerprint="f2", timeout=5)
+    # two starts again under the new settings before they too are called a refusal
+    assert wait_for(lambda: sim.log().count("vLLM started (pid") == 4 and sim.status().get("state") == "failed", 30)
+    assert "gpuMemoryUtilization 0.6" in sim.status()["failed"]
+
+
+@pytest.fixture
+def node_pair(tmp_path):
+    sim = NodeSim(tmp_path, "small", ready_file=tmp_path / "never")  # it never serves: each start is refused
+    yield sim, tmp_path
+    sim.close()
+
+
+def test_the_turn_answers_who_holds_it_and_names_can_be_kept_apart():
+    program = script("supervisor.py").split("P = SupervisorParams")[0]  # the helpers, without the main program
+    space: dict = {}
+    exec(compile(program, "supervisor-helpers", "exec"), space)  # noqa: S102 - our own script's helpers
+    holder, waiter = space["GpuTurn"](), space["GpuTurn"]()
+    assert waiter.holder() is None  # nobody holds it
+    assert holder.take({"node": "spark-03", "replica": "coder", "why": "starting vLLM"})
+    assert not waiter.take({"node": "spark-03", "replica": "small"})
+    answer = {}
+
+    def ask():
+        answer.update(waiter.holder() or {})
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    assert wait_for(lambda: (holder.answer(), not asking.is_alive())[1], 5)
+    assert answer["replica"] == "coder" and answer["why"] == "starting vLLM"
+    assert space["describe_holder"](answer).startswith("coder (node spark-03) since ")
+    holder.give_back()
+    assert waiter.take({"node": "spark-03", "replica": "small"})
+    waiter.give_back()
+    os.environ["SPARK_VLLM_GPU_TURN"] += "-other"  # another node: another name, another turn
+    try:
+        other = space["GpuTurn"]()
+        assert holder.take({}) and other.take({})
+    finally:
+        holder.give_back()
+        other.give_back()
