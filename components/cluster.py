@@ -12,7 +12,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
-from components.config.placement import Replica
+from components.config.placement import Replica, co_tenants
 from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
 from components.gate import FabricVerdict, Gate, create_fabric_gate, create_gate
@@ -21,7 +21,7 @@ from components.metrics import Prometheus, prometheus_config, prometheus_url, ta
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
 from components.release import ReleaseSource, release_record
-from components.render import ray_address
+from components.render import ray_address, tenancy
 from components.replicas import (
     _replica_triggers,
     _served_name,
@@ -83,8 +83,14 @@ class VllmCluster(pulumi.ComponentResource):
         # With deployments the fabric is checked once for the stack; a single-model stack's gate does it.
         fabric_verdict = create_fabric_gate(self, cfg, shared, self.hosts) if cfg.deployments else None
         replicas = cfg.replicas
-        gates = {r.name: create_gate(self, r.config, releases[r.deployment], self.hosts, transfer, fabric_verdict)
-                 for r in replicas}  # fmt: skip
+        sharing = {r.name: co_tenants(cfg, r) for r in replicas}  # node -> the other replicas there
+        gates = {
+            r.name: create_gate(
+                self, r.config, releases[r.deployment], self.hosts, transfer, fabric_verdict,
+                co_tenants={node: [o.name for o in others] for node, others in sharing[r.name].items()},
+            )
+            for r in replicas
+        }  # fmt: skip
         placed = together_check(self, cfg, replicas, gates) if cfg.deployments else None
         self.router = create_router(self, cfg, self.hosts, transfer, [placed] if placed else [])
         ray_token = _ray_auth_token(self) if any(_uses_ray_token(r.config) for r in replicas) else None
@@ -103,8 +109,9 @@ class VllmCluster(pulumi.ComponentResource):
                 after=[*([placed] if placed else []), *drained],
             )  # fmt: skip
             server = create_server(
-                self, replica.name or name, rcfg, release, self.hosts, nodes, gate, api_key, after=drained
-            )
+                self, replica.name or name, rcfg, release, self.hosts, nodes, gate, api_key, after=drained,
+                shared={node: tenancy(rcfg, others) for node, others in sharing[replica.name].items()},
+            )  # fmt: skip
             if steps is not None:
                 steps = self.router.undrain(replica, steps, server.smoke or server.ready)
                 last_undrain[replica.deployment] = steps.undrain
@@ -335,9 +342,11 @@ def create_server(
     gate: Gate,
     api_key: Optional[pulumi.Output[str]],
     after: Sequence[pulumi.Resource] = (),
+    shared: Optional[dict] = None,
 ) -> VllmServer:
     """vLLM on the containers: the cluster wait, the handover, readiness, smoke test and benchmark (after
-    `after`: the replica out of the router, when only vLLM's settings change)."""
+    `after`: the replica out of the router, when only vLLM's settings change; `shared`: node -> its tenancy
+    where it shares the node with other replicas)."""
     return VllmServer(
         name,
         VllmServerArgs(
@@ -351,6 +360,10 @@ def create_server(
             # with Ray: every worker joined; with mp: every container runs
             depends_on=[*[n.joined or n.supervisor for n in nodes.values()], *after],
             max_num_seqs=data_only(gate.memory_plan.apply(lambda plan: (plan.get("maxNumSeqs") or {}).get("set"))),
+            kv_cache_bytes=data_only(
+                gate.memory_plan.apply(lambda plan: (plan.get("kvCache") or {}).get("pinnedBytes"))
+            ),
+            tenancy=shared or {},
         ),
         opts=pulumi.ResourceOptions(parent=parent),
     )

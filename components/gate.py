@@ -121,6 +121,7 @@ def create_gate(
     hosts: dict[str, NodeHost],
     transfer: Transfer,
     shared_fabric: Optional[FabricVerdict] = None,
+    co_tenants: Optional[dict[str, list[str]]] = None,
 ) -> Gate:
     """Every node's checks, and the gate the head's Ray container waits for: it exists only once
     every node passed its checks and all agree on the image and the model.
@@ -197,7 +198,7 @@ def create_gate(
         model_id = pulumi.Output.all(*fingerprints.values()).apply(
             lambda outs: same_model(dict(zip(names, outs, strict=True)))
         )
-    plan = _memory_plan(cfg, release, checks, fingerprints)
+    plan = _memory_plan(cfg, release, checks, fingerprints, co_tenants or {})
     nccl_passed = pulumi.Output.from_input(True)
     if shared_fabric is not None:
         nccl_passed = shared_fabric.nccl_passed
@@ -313,10 +314,15 @@ def _nccl_test(
 
 
 def _memory_plan(
-    cfg: ClusterConfig, release: ReleaseSource, checks: dict[str, NodeChecks], fingerprints: dict
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    checks: dict[str, NodeChecks],
+    fingerprints: dict,
+    co_tenants: dict[str, list[str]],
 ) -> pulumi.Output:
     """The memory plan from the head's model fingerprint and every node's memory; with
-    memoryCheck enforce, an error (before any container) when it does not fit."""
+    memoryCheck enforce, an error (before any container) when it does not fit. A replica with `co_tenants`
+    (node -> the other replicas there) gets its KV cache pinned to what the plan gives it."""
     if cfg.memory_check == "off":
         return pulumi.Output.from_input({"checked": False, "reason": "memoryCheck: off"})
     if cfg.head_node.name not in fingerprints:
@@ -327,15 +333,18 @@ def _memory_plan(
 
     def judge(parts: list) -> dict:
         fingerprint, engine, *found = parts
-        plan = memory_plan(cfg, fingerprint, found, engine)
+        plan = memory_plan(cfg, fingerprint, found, engine, pin_kv_cache=bool(co_tenants))
         for note in plan.notes():
-            pulumi.log.info(note)
+            pulumi.log.info(f"{cfg.name_prefix}: {note}" if cfg.name_prefix else note)
         if not plan.fits:
             if cfg.memory_check == "enforce":
                 raise MemoryPlanError(memory_message(plan))
             pulumi.log.warn(
                 memory_message(plan).replace("(memoryCheck: enforce); nothing was started", "(memoryCheck: warn)")
             )
-        return {"checked": True, **plan.output()}
+        output = {"checked": True, **plan.output()}
+        if co_tenants:
+            output["coTenants"] = co_tenants
+        return output
 
     return pulumi.Output.all(fingerprints[cfg.head_node.name], release.engine, *memories).apply(judge)

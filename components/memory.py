@@ -212,6 +212,7 @@ class Plan:
     hybrid: Optional[HybridCache] = None
     seqs: Optional[SeqsVerdict] = None
     set_max_num_seqs: Optional[int] = None  # vllm.maxNumSeqs auto: what --max-num-seqs the plan sets
+    kv_cache_bytes: Optional[int] = None  # pinned (--kv-cache-memory-bytes): a replica that shares its GPU
 
     @property
     def fits(self) -> bool:
@@ -227,6 +228,8 @@ class Plan:
         }
         if self.hybrid is not None:
             output["hybridCache"] = self.hybrid.output()
+        if self.kv_cache_bytes is not None:
+            output["kvCache"] = {"pinnedBytes": self.kv_cache_bytes, "pinnedGib": _gib(self.kv_cache_bytes)}
         if self.seqs is not None:
             output["maxNumSeqs"] = {
                 "wanted": self.seqs.wanted,
@@ -240,13 +243,20 @@ class Plan:
 
     def notes(self) -> list[str]:
         """What the plan decided that the user should see in `pulumi up` (not a problem)."""
-        if self.set_max_num_seqs is None or self.seqs is None:
-            return []
-        return [
-            f"memory plan: {self.seqs.source} is {self.seqs.wanted}, more than the {self.seqs.kept} sequences the "
-            f"hybrid cache's {self.seqs.blocks} blocks keep (vLLM would refuse to start: max_num_seqs exceeds "
-            f"available Mamba cache blocks), so vllm.maxNumSeqs auto sets --max-num-seqs={self.set_max_num_seqs}"
-        ]
+        found = []
+        if self.kv_cache_bytes is not None:
+            found.append(
+                f"memory plan: this replica shares its GPU with another, so its KV cache is pinned at "
+                f"{_gib(self.kv_cache_bytes)} GiB (--kv-cache-memory-bytes={self.kv_cache_bytes}, the plan's KV room): "
+                "vLLM then skips the memory profiling that a neighbour starting or stopping beside it would upset"
+            )
+        if self.set_max_num_seqs is not None and self.seqs is not None:
+            found.append(
+                f"memory plan: {self.seqs.source} is {self.seqs.wanted}, more than the {self.seqs.kept} sequences the "
+                f"hybrid cache's {self.seqs.blocks} blocks keep (vLLM would refuse to start: max_num_seqs exceeds "
+                f"available Mamba cache blocks), so vllm.maxNumSeqs auto sets --max-num-seqs={self.set_max_num_seqs}"
+            )
+        return found
 
 
 def _gib(value: float) -> float:
@@ -292,9 +302,12 @@ def plan_memory(
     allowance_bytes: int = ALLOWANCE_BYTES,
     knobs: Optional[EngineKnobs] = None,
     max_num_seqs: Optional[int] = None,
+    pin_kv_cache: bool = False,
 ) -> Plan:
     """The plan for every node, the problems that stop the deploy, and the ways out. `knobs`: the engine
-    settings of extraArgs; `max_num_seqs`: vllm.maxNumSeqs when a number (None: auto)."""
+    settings of extraArgs; `max_num_seqs`: vllm.maxNumSeqs when a number (None: auto); `pin_kv_cache`: the
+    replica shares a GPU with another, so its KV cache is set in bytes (the KV room on its smallest node)
+    rather than profiled, which a neighbour's start would disturb (vLLM issue 55827)."""
     knobs = knobs or EngineKnobs()
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
@@ -380,7 +393,11 @@ def plan_memory(
     suggestions = _ways_out(
         nodes, weights, cost, allowance_bytes, gpu_memory_utilization, os_reserve_bytes, weight_bytes, ranks
     ) if problems else []  # fmt: skip
-    return Plan(plans, length, problems, suggestions, cache, seqs, set_seqs)
+    pinned = None
+    if pin_kv_cache and not problems:
+        room = min(node.memory_bytes * gpu_memory_utilization for node in nodes) - weights - allowance_bytes
+        pinned = int(room // MIB) * MIB
+    return Plan(plans, length, problems, suggestions, cache, seqs, set_seqs, pinned)
 
 
 def _max_num_seqs(

@@ -213,7 +213,11 @@ def weight_bytes(fingerprint: dict[str, Any]) -> int:
 
 
 def memory_plan(
-    cfg: ClusterConfig, fingerprint_stdout: str, memories: list[NodeMemory], engine: dict[str, Any]
+    cfg: ClusterConfig,
+    fingerprint_stdout: str,
+    memories: list[NodeMemory],
+    engine: dict[str, Any],
+    pin_kv_cache: bool = False,
 ) -> Plan:
     """The memory plan for this stack from what the nodes reported: the model's weight sizes and
     config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
@@ -231,4 +235,5 @@ def memory_plan(
         int(cfg.memory.os_reserve_gib * GIB),
         knobs=knobs,
         max_num_seqs=cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else None,
+        pin_kv_cache=pin_kv_cache,
     )

@@ -12,7 +12,7 @@ import hashlib
 import json
 import shlex
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
 from components.names import (
@@ -40,6 +40,7 @@ from components.scripts.node_contract import (
     Recovery,
     SmokeParams,
     SupervisorParams,
+    Tenancy,
     params_of,
     spec_fields,
 )
@@ -112,8 +113,17 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     ).to_json()
 
 
-def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
-    """The part of vLLM's settings for a node's supervisor besides argv and env (a VllmSpec's)."""
+def tenancy(cfg: ClusterConfig, co_tenants: list[Any]) -> Optional[Tenancy]:
+    """A replica's place on a node it shares with `co_tenants` (other replicas, as placement.co_tenants gives
+    them): its name and how long it may hold the node's GPU turn (None: it shares nothing)."""
+    if not co_tenants:
+        return None
+    return Tenancy(replica=cfg.name_prefix, turn_hold_seconds=cfg.vllm.ready_timeout_seconds)
+
+
+def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenancy] = None) -> dict[str, Any]:
+    """The part of vLLM's settings for a node's supervisor besides argv and env (a VllmSpec's); `shared`: its
+    tenancy where the node holds other replicas too."""
     is_head = node.name == cfg.head_node.name
     recovery = cfg.recovery
     ray_ready = None
@@ -133,6 +143,7 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
         health_url=f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
         ray_ready=ray_ready,
         oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,
+        tenancy=shared,
     )
 
 
@@ -170,10 +181,12 @@ def serve_argv(
     engine: dict[str, Any] | None = None,
     node: NodeConfig | None = None,
     max_num_seqs: int | None = None,
+    kv_cache_bytes: int | None = None,
 ) -> list[str]:
     """`vllm serve …` for `node` (default: the head). `engine` overrides the engine settings of a
     promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless.
-    `max_num_seqs`: what the memory plan set for vllm.maxNumSeqs auto (a hybrid model's cache blocks)."""
+    `max_num_seqs`: what the memory plan set for vllm.maxNumSeqs auto (a hybrid model's cache blocks);
+    `kv_cache_bytes`: the KV cache the plan pinned for a replica that shares its GPU."""
     settings = engine_settings(cfg) if engine is None else engine
     argv = [
         "vllm",
@@ -216,6 +229,9 @@ def serve_argv(
     seqs = cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else max_num_seqs
     if seqs is not None:
         argv.append(f"--max-num-seqs={seqs}")
+    if kv_cache_bytes is not None:
+        # in bytes, not profiled: a neighbour on the GPU starting or stopping meanwhile cannot change it
+        argv.append(f"--kv-cache-memory-bytes={kv_cache_bytes}")
     return argv + list(settings.get("extraArgs", []))
 
 
@@ -246,14 +262,17 @@ HEAD_ONLY_ENV = ("VLLM_API_KEY",)
 VLLM_CONFIG_ROOT = f"{RUN_DIR}/vllm-config"
 
 
-def handover_params(cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_key: str | None) -> dict[str, Any]:
-    """serve_spec.py on `node`: vLLM's settings for its supervisor (the API key among them: secret)."""
+def handover_params(
+    cfg: ClusterConfig, node: NodeConfig, argv: list[str], api_key: str | None, shared: Optional[Tenancy] = None
+) -> dict[str, Any]:
+    """serve_spec.py on `node`: vLLM's settings for its supervisor (the API key among them: secret); `shared`:
+    its tenancy on a node it shares with other replicas."""
     env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_seconds)}
     if api_key:
         env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is absent
     if cfg.executor == "ray":
         env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT  # where serve_spec.py writes the non-carry-over list
-    spec = supervisor_spec(cfg, node)
+    spec = supervisor_spec(cfg, node, shared)
     params = HandoverParams(
         node=node.name,
         argv=argv,

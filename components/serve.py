@@ -11,6 +11,7 @@ restarts vLLM (components/scripts/supervisor.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from components.render import (
     with_log_tail_on_failure,
     with_script,
 )
+from components.scripts.node_contract import Tenancy
 from components.steps import SECRET_IO, remote_step
 
 
@@ -60,6 +62,10 @@ class VllmServerArgs:
     depends_on: Sequence[pulumi.Resource]
     # vllm.maxNumSeqs auto: the --max-num-seqs the memory plan set (a hybrid model's cache), or None
     max_num_seqs: pulumi.Input[Optional[int]] = None
+    # a replica that shares a GPU: the KV cache its memory plan pinned (bytes), or None
+    kv_cache_bytes: pulumi.Input[Optional[int]] = None
+    # node -> the replica's place there when it shares the node with others (the GPU turn, the neighbours)
+    tenancy: Mapping[str, Tenancy] = dataclasses.field(default_factory=dict)
 
 
 def last_json_line(stdout: str) -> dict[str, Any]:
@@ -109,8 +115,8 @@ class VllmServer(pulumi.ComponentResource):
 
     def _argv(self, node: Optional[NodeConfig]) -> pulumi.Output[list[str]]:
         args = self._args
-        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs).apply(
-            lambda p: serve_argv(args.config, p[0], p[1], node, max_num_seqs=p[2])
+        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs, args.kv_cache_bytes).apply(
+            lambda p: serve_argv(args.config, p[0], p[1], node, max_num_seqs=p[2], kv_cache_bytes=p[3])
         )
 
     def _head_command(self, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs) -> command.remote.Command:
@@ -185,7 +191,8 @@ class VllmServer(pulumi.ComponentResource):
 
         def program(parts: list) -> str:
             node_argv, api_key = parts
-            return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key))
+            shared = args.tenancy.get(node.name)
+            return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key, shared))
 
         stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
         # a stopped head (crashed, stopped by hand) has no vLLM to stop: destroy goes on

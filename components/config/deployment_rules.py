@@ -184,9 +184,43 @@ def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: 
     return []
 
 
+# vLLM 0.25's flag for a KV cache set in bytes; argparse takes any unique prefix of it, the shortest being
+# --kv-cache-mem (--kv-cache-me is also --kv-cache-metrics: tests/gpu/results/2026-12-03/vllm-0.25.0-serve-flags.json)
+KV_BYTES_FLAG, KV_BYTES_SHORTEST = "--kv-cache-memory-bytes", "--kv-cache-mem"
+
+
+def pinned_kv_cache_is_the_plans(usable: list) -> list[str]:
+    """A replica that shares its GPU with another gets its KV cache in bytes from its memory plan: the same flag in
+    its extraArgs would take that from the plan (and from the node's other replicas, whose plans assume it)."""
+    from components.vllm_args import read_extra_args
+
+    shared = {}
+    for index, deployment in usable:
+        for group in _groups(deployment):
+            for node in group:
+                shared.setdefault(node, []).append(index)
+    problems = []
+    for index, deployment in usable:
+        if not any(len(shared[node]) > 1 for group in _groups(deployment) for node in group):
+            continue
+        for arg in read_extra_args(list(deployment.vllm.extra_args)).args:
+            flag = arg.flag or ""
+            if len(flag) >= len(KV_BYTES_SHORTEST) and KV_BYTES_FLAG.startswith(flag):
+                problems.append(
+                    problem(
+                        f"deployments[{index}].vllm.extraArgs[{arg.index}]",
+                        arg.text,
+                        f"no {KV_BYTES_FLAG}: {deployment.name} shares a GPU with another replica, so the memory plan "
+                        "sets its KV cache in bytes (what the plan gives it, vllm.gpuMemoryUtilization's share); "
+                        "change that share instead",
+                    )
+                )
+    return problems
+
+
 def fleet_problems(cfg: Any, usable: list, valid: Any) -> list[str]:
     """Every rule above whose keys are valid (`valid(value)`: the runner's judgement of a partial view)."""
-    problems = replica_ports_fit(usable) + served_names_unique(usable)
+    problems = replica_ports_fit(usable) + served_names_unique(usable) + pinned_kv_cache_is_the_plans(usable)
     if all(valid(node.name) for node in cfg.nodes):
         problems += names_apart(cfg, usable)
     if valid(cfg.router) and valid(cfg.api_key):

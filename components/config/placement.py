@@ -117,6 +117,17 @@ def on_node(cfg: Any, node: str) -> list[Replica]:
     return [each for each in replicas(cfg) if any(n.name == node for n in each.config.nodes)]
 
 
+def co_tenants(cfg: Any, replica: Replica) -> dict[str, list[Replica]]:
+    """The other replicas on each of `replica`'s nodes that share one (nothing for a single-model stack): vLLMs
+    whose start must not overlap its own (the node's GPU turn) and whose KV caches the memory plan pins."""
+    found = {}
+    for node in replica.config.nodes:
+        others = [each for each in on_node(cfg, node.name) if each.name != replica.name]
+        if others:
+            found[node.name] = others
+    return found
+
+
 def stack_listeners(cfg: Any, index: int) -> list[Listener]:
     """What listens on node `index` for the whole stack: with deployments, each replica's listeners there
     (keys under deployments[i]) and the stack's own (sshd, the fabric gate's test, Prometheus, the router…)."""

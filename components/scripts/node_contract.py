@@ -81,13 +81,12 @@ class VllmSpec:
 
 @dataclass(frozen=True)
 class Tenancy:
-    """A replica of a stack with deployments on one node: its name, how long it may hold the node's GPU turn
-    (node_gpu_turn.py), and the other replicas on the node with the share of its GPU memory each asks."""
+    """A replica on a node it shares with other replicas: its name (what its neighbours are told) and how long it
+    may hold the node's GPU turn (node_gpu_turn.py). Who the neighbours are is asked on the node itself, so a
+    replica added beside it changes nothing here."""
 
     replica: str
     turn_hold_seconds: float  # vllm.readyTimeoutSeconds: a start that takes longer gives the turn back
-    co_tenants: list = field(default_factory=list)  # [{"replica": name, "gpu_memory_utilization": f}]
-    kv_cache_bytes: Optional[int] = None  # pinned by the memory plan (--kv-cache-memory-bytes), when it is
 
     @classmethod
     def from_json(cls, data: dict) -> "Tenancy":

@@ -135,6 +135,7 @@ class Supervisor(MemoryWaits):
         self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> (mtime, size)
         self.next_redact = 0.0
         self.turn = GpuTurn()
+        self.tenant = Tenant()  # what this supervisor tells its neighbours on the node
         self.turn_waiting = None  # since when this supervisor waits for the node's GPU turn
         self.turn_holder = None  # who holds it meanwhile, as it answered
         self.turn_note = 0.0
@@ -287,6 +288,18 @@ class Supervisor(MemoryWaits):
             self.turn_kept = False
             self.give_turn_back(f"vLLM did not serve within {limit:g} s of taking it (vllm.readyTimeoutSeconds)")
 
+    def tell_neighbours(self):
+        """What the node's other supervisors learn of this one when the GPU's memory is in question."""
+        tenancy = self.tenancy()
+        self.tenant.tell(
+            {
+                "node": P.node,
+                "replica": tenancy.replica if tenancy else None,
+                "gpu_memory_utilization": self.spec.gpu_memory_utilization if self.spec else None,
+                "state": self.state,
+            }
+        )
+
     def give_turn_back(self, why):
         if self.turn.held:
             self.turn.give_back()
@@ -339,13 +352,13 @@ class Supervisor(MemoryWaits):
     def quiet_refusal_reason(self, refused, others):
         """Why vLLM will not start, said so that no advice takes memory a neighbour holds (or would need)."""
         fraction = self.spec.gpu_memory_utilization if self.spec else None
-        tenancy = self.tenancy()
-        neighbours = tenancy.co_tenants if tenancy else []
+        neighbours = [n for n in self.tenant.neighbours() if n.get("gpu_memory_utilization")]
         head = f"vLLM refused to start twice in a row with the GPU otherwise quiet: {refused} — "
         gpus = gpu_memory(visible_gpus({**os.environ, **(self.spec.env if self.spec else {})}))
         total = sum(t for _, t, _ in gpus) if gpus else None
         if others is not None and others > DISTURBED_MIB and total:
-            asked = " + ".join(f"{n['replica']} {n['gpu_memory_utilization']:g}" for n in neighbours) or "none listed"
+            asked = " + ".join(f"{n.get('replica') or '?'} {n['gpu_memory_utilization']:g} ({n.get('state')})"
+                               for n in neighbours) or "nothing"  # fmt: skip
             budgets = sum(n["gpu_memory_utilization"] for n in neighbours) * total
             held = (
                 f"other processes hold {others / 1024:.1f} GiB of the GPU's {total / 1024:.1f} GiB (the replicas "
@@ -519,6 +532,7 @@ class Supervisor(MemoryWaits):
             self.state = "running"  # a headless rank: alive is all it can say
         self.probe(now)
         self.keep_turn(now)
+        self.tell_neighbours()
         self.oom_guard(now)
         self.redact(now)
         self.write_status()
@@ -573,6 +587,7 @@ class Supervisor(MemoryWaits):
             time.sleep(0.5)
         self.stop_vllm("the container is stopping")
         self.turn.give_back()
+        self.tenant.close()
         if self.ray is not None:
             stop_group(self.ray, min(P.stop_grace_seconds, RAY_STOP_GRACE_SECONDS))
         self.state = "stopped"

@@ -253,3 +253,59 @@ def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(var
             cfg = {**cfg, "nodes": [dict(n, hostKey=prod()["nodes"][0]["hostKey"]) for n in cfg["nodes"]]}
     found = sorted(r.urn for r in run_program(cfg, SECRETS, stack=stack, mocks=FakeCloud()).registrations)
     assert found == expected
+
+
+def handover(run, name: str) -> dict:
+    return json.loads(json.loads(by_name(run, name).inputs["stdin"].split("\n")[0][len("PARAMS = ") :]))
+
+
+def test_replicas_sharing_a_gpu_get_their_plans_kv_cache_in_bytes_and_a_turn_the_others_do_not(run):
+    plans = run.exports["memoryPlan"]
+    for name in ("coder", "small", "small-2"):  # spark-03: three vLLMs on one GPU
+        plan, params = plans[name], handover(run, f"{name}-serve")
+        pinned = plan["kvCache"]["pinnedBytes"]
+        assert f"--kv-cache-memory-bytes={pinned}" in params["argv"]
+        room = min(node["kv_room_gib"] for node in plan["nodes"].values())
+        assert abs(plan["kvCache"]["pinnedGib"] - room) <= 0.01 and pinned % (1024 * 1024) == 0
+        others = {"coder", "small", "small-2"} - {name}
+        assert set(plan["coTenants"]["spark-03"]) == others
+        assert params["spec"]["tenancy"] == {"replica": name, "turn_hold_seconds": 1800}
+        assert "--gpu-memory-utilization=" in " ".join(params["argv"])  # vLLM's start check still reads it
+    big = handover(run, "big-serve")
+    assert "kvCache" not in plans["big"] and "coTenants" not in plans["big"]
+    assert not any(arg.startswith("--kv-cache-memory-bytes") for arg in big["argv"]) and "tenancy" not in big["spec"]
+
+
+def test_a_single_model_stack_keeps_its_profiled_kv_cache_and_its_spec():
+    run = run_program(prod(), SECRETS, stack="prod")
+    params = handover(run, "spark-vllm-serve")
+    assert not any(arg.startswith("--kv-cache-memory-bytes") for arg in params["argv"])
+    assert "tenancy" not in params["spec"] and "kvCache" not in run.exports["memoryPlan"]
+
+
+def test_a_small_model_beside_the_worker_half_of_a_tp2_model_pins_both_and_hands_the_worker_rank_a_turn():
+    cfg = fleet()
+    cfg["deployments"] = [cfg["deployments"][0], {"name": "coder", "model": "/models/Qwen3-Coder",
+                          "nodes": ["spark-02"], "maxModelLen": 8192, "vllm": {"port": 8000,
+                          "gpuMemoryUtilization": 0.1}}]  # fmt: skip
+    cfg["deployments"][0]["vllm"]["gpuMemoryUtilization"] = 0.8
+    cfg["deployments"][0]["executor"] = "mp"  # spark-02 runs big's rank 1 itself (with Ray, big's head starts it)
+    run = run_fleet(cfg)
+    plans = run.exports["memoryPlan"]
+    assert plans["big"]["coTenants"] == {"spark-02": ["coder"]} and plans["coder"]["coTenants"] == {"spark-02": ["big"]}
+    worker = handover(run, "big-spark-02-serve")
+    assert "--headless" in worker["argv"] and worker["spec"]["tenancy"]["replica"] == "big"
+    assert f"--kv-cache-memory-bytes={plans['big']['kvCache']['pinnedBytes']}" in worker["argv"]
+    assert "tenancy" not in handover(run, "big-serve")["spec"]  # spark-01 is big's alone
+
+
+def test_adding_a_neighbour_to_a_replica_alone_on_its_node_pins_its_kv_cache_and_restarts_only_its_vllm():
+    before = fleet()
+    before["deployments"] = [d for d in before["deployments"] if d["name"] != "small"]  # coder alone on spark-03
+    after = copy.deepcopy(before)
+    after["deployments"].append({"name": "small", "model": "/models/Qwen3-0.6B", "nodes": ["spark-03"],
+                                 "maxModelLen": 8192, "vllm": {"port": 8001, "gpuMemoryUtilization": 0.15}})  # fmt: skip
+    result = changes(before, after)
+    assert result.get("coder-serve") == {"stdin"}  # its settings: pinned, and its turn; no container
+    assert not [name for name in result if name.startswith("big")]
+    assert "coder-spark-03-container" not in result

@@ -281,3 +281,19 @@ def test_replicas_sharing_a_node_are_refused_for_a_reserve_beyond_its_memory_by_
                                                             "os_left_gib": 83.4}}} for name in ("small", "other")}  # fmt: skip
     (line,) = together(cfg, plans)[0]
     assert "memory.osReserveGib 130 is the whole of its 119.2 GiB" in line
+
+
+# --- a pinned KV cache is the memory plan's ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--kv-cache-memory-bytes", "17000000000"], ["--kv_cache_memory_bytes=17000000000"], ["--kv-cache-mem=1"]],
+)
+def test_a_replica_sharing_a_gpu_may_not_set_its_kv_cache_in_bytes_itself(args):
+    shared = dep("small", ["spark-03"], 8001, 0.2, replicas=2, vllm={"extraArgs": args})
+    line = only(fleet(BIG, shared), "deployments[1].vllm.extraArgs[0]")
+    assert "shares a GPU with another replica" in line
+    alone = dep("small", ["spark-03"], 8001, 0.2, vllm={"extraArgs": args})  # its GPU its own: its choice
+    load_cluster_config(fleet(BIG, alone))
+    load_cluster_config(fleet(BIG, dep("small", ["spark-03"], 8001, 0.2, vllm={"extraArgs": ["--kv-cache-metrics"]})))

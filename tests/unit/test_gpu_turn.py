@@ -15,8 +15,7 @@ from components.render import script
 from tests.unit.test_supervisor import NodeSim
 from tests.waiting import wait_for
 
-TENANCY = {"replica": "small", "turn_hold_seconds": 60,
-           "co_tenants": [{"replica": "coder", "gpu_memory_utilization": 0.2}]}  # fmt: skip
+TENANCY = {"replica": "small", "turn_hold_seconds": 60}
 
 
 @pytest.fixture
@@ -78,8 +77,12 @@ def test_a_rank_without_an_api_server_gives_the_turn_back_once_it_has_its_kv_cac
     assert wait_for(lambda: other.status().get("vllm_pid") is not None, 10)
 
 
-def test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_not_counted(node_pair):
+def test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_not_counted(node_pair, sims):
     sim, tmp_path = node_pair
+    coder = sims("coder")  # a neighbour that serves, with its share of the GPU
+    coder.start()
+    coder.serve(tenancy={**TENANCY, "replica": "coder"}, gpu_memory_utilization=0.2)
+    assert wait_for(lambda: coder.status().get("state") == "running", 10)
     # the first start sees a neighbour take 42 GiB meanwhile; every start after it is refused with the GPU quiet
     sim.start(FAKE_VLLM_MEMORY_REFUSE="1", FAKE_VLLM_FREE_AT_EXIT="100000")
     sim.serve(tenancy=TENANCY, gpu_memory_utilization=0.5, timeout=5)
@@ -91,7 +94,9 @@ def test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_
     failed = status["failed"]
     assert failed.startswith("vLLM refused to start twice in a row with the GPU otherwise quiet: ")
     assert "No available memory for the cache blocks" in failed
-    assert "other processes hold 42.7 GiB of the GPU's 140.4 GiB (the replicas beside it ask coder 0.2" in failed
+    assert (
+        "other processes hold 42.7 GiB of the GPU's 140.4 GiB (the replicas beside it ask coder 0.2 (running)" in failed
+    )
     assert "They hold more than the replicas beside it ask for" in failed
     assert "raise vllm.gpuMemoryUtilization" not in failed  # that would take from the neighbours
 
