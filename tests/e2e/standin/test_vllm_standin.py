@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from vllm_standin import api, args, cli  # noqa: E402
+from vllm_standin import api, args, cli, core  # noqa: E402
 
 from tests.waiting import free_port, wait_for  # noqa: E402
 
@@ -464,6 +464,86 @@ def serve_one(tmp_path, http_port, name="serve", extra=()):
     return subprocess.Popen(
         argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+
+
+def kv_gib(log_path) -> float | None:
+    """The KV cache the stand-in's log says it took (either of vLLM 0.25's two lines)."""
+    text = Path(log_path).read_text()
+    found = re.search(r"Available KV cache memory: (-?[\d.]+) GiB", text) or re.search(
+        r"reserved ([\d.]+) GiB memory for KV Cache", text
+    )
+    return float(found.group(1)) if found else None
+
+
+def sparse_model(tmp_path, name: str, weights_gib: float):
+    """A model directory whose weight file has the real size without taking the disk (the lane's models do this)."""
+    model = tmp_path / name
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["StandinForCausalLM"]}')
+    with open(model / "model.safetensors", "wb") as handle:
+        handle.truncate(int(weights_gib * 1024**3))
+    return model
+
+
+def serve_beside(tmp_path, name: str, model, utilization: float, extra=()):
+    """One of several vLLMs of one node: the same GPU (STANDIN_GPU_DIR), each its own port."""
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm_standin", "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--gpu-memory-utilization", str(utilization), *extra]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "STANDIN_LOAD_SECONDS": "0.5", "STANDIN_PROFILE_SECONDS": "1.5",
+           "STANDIN_GPU_DIR": str(tmp_path / "gpus"), "VLLM_CACHE_ROOT": str(tmp_path / f"cache-{name}"),
+           "STANDIN_COMPILE_SECONDS": "0.1", "STANDIN_DEAD_LINGER_S": "0.2"}  # fmt: skip
+    log = open(tmp_path / f"{name}.log", "w")
+    process = subprocess.Popen(argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return process, port
+
+
+def test_two_vllms_profiling_at_once_on_one_gpu_count_each_others_memory(tmp_path):
+    """vLLM issue 55827, as the H200 showed it (2026-12-03, a Qwen3-8B shape at 0.30 and a Qwen3-30B-A3B shape at
+    0.55 started together): the small one refused, and the big one took more than its share."""
+    small, port = serve_beside(tmp_path, "small", sparse_model(tmp_path, "qwen3-8b", 15.3), 0.3)
+    assert wait_for(lambda: "Starting to load model" in (tmp_path / "small.log").read_text(), 30)
+    big, big_port = serve_beside(tmp_path, "big", sparse_model(tmp_path, "qwen3-30b", 57), 0.55)
+    try:
+        assert small.wait(timeout=60) == 1  # the big one's weights landed while it profiled
+        assert "No available memory for the cache blocks" in (tmp_path / "small.log").read_text()
+        assert wait_for(lambda: health(big_port) == 200, 30)
+        # its share is 0.55 x 139.8 - 57 - 1 = 18.9 GiB; the small one's memory, gone meanwhile, counted as its own
+        assert kv_gib(tmp_path / "big.log") == pytest.approx(18.89 + 15.3, abs=0.05)
+    finally:
+        end(small)
+        end(big)
+    del port
+
+
+def test_with_the_kv_cache_in_bytes_each_vllm_gets_what_it_asked_for_beside_the_other(tmp_path):
+    model = sparse_model(tmp_path, "model", 15.3)
+    pinned = ["--kv-cache-memory-bytes", str(24 * 1024**3)]
+    started = [serve_beside(tmp_path, name, model, 0.3, pinned) for name in ("a", "b")]
+    try:
+        for _, port in started:
+            assert wait_for(lambda port=port: health(port) == 200, 30)
+        for name in ("a", "b"):
+            assert kv_gib(tmp_path / f"{name}.log") == 24.0
+            assert "skipped memory profiling" in (tmp_path / f"{name}.log").read_text()
+        held = sorted(json.loads(p.read_text())["gib"] for p in (tmp_path / "gpus" / "gpu0").glob("*.json"))
+        assert held == [pytest.approx(40.3, abs=0.01)] * 2  # weights + activations + KV each, in the GPU's ledger
+    finally:
+        for process, _ in started:
+            end(process)
+    gpu = core.GpuShare(0, {"STANDIN_GPU_DIR": str(tmp_path / "gpus")})
+    assert wait_for(lambda: gpu.others() == 0, 10)  # their memory gone with them, killed or stopped
+
+
+def test_a_neighbour_that_lets_go_of_its_memory_while_one_profiles_trips_vllms_assert(tmp_path):
+    model = sparse_model(tmp_path, "model", 8)
+    neighbour, port = serve_beside(tmp_path, "neighbour", model, 0.3, ["--kv-cache-memory-bytes", "20g"])
+    assert wait_for(lambda: health(port) == 200, 30)
+    starting, _ = serve_beside(tmp_path, "starting", model, 0.3)
+    time.sleep(1.0)  # it loaded and profiles now
+    end(neighbour)
+    assert starting.wait(timeout=30) == 1
+    assert "AssertionError: Error in memory profiling. Initial free memory" in (tmp_path / "starting.log").read_text()
 
 
 def group_of(pid: int) -> list[int]:

@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
     p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
@@ -191,6 +192,10 @@ class ServeConfig:
     master_port: int = 29501
     headless: bool = False
     gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = (
+        None  # the KV cache in bytes: no memory profiling (vllm/v1/worker/gpu_worker.py)
+    )
+    weights_gib: float = 0.0  # the model's weight files, which "loading" takes of the GPU
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
 
@@ -316,9 +321,25 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         master_port=ns.master_port,
         headless=ns.headless,
         gpu_memory_utilization=ns.gpu_memory_utilization,
+        kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
+        weights_gib=weights_gib(model),
         reasoning_parser=ns.reasoning_parser,
         vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )
+
+
+def weights_gib(model: str) -> float:
+    """The size of a model directory's weight files (sparse files of the real size count as their size), GiB."""
+    if not os.path.isdir(model):
+        return 0.0
+    total = 0
+    for name in os.listdir(model):
+        if name.endswith((".safetensors", ".bin")):
+            try:
+                total += os.path.getsize(os.path.join(model, name))
+            except OSError:
+                pass
+    return total / 1024**3
 
 
 def redacted_args(ns: argparse.Namespace) -> dict:

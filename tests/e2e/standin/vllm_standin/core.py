@@ -12,22 +12,33 @@ So this child:
 
 * is started by the API server (``cli.py``) with another command line, stays in its process group,
   names itself ``VLLM::EngineCor`` (``/proc/PID/comm`` holds 15 characters);
-* holds "the node's GPUs": an exclusive ``flock`` on ``STANDIN_GPU_DIR/gpu<N>.lock`` for each GPU of
-  this node that a rank uses (with Ray, each GPU actor holds the lock of the GPU Ray gave it,
-  ``engine.py``); a lock that is held makes a new start fail with vLLM's message above;
+* holds memory of "the node's GPUs", which every process of the node sees, whatever its container: a ledger
+  ``STANDIN_GPU_DIR/gpu<N>/<pid>.json`` per process holding memory on GPU N, locked (``flock``) by that
+  process for as long as it lives, so a dead holder's memory is free at once. Starting, it does what vLLM
+  0.25's worker does (vllm/v1/worker/gpu_worker.py, utils.py ``request_memory``, mem_utils.py
+  ``memory_profiling``): refuses when the free memory is less than ``--gpu-memory-utilization`` × total
+  ("Free memory on device …"); "loads the weights" (the model's weight files' size); profiles (an
+  activation peak, for ``STANDIN_PROFILE_SECONDS``), counting every change of the other processes' memory
+  since its start as its own, as vLLM does (vLLM issue 55827): the KV cache is the utilization's share less
+  weights, activations and that change, "No available memory for the cache blocks" when nothing is left,
+  "Error in memory profiling" when the free memory grew meanwhile. With ``--kv-cache-memory-bytes`` it
+  skips the profiling and takes that. With Ray, each GPU actor claims its share of the GPU Ray gave it
+  (``engine.py``);
 * runs the executor (Ray, the multi-node mp executor, or none), "loads the weights", then tells
   the API server it is ready through a pipe, and keeps checking its workers;
 * does not notice the API server's death (it keeps running, and the GPU held, after a SIGKILL of its
   parent, as seen); SIGTERM ends it cleanly and frees the GPU.
 
-Environment: ``STANDIN_GPU_DIR`` (default ``/run/vllm-standin-gpus``), ``STANDIN_GPU_MEMORY_GIB``
-(what one GPU is said to have, default 139.8, as torch reports an H200), and those of ``cli.py``.
+Environment: ``STANDIN_GPU_DIR`` (default ``/dev/shm/vllm-standin-gpus-<VLLM_HOST_IP>``: with the host's IPC
+namespace, as the program's containers have it, every container of a node shares /dev/shm, and the fabric
+address keeps the simulated nodes of one machine apart), ``STANDIN_GPU_MEMORY_GIB`` (what one GPU is said
+to have, default 139.8, as torch reports an H200), ``STANDIN_ACTIVATION_GIB`` (the profiling's peak, default
+1), ``STANDIN_PROFILE_SECONDS`` (default 0.5), and those of ``cli.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import json
 import os
@@ -44,11 +55,11 @@ WHERE_CORE = "core.py:708"
 WHERE_WORKER = "gpu_worker.py:239"
 WHERE_LOADER = "default_loader.py:267"
 PR_SET_NAME = 15
-DEFAULT_GPU_DIR = "/run/vllm-standin-gpus"
+GIB = 1024**3
 
 
 def gpu_dir(environ=os.environ) -> str:
-    return environ.get("STANDIN_GPU_DIR") or DEFAULT_GPU_DIR
+    return environ.get("STANDIN_GPU_DIR") or f"/dev/shm/vllm-standin-gpus-{environ.get('VLLM_HOST_IP') or 'local'}"
 
 
 def gpu_total_gib(environ=os.environ) -> float:
@@ -58,50 +69,151 @@ def gpu_total_gib(environ=os.environ) -> float:
         return 139.8
 
 
-class GpuLock:
-    """One GPU of this node, held for as long as the process holding it lives (flock)."""
+class GpuShare:
+    """What this process holds of one GPU of the node: its entry in the GPU's ledger, locked while it lives."""
 
-    def __init__(self, index: int, utilization: float, environ=os.environ):
+    def __init__(self, index: int, environ=os.environ):
         self.index = index
-        self.utilization = utilization
         self.environ = environ
+        self.directory = os.path.join(gpu_dir(environ), f"gpu{index}")
         self.handle = None
+        self.gib = 0.0
 
-    def acquire(self) -> None:
-        directory = gpu_dir(self.environ)
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"gpu{self.index}.lock")
-        handle = open(path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            handle.seek(0)
+    @property
+    def total(self) -> float:
+        return gpu_total_gib(self.environ)
+
+    def others(self) -> float:
+        """GiB the node's other live processes hold of this GPU (a dead holder's entry is removed)."""
+        os.makedirs(self.directory, exist_ok=True)
+        held = 0.0
+        mine = self.handle.name if self.handle is not None else None
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if path == mine or not name.endswith(".json"):
+                continue
             try:
-                holder = json.loads(handle.read() or "{}")
-            except ValueError:
-                holder = {}
-            handle.close()
-            total = gpu_total_gib(self.environ)
-            used = float(holder.get("utilization", 0.9)) * total
-            free = max(0.0, total - used - 0.4)
+                with open(path) as entry:
+                    try:
+                        fcntl.flock(entry, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except OSError:  # its holder lives
+                        held += float(json.loads(entry.read() or "{}").get("gib", 0))
+                        continue
+                    os.unlink(path)  # nobody holds it: a process gone
+            except (OSError, ValueError):
+                continue
+        return held
+
+    def free(self) -> float:
+        return max(0.0, self.total - self.others() - self.gib)
+
+    def hold(self, gib: float) -> None:
+        if self.handle is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self.handle = open(os.path.join(self.directory, f"{os.getpid()}-{id(self)}.json"), "w")
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+        self.gib = gib
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(json.dumps({"pid": os.getpid(), "gib": round(gib, 3)}))
+        self.handle.flush()
+
+    def check_start(self, utilization: float) -> float:
+        """vLLM's start-up check (vllm/v1/worker/utils.py request_memory): the free memory, or its refusal."""
+        free, total = self.free(), self.total
+        if free < utilization * total:
             raise StandinError(
                 f"ValueError: Free memory on device cuda:{self.index} ({free:.1f}/{total:.1f} GiB) on startup is "
-                f"less than desired GPU memory utilization ({self.utilization}, "
-                f"{self.utilization * total:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used "
-                "by other processes."
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "utilization": self.utilization}))
-        handle.flush()
-        self.handle = handle
+                f"less than desired GPU memory utilization ({utilization}, {utilization * total:.2f} GiB). Decrease "
+                "GPU memory utilization or reduce GPU memory used by other processes."
+            )
+        return free
 
     def release(self) -> None:
         if self.handle is not None:
+            name = self.handle.name
             self.handle.close()  # closing the last descriptor drops the flock
             self.handle = None
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+
+
+class GpuLock(GpuShare):
+    """A Ray GPU actor's share: the start check, then its utilization's share of the GPU, held while it lives."""
+
+    def __init__(self, index: int, utilization: float, environ=os.environ):
+        super().__init__(index, environ)
+        self.utilization = utilization
+
+    def acquire(self) -> None:
+        self.check_start(self.utilization)
+        self.hold(self.utilization * self.total)
+
+
+def snapshot(cfg: ServeConfig, shares: list) -> list[tuple[float, float]]:
+    """vLLM's memory snapshot at start, on each of `shares`: (free, the others' memory), or its refusal."""
+    return [(share.check_start(cfg.gpu_memory_utilization), share.others()) for share in shares]
+
+
+def claim_memory(
+    cfg: ServeConfig, shares: list, snapshots: list, stop: threading.Event, environ, load_s: float
+) -> float | None:
+    """What one of vLLM's workers does with its GPU after its snapshot, on each of `shares`: the weights, the
+    profiling (or --kv-cache-memory-bytes), the KV cache held. Returns the KV cache's GiB (None: stopped)."""
+    utilization = cfg.gpu_memory_utilization
+    ranks = max(1, cfg.world_size)
+    weights = cfg.weights_gib / ranks
+    for share in shares:
+        share.hold(weights)
+    log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
+    started = time.monotonic()
+    if stop.wait(load_s):
+        return None
+    took = time.monotonic() - started
+    log.info(WHERE_LOADER, "Loading weights took %.2f seconds", took)
+    log.info("gpu_model_runner.py:2007", "Model loading took %.4f GiB and %.6f seconds", weights, took)
+    activation = _env_float(environ, "STANDIN_ACTIVATION_GIB", 1.0)
+    for share in shares:
+        share.hold(weights + activation)
+    if cfg.kv_cache_memory_bytes:
+        kv = cfg.kv_cache_memory_bytes / GIB
+        free = snapshots[0][0]
+        log.info(
+            "gpu_worker.py:453",
+            "Initial free memory %.2f GiB, reserved %.2f GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+            "config and skipped memory profiling. This does not respect the gpu_memory_utilization config. Only use "
+            "kv_cache_memory_bytes config when you want manual control of KV cache memory size.",
+            free,
+            kv,
+        )
+    else:
+        if stop.wait(_env_float(environ, "STANDIN_PROFILE_SECONDS", 0.5)):
+            return None
+        kv = None
+        for share, (free_at_start, others_at_start) in zip(shares, snapshots, strict=True):
+            others = share.others()
+            free_now = max(0.0, share.total - others - share.gib)
+            if free_now > free_at_start:  # a neighbour gave memory back while this one profiled
+                raise StandinError(
+                    f"AssertionError: Error in memory profiling. Initial free memory {free_at_start:.2f} GiB, current "
+                    f"free memory {free_now:.2f} GiB. This happens when other processes sharing the same container "
+                    "release GPU memory while vLLM is profiling during initialization. To fix this, ensure "
+                    "consistent GPU memory allocation or isolate vLLM in its own container."
+                )
+            # every change of the others' memory since the start counts as this one's (non-torch) increase
+            available = utilization * share.total - weights - activation - (others - others_at_start)
+            kv = available if kv is None else min(kv, available)
+        log.info("gpu_worker.py:541", "Available KV cache memory: %.2f GiB", kv)
+        if kv <= 0:
+            raise StandinError(
+                "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                "initializing the engine."
+            )
+    for share in shares:
+        share.hold(weights + activation + kv)
+    return kv
 
 
 def set_process_name(name: str) -> None:
@@ -195,17 +307,15 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    locks: list[GpuLock] = []
+    shares: list[GpuShare] = []
     engine = None
     try:
         cfg = validate(parse_cli(argv), environ)
         load_s = _env_float(environ, "STANDIN_LOAD_SECONDS", 2.0)
         placement_s = _env_float(environ, "VLLM_PLACEMENT_TIMEOUT_S", 60.0)
         ping_timeout_s = _env_float(environ, "STANDIN_PING_TIMEOUT_S", 5.0)
-        for index in range(local_gpus_used(cfg)):
-            lock = GpuLock(index, cfg.gpu_memory_utilization, environ)
-            lock.acquire()
-            locks.append(lock)
+        shares = [GpuShare(index, environ) for index in range(local_gpus_used(cfg))]
+        snapshots = snapshot(cfg, shares)
         if cfg.backend == "ray":
             from .engine import RayEngine
 
@@ -219,16 +329,17 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             engine.start(stop, _env_float(environ, "STANDIN_JOIN_TIMEOUT_S", 120.0))
         if stop.is_set():
             return 0
-        if not cfg.headless:
+        if shares and claim_memory(cfg, shares, snapshots, stop, environ, load_s if not cfg.headless else 0) is None:
+            return 0
+        if not shares and not cfg.headless:  # with Ray the actors hold the GPUs; the weights load as before
             log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
             started = time.monotonic()
             if stop.wait(load_s):
                 return 0
-            took = time.monotonic() - started
-            log.info(WHERE_LOADER, "Loading weights took %.2f seconds", took)
-            log.info("gpu_model_runner.py:2007", "Model loading took 0.0000 GiB and %.6f seconds", took)
-            available = max(0.0, cfg.gpu_memory_utilization * gpu_total_gib(environ) - 3.0)  # no weights here
-            log.info("gpu_worker.py:436", "Available KV cache memory: %.2f GiB", available)
+            log.info(WHERE_LOADER, "Loading weights took %.2f seconds", time.monotonic() - started)
+            available = max(0.0, cfg.gpu_memory_utilization * gpu_total_gib(environ) - 3.0)
+            log.info("gpu_worker.py:541", "Available KV cache memory: %.2f GiB", available)
+        if not cfg.headless:
             log.info("kv_cache_utils.py:1087", "GPU KV cache size: %d tokens", cfg.max_model_len * 4)
             log.info(
                 "kv_cache_utils.py:1091", "Maximum concurrency for %d tokens per request: 4.00x", cfg.max_model_len
@@ -248,8 +359,8 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
     finally:
         if engine is not None:
             engine.shutdown()
-        for lock in locks:
-            lock.release()
+        for share in shares:
+            share.release()
 
 
 def _run(engine, stop: threading.Event, timeout_s: float) -> int:
