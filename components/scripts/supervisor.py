@@ -491,7 +491,7 @@ class Supervisor(MemoryWaits):
         url = self.spec.health_url if self.spec else None
         if not url or self.vllm is None or now < self.next_probe:
             return
-        self.next_probe = now + 5
+        self.next_probe = now + (1 if self.turn.held else 5)  # the node's other replicas wait on this one serving
         try:
             with urllib.request.urlopen(url, timeout=3) as response:
                 self.serving = response.status == 200

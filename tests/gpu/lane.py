@@ -54,6 +54,8 @@ from components.render import (  # noqa: E402
     smoke_params,
     supervisor_params,
 )
+from tests.gpu.lane_cotenants import run_cotenants  # noqa: E402
+from tests.gpu.lane_cotenants import summary as cotenants_summary  # noqa: E402
 from tests.gpu.lane_router import router_phase  # noqa: E402
 from tests.gpu.model import SHAPES, make_model  # noqa: E402
 
@@ -134,6 +136,10 @@ def nvidia_smi(query: str) -> list[list[str]]:
 
 def gpu_used_mib() -> list[float]:
     return [float(row[0]) for row in nvidia_smi("memory.used") if row and row[0].replace(".", "", 1).isdigit()]
+
+
+def gpu_total_mib() -> list[float]:
+    return [float(row[0]) for row in nvidia_smi("memory.total") if row and row[0].replace(".", "", 1).isdigit()]
 
 
 class Node:
@@ -607,7 +613,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))
     parser.add_argument("--fabric", default=None, help="ADDRESS:INTERFACE (default: the first off loopback)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE added to the node's environment")
+    parser.add_argument(
+        "--cotenants",
+        default=None,
+        help="SHAPE:SHARE,… several deployments on the one GPU, handed their settings at once, then a SIGKILL of "
+        "the first (tests/gpu/lane_cotenants.py); --phases '' leaves the kill out",
+    )
+    parser.add_argument(
+        "--cotenants-unpinned", action="store_true", help="as the program rendered co-tenants before: no pin, no turn"
+    )
     args = parser.parse_args(argv)
+    if args.cotenants:
+        report = run_cotenants(args, sys.modules[__name__])
+        print(cotenants_summary(report))
+        entries = report["replicas"].values()
+        return 0 if all(entry.get("ready") == 0 for entry in entries) and report.get("kill", {}).get(
+            "serving_again_seconds", 0) is not None else 1  # fmt: skip
     report = run_lane(args)
     save(report, Path(args.out))
     path = report_path(report, Path(args.out))

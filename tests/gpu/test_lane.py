@@ -164,3 +164,38 @@ def test_the_nccl_test_on_a_real_gpu_all_reduces_correctly_and_says_its_network(
     assert nccl.main(["--out", str(tmp_path)]) == 0
     one = json.loads((tmp_path / "nccl.json").read_text())["cases"]["one node"]["facts"]["gpu-1"]
     assert one["correct"] is True and one["network"] in ("IB", "Socket") and one["seconds"] > 0
+
+
+def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_with_the_standin(tmp_path):
+    """Two deployments on one (stand-in) GPU, handed their settings at once: one waits for the node's GPU turn, each
+    gets the KV cache its plan pinned, and a SIGKILL of one leaves the other answering while it comes back."""
+    for shape in ("qwen3-8b", "qwen3-30b-a3b"):
+        model = tmp_path / "models" / shape
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps(SHAPES[shape][0]))  # no weights: the plan fits this machine
+    bin_dir = standin_bin(tmp_path)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.lane", "--cotenants", "qwen3-8b:0.3,qwen3-30b-a3b:0.3",
+         "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run"), "--out", str(out),
+         "--max-model-len", "4096", "--fabric", "127.0.0.1:lo", "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}",
+         "--env", "STANDIN_LOAD_SECONDS=1", "--env", "STANDIN_DEAD_LINGER_S=0.2",
+         "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "lane-cotenants.json").read_text())
+    small, big = report["replicas"]["qwen3-8b"], report["replicas"]["qwen3-30b-a3b"]
+    for entry in (small, big):
+        assert entry["ready"] == 0 and entry["smoke"] == 0 and entry["vllm_starts"] == 1
+        pinned = entry["plan"]["kvCache"]["pinnedBytes"]
+        assert f"--kv-cache-memory-bytes={pinned}" in entry["argv"]
+        assert entry["kv_gib"] == pytest.approx(pinned / 1024**3, abs=0.01)  # vLLM's (the stand-in's) own line
+    turns = small["turn"] + big["turn"]
+    assert sum("took the node's GPU turn after waiting" in line for line in turns) == 1  # one waited for the other
+    assert sum("gave the node's GPU turn back: vLLM serves" in line for line in turns) == 2
+    kill = report["kill"]
+    assert kill["serving_again_seconds"] is not None and kill["kv_gib_after"] == kill["kv_gib_before"]
+    assert kill["others_health"]["qwen3-30b-a3b"]["failed"] == 0 and kill["others_health"]["qwen3-30b-a3b"]["ok"] > 0
+    assert "lane cotenants (pinned)" in result.stdout
