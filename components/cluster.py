@@ -118,8 +118,14 @@ class VllmCluster(pulumi.ComponentResource):
             self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
         self.router_smoke = None
         if self.router is not None:
-            workers = pulumi.Output.all(*[run.server.served_model_name for run in self.runs]).apply(
-                lambda names: [worker(run.replica, served) for run, served in zip(self.runs, names, strict=True)]
+            count = len(self.runs)
+            workers = pulumi.Output.all(
+                *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
+            ).apply(
+                lambda found: [
+                    worker(run.replica, served, root)
+                    for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
+                ]
             )
             _, self.router_smoke = self.router.declare(
                 workers, [run.router_steps.undrain for run in self.runs], api_key

@@ -23,7 +23,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig
 from components.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.render import exec_python, fingerprint, script_program, with_log_tail_on_failure
-from components.router_params import endpoint, keeper_params, replica_url, router_node  # noqa: F401
+from components.router_params import endpoint, keeper_params, key_digest, replica_url, router_node  # noqa: F401
 from components.steps import SECRET_IO, remote_step, service_container
 
 ROUTER_CONTAINER = "spark-vllm.router"  # a dot: no node's container (spark-vllm-<DNS label>) has it
@@ -34,8 +34,11 @@ STEP_TIMEOUT_SECONDS = 120
 DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-sized requests take minutes)
 
 
-def worker(replica: Any, served: str) -> dict[str, str]:
-    return {"url": replica_url(replica.config), "model": served, "replica": replica.name or "spark-vllm"}
+def worker(replica: Any, served: str, root: Optional[str] = None) -> dict[str, Any]:
+    """A replica as the router's keeper declares it; `root` (the model it loaded) and its max_model_len are what
+    the endpoint's /v1/models says of its model, as vLLM would."""
+    return {"url": replica_url(replica.config), "model": served, "replica": replica.name or "spark-vllm",
+            "root": root, "max_model_len": replica.config.max_model_len}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,10 @@ class Router(pulumi.ComponentResource):
         """Every replica declared (what is not, leaves the router), then each model asked once through it."""
         declared = self._step(
             "spark-vllm-router-workers",
-            pulumi.Output.from_input(workers).apply(
-                lambda w: keeper_params(self._cfg, "workers", timeout=STEP_TIMEOUT_SECONDS, workers=w)
+            pulumi.Output.all(workers, api_key).apply(
+                lambda p: keeper_params(
+                    self._cfg, "workers", timeout=STEP_TIMEOUT_SECONDS, workers=p[0], api_key_sha256=key_digest(p[1])
+                )
             ),
             STEP_TIMEOUT_SECONDS,
             triggers=[self.container.id, pulumi.Output.from_input(workers).apply(fingerprint)],

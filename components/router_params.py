@@ -3,7 +3,8 @@ GPU lane renders the same (tests/gpu/lane_router.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
 
@@ -30,6 +31,7 @@ def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]
         "mode": mode,
         "host": "0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
         "port": router.port,
+        "inner_port": router.inner_port,
         "metrics_host": str(node.fabric_address),
         "metrics_port": router.metrics_port,
         "policy": router.policy,
@@ -38,3 +40,8 @@ def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]
         "health_interval": router.health_check_interval_seconds,
         **extra,
     }
+
+
+def key_digest(api_key: Optional[str]) -> Optional[str]:
+    """What the router's front checks a client's key against: its sha256 (the key itself stays out of its state)."""
+    return hashlib.sha256(api_key.encode()).hexdigest() if api_key else None

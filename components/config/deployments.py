@@ -90,6 +90,12 @@ class RouterConfig(_Model):
     metrics_port: Port = Field(
         29000, description="Its Prometheus metrics (vllm-router --prometheus-port), on the node's fabric address."
     )
+    inner_port: Port = Field(
+        29001,
+        description="Where vllm-router itself listens, on the node's loopback only: router.port is the keeper's front, "
+        "which answers /v1/models in OpenAI's shape, keeps vllm-router's admin API off the network and passes the "
+        "rest on.",
+    )
     policy: Literal["round_robin", "cache_aware", "random"] = Field(
         "round_robin",
         description="How it picks among a model's replicas (vllm-router --policy): round_robin takes turns; "

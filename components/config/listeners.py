@@ -110,6 +110,8 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
         add("router.port", "the router (vllm-router)", router.port, default=single(RouterConfig, "port"))
         add("router.metricsPort", "the router's metrics", router.metrics_port,
             default=single(RouterConfig, "metrics_port"))  # fmt: skip
+        add("router.innerPort", "vllm-router behind the router's front, on loopback", router.inner_port,
+            default=single(RouterConfig, "inner_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = transfer.method == "copy" or sync.enabled is True
     if copying and len(cfg.nodes) > 1:

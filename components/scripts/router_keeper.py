@@ -2,6 +2,10 @@
 # that talk to it through `docker exec` (modes "workers", "drain", "undrain", "ready"). Fed on stdin or as
 # the container's program, after PARAMS (components/render.py script_program). Standard library only.
 #
+# The stack's endpoint on router.port is the keeper's front (router_front.py): it answers /v1/models in OpenAI's
+# shape for every declared model, refuses vllm-router's admin API, and passes the rest to vllm-router, which
+# listens on loopback only (router.innerPort), where the keeper's steps reach its admin API.
+#
 # The router is vllm-router (PyPI; vllm-project/router) in its IGW mode (--enable-igw): it routes a request
 # by its `model` to the workers registered for that model through its HTTP API (POST /workers with url and
 # model_id, DELETE /workers/<url>, GET /workers), balancing among them (--policy). It keeps those
@@ -15,6 +19,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,8 +29,10 @@ import urllib.request
 
 P = json.loads(PARAMS)  # noqa: F821 - defined by the program's first line
 RUN_DIR = P.get("run_dir") or "/run/spark-vllm-router"  # run_dir: tests only
-WORKERS, DRAINED = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json"
-ROUTER = f"http://127.0.0.1:{P['port']}"
+WORKERS, DRAINED, KEY = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/key.json"
+FIELDS = ("url", "model", "root", "max_model_len")  # a declared worker, as workers.json keeps it
+ROUTER = f"http://127.0.0.1:{P['inner_port']}"  # vllm-router itself, its admin API included: loopback only
+FRONT = f"http://{'127.0.0.1' if P['host'] == '0.0.0.0' else P['host']}:{P['port']}"  # the stack's endpoint
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
 
 
@@ -146,10 +153,21 @@ def router_path():
     return target
 
 
+def catalogue():
+    """What the front lists at /v1/models: one entry a declared model (drained or not), and the key's sha256."""
+    entries = {}
+    for declared in read_json(WORKERS, []):
+        entries.setdefault(
+            declared["model"],
+            {"id": declared["model"], "root": declared.get("root"), "max_model_len": declared.get("max_model_len")},
+        )
+    return [entries[name] for name in sorted(entries)], read_json(KEY, {}).get("sha256")
+
+
 def router_argv():
     return [
         sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
-        "--host", P["host"], "--port", str(P["port"]), "--enable-igw", "--policy", P["policy"],
+        "--host", "127.0.0.1", "--port", str(P["inner_port"]), "--enable-igw", "--policy", P["policy"],
         "--prometheus-host", P["metrics_host"], "--prometheus-port", str(P["metrics_port"]),
         "--health-check-interval-secs", str(P["health_interval"]), "--log-level", "warning",
     ]  # fmt: skip
@@ -160,6 +178,8 @@ def serve():
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     path = router_path()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    Front(P["host"], P["port"], ("127.0.0.1", P["inner_port"]), catalogue, say).start()
+    say(f"the endpoint listens on {P['host']}:{P['port']}; vllm-router on 127.0.0.1:{P['inner_port']}")
     router, backoff, healthy = None, 1.0, False
     while not stopping:
         if router is None or router.poll() is not None:
@@ -167,7 +187,7 @@ def serve():
                 say(f"vllm-router exited with {router.returncode}; starting it again in {backoff:g} s")
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 30)
-            say(f"starting vllm-router {P['version']} on {P['host']}:{P['port']} (policy {P['policy']})")
+            say(f"starting vllm-router {P['version']} on 127.0.0.1:{P['inner_port']} (policy {P['policy']})")
             router, healthy = subprocess.Popen(router_argv(), env=env), False
         if reconcile():
             if not healthy:
@@ -213,7 +233,7 @@ def smoke():
     results = {}
     for model in P["models"]:
         body = {"model": model, "messages": [{"role": "user", "content": P["prompt"]}], "max_tokens": P["max_tokens"]}
-        request = urllib.request.Request(ROUTER + "/v1/chat/completions", data=json.dumps(body).encode())
+        request = urllib.request.Request(FRONT + "/v1/chat/completions", data=json.dumps(body).encode())
         request.add_header("Content-Type", "application/json")
         if P.get("api_key"):
             request.add_header("Authorization", f"Bearer {P['api_key']}")
@@ -233,7 +253,17 @@ def smoke():
             "completionTokens": usage.get("completion_tokens"),
             "answeredBy": answer.get("model"),
         }
-    print(json.dumps({"router": ROUTER, "models": results}))
+    print(json.dumps({"router": FRONT, "models": results}))
+
+
+def front_answers():
+    """Whether the endpoint (the front) takes connections."""
+    host, port = FRONT[len("http://") :].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        return True
+    except OSError:
+        return False
 
 
 def _gone(url):
@@ -246,12 +276,13 @@ def main():
     if mode == "serve":
         return serve()
     if mode == "ready":
-        wait_until(lambda: registered() is not None, P["timeout"], "vllm-router answering")
-        print(json.dumps({"router": ROUTER, "workers": registered()}))
+        wait_until(lambda: registered() is not None and front_answers(), P["timeout"], "vllm-router answering")
+        print(json.dumps({"router": FRONT, "workers": registered()}))
         return None
     if mode == "workers":
         with Locked():
-            write_json(WORKERS, [{"url": w["url"], "model": w["model"]} for w in P["workers"]])
+            write_json(WORKERS, [{k: w.get(k) for k in FIELDS} for w in P["workers"]])
+            write_json(KEY, {"sha256": P.get("api_key_sha256")})
         goal = wanted()
         wait_until(lambda: registered() == goal, P["timeout"], f"the router routing to {sorted(goal)}")
         print(json.dumps({"workers": goal, "drained": read_json(DRAINED, [])}))
@@ -269,8 +300,11 @@ def main():
         say(f"{worker['replica']} ({worker['url']}) out of the router, idle after {time.monotonic() - started:.1f} s")
     elif mode == "undrain":
         with Locked():  # declared (a new replica is not yet), and no longer drained
-            declared = [w for w in read_json(WORKERS, []) if w["url"] != worker["url"]]
-            write_json(WORKERS, [*declared, {"url": worker["url"], "model": worker["model"]}])
+            known = read_json(WORKERS, [])
+            before = next((w for w in known if w["url"] == worker["url"]), {})
+            declared = [w for w in known if w["url"] != worker["url"]]
+            entry = {k: worker.get(k) if worker.get(k) is not None else before.get(k) for k in FIELDS}
+            write_json(WORKERS, [*declared, entry])
             write_json(DRAINED, sorted(set(read_json(DRAINED, [])) - {worker["url"]}))
         wait_until(lambda: (registered() or {}).get(worker["url"]) == worker["model"], P["timeout"],
                    f"{worker['url']} back in the router")  # fmt: skip

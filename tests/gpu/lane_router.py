@@ -20,7 +20,7 @@ from typing import Any
 
 from components.config import load_cluster_config
 from components.render import SMOKE_MAX_TOKENS, SMOKE_PROMPT, script_program
-from components.router_params import keeper_params
+from components.router_params import keeper_params, key_digest
 
 HOP_SAMPLES = 100  # each path
 
@@ -100,7 +100,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
     try:
         if not step("router_ready", *keeper("ready", 120)):
             return
-        if not step("router_workers", *keeper("workers", 120, workers=[worker])):
+        if not step("router_workers", *keeper("workers", 120, workers=[worker], api_key_sha256=key_digest(api_key))):
             return
         code, output, seconds = keeper("smoke", 180, models=[served], prompt=SMOKE_PROMPT,
                                        max_tokens=SMOKE_MAX_TOKENS, api_key=api_key)  # fmt: skip

@@ -5,9 +5,12 @@ vLLMs' /metrics. The real vllm-router is run by the rehearsal (tests/e2e/test_de
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +24,7 @@ from components.render import script_program
 from tests.waiting import free_port, wait_for
 
 FAKE_ROUTER = """
-import json, sys, urllib.parse
+import json, sys, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def main():
@@ -30,6 +33,8 @@ def main():
     workers = {}  # url -> model: in memory, as vllm-router keeps them
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vllm-router (hyper) answers
+
         def log_message(self, *a):
             pass
 
@@ -44,10 +49,35 @@ def main():
         def do_GET(self):
             if self.path == "/workers":
                 return self.reply(200, {"workers": [{"url": u, "model_id": m} for u, m in workers.items()]})
+            if self.path == "/v1/models":  # vllm-router 0.1.17's own shape
+                return self.reply(200, {"models": sorted(set(workers.values()))})
             return self.reply(200, {"ok": True})
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.headers.get("Transfer-Encoding") == "chunked":  # a client streaming its request body
+                data = b""
+                while True:
+                    size = int(self.rfile.readline().strip(), 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        break
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+                body = json.loads(data)
+            else:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/chat/completions" and body.get("stream"):  # SSE, a chunk at a time
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for n in range(3):
+                    event = f"data: {json.dumps({'n': n})}\\n\\n".encode()
+                    self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(event), event))
+                    self.wfile.flush()
+                    time.sleep(0.4)
+                self.wfile.write(b"0\\r\\n\\r\\n")
+                return
             if self.path == "/workers":
                 workers[body["url"]] = body["model_id"]
                 return self.reply(200, {"success": True})
@@ -79,7 +109,8 @@ def router(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.17\n")
     port = free_port()
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
-    base = {"host": "127.0.0.1", "port": port, "metrics_host": "127.0.0.1", "metrics_port": free_port(),
+    inner = free_port()
+    base = {"host": "127.0.0.1", "port": port, "inner_port": inner, "metrics_host": "127.0.0.1", "metrics_port": free_port(),
             "policy": "round_robin", "version": "0.1.17", "index_url": None, "health_interval": 5,
             "run_dir": str(tmp_path / "run")}  # fmt: skip
 
@@ -94,7 +125,9 @@ def router(tmp_path):
     )  # fmt: skip
     try:
         assert keeper("ready", timeout=20).returncode == 0, (tmp_path / "keeper.log").read_text()
-        yield keeper, f"http://127.0.0.1:{port}", tmp_path / "keeper.log", served
+        # the keeper's steps reach vllm-router's admin API on loopback (its inner port); clients the front
+        served.front = f"http://127.0.0.1:{port}"
+        yield keeper, f"http://127.0.0.1:{inner}", tmp_path / "keeper.log", served
     finally:
         os.killpg(served.pid, signal.SIGKILL)
         log.close()
@@ -220,7 +253,7 @@ def test_without_the_version_in_the_image_it_installs_it_into_the_volume_once(tm
     (fake / "__main__.py").write_text(
         f"import sys\nopen({str(record)!r}, 'w').write(' '.join(sys.argv[1:]))\nsys.exit(1)\n"
     )
-    params = {"mode": "serve", "host": "127.0.0.1", "port": free_port(), "metrics_host": "127.0.0.1",
+    params = {"mode": "serve", "host": "127.0.0.1", "port": free_port(), "inner_port": free_port(), "metrics_host": "127.0.0.1",
               "metrics_port": free_port(), "policy": "round_robin", "version": "9.9.9",
               "index_url": "https://pypi.mirror.example/simple", "health_interval": 5, "run_dir": str(tmp_path / "r")}  # fmt: skip
     result = subprocess.run(
@@ -239,3 +272,116 @@ def test_the_keeper_installs_where_the_router_container_mounts_its_volume():
     from components.render import script
 
     assert f'INSTALL_DIR = "{ROUTER_INSTALL_DIR}"' in script("router_keeper.py")
+
+
+# --- the front: the stack's endpoint ---------------------------------------------------------------------------
+
+KEY = "sk-front-test-key"
+
+
+def ask(front, method, path, key=None, body=None, connection=None):
+    """(status, parsed body) from the front; `connection` keeps one connection open across requests."""
+    host, port = front[len("http://") :].split(":")
+    own = connection is None
+    connection = connection or http.client.HTTPConnection(host, int(port), timeout=10)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body), "application/json"
+    connection.request(method, path, body=data, headers=headers)
+    response = connection.getresponse()
+    payload = response.read()
+    if own:
+        connection.close()
+    return response.status, json.loads(payload) if payload else None
+
+
+def declare(keeper, *entries):
+    workers = [
+        dict(worker(url, model, name), root=f"/models/{model}", max_model_len=4096) for url, model, name in entries
+    ]
+    assert (
+        keeper(
+            "workers", timeout=20, workers=workers, api_key_sha256=hashlib.sha256(KEY.encode()).hexdigest()
+        ).returncode
+        == 0
+    )
+    return workers
+
+
+def test_the_endpoint_lists_every_declared_model_as_openai_does_with_the_key(router):
+    keeper, _, _, served = router
+    workers = declare(
+        keeper,
+        ("http://10.9.0.1:8000", "big", "big"),
+        ("http://10.9.0.3:8001", "small", "small"),
+        ("http://10.9.0.3:8002", "small", "small-2"),
+    )
+    status, listing = ask(served.front, "GET", "/v1/models", KEY)
+    assert status == 200 and listing["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"], m["root"], m["max_model_len"]) for m in listing["data"]] == [
+        ("big", "model", "vllm", "/models/big", 4096),
+        ("small", "model", "vllm", "/models/small", 4096),
+    ]
+    assert (
+        ask(served.front, "GET", "/v1/models")[0] == 401 and ask(served.front, "GET", "/v1/models", "sk-no")[0] == 401
+    )
+    assert ask(served.front, "GET", "/v1/models/small", KEY) == (200, listing["data"][1])
+    status, missing = ask(served.front, "GET", "/v1/models/nope", KEY)
+    assert status == 404 and missing["error"]["message"] == "The model `nope` does not exist."
+    # a drained (or down) replica's model is still served: the listing stays whole
+    assert keeper("drain", timeout=20, worker=workers[0]).returncode == 0
+    assert [m["id"] for m in ask(served.front, "GET", "/v1/models", KEY)[1]["data"]] == ["big", "small"]
+
+
+def test_the_endpoint_keeps_vllm_routers_admin_api_off_the_network(router):
+    keeper, inner, _, served = router
+    declare(keeper, ("http://10.9.0.1:8000", "big", "big"))
+    for method, path in (
+        ("GET", "/workers"),
+        ("POST", "/workers"),
+        ("POST", "/add_worker?url=http://x:1"),
+        ("GET", "/list_workers"),
+        ("POST", "/remove_worker?url=http://10.9.0.1:8000"),
+    ):
+        assert (
+            ask(served.front, method, path, KEY, body={"url": "http://203.0.113.9:8000", "model_id": "big"})[0] == 404
+        )
+    assert registered(inner) == {"http://10.9.0.1:8000": "big"}  # the keeper's own way in still works
+
+
+def test_requests_pass_through_on_one_connection_between_local_answers(router):
+    keeper, _, _, served = router
+    declare(keeper, ("http://10.9.0.1:8000", "big", "big"))
+    host, port = served.front[len("http://") :].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    chat = {"model": "big", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(3):  # a client's keep-alive connection: listing, a request, listing again
+        assert ask(served.front, "GET", "/v1/models", KEY, connection=connection)[0] == 200
+        status, answer = ask(served.front, "POST", "/v1/chat/completions", KEY, chat, connection=connection)
+        assert status == 200 and answer["key"] == f"Bearer {KEY}"  # passed on for vLLM to check
+    connection.close()
+
+
+def test_a_streamed_answer_comes_through_chunk_by_chunk_and_a_chunked_request_body_goes_in(router):
+    keeper, _, _, served = router
+    declare(keeper, ("http://10.9.0.1:8000", "big", "big"))
+    host, port = served.front[len("http://") :].split(":")
+    body = json.dumps({"model": "big", "messages": [], "stream": True}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\n\r\n"
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(head + chunked)
+        seen, first_at = b"", None
+        while not seen.endswith(b"0\r\n\r\n"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            seen += data
+            if first_at is None and b"data:" in seen:
+                first_at = time.monotonic() - started
+    assert seen.startswith(b"HTTP/1.1 200") and seen.count(b"data:") == 3
+    # the first event arrives as vllm-router sends it, not after the last (0.4 s apart at the fake)
+    assert first_at is not None and first_at < 0.35 and time.monotonic() - started > 0.8, first_at
