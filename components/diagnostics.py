@@ -20,7 +20,7 @@ from components.router import ROUTER_CONTAINER
 
 def node_containers(cfg: ClusterConfig, node_name: str, container: Any) -> list[str]:
     """The stack's containers on a node, vLLM's first (with deployments, each replica's there)."""
-    found = [container] if isinstance(container, str) else list(container)
+    found = _listed(container)
     if cfg.network.guard:
         found.append(GUARD_CONTAINER)
     if cfg.uses_depot and node_name == cfg.copy_source.name:
@@ -52,6 +52,7 @@ def diagnostics_output(
                 "hostKey": host_keys[node.name],
                 "identity": identity,
                 "containers": node_containers(cfg, node.name, containers.get(node.name) or []),
+                "vllmContainers": _listed(containers.get(node.name) or []),
                 "runDir": RUN_DIR,
                 "fabricInterface": node.fabric_interface,
                 "head": any(node.name == each.config.head_node.name for each in cfg.replicas),
@@ -59,6 +60,10 @@ def diagnostics_output(
             for node in cfg.nodes
         ],
     }
+
+
+def _listed(container: Any) -> list[str]:
+    return [container] if isinstance(container, str) else list(container)
 
 
 def diagnose_command(stack: str) -> str:

@@ -12,7 +12,8 @@ collected all the same. Everything written is scrubbed: every secret value the s
 HF token, SSH key, Ray token, copy token) and anything shaped like one. Standard library only.
 
 `--inputs FILE` takes what the pulumi commands would give as one JSON document instead (tests, or a
-stack file copied from elsewhere): {"diagnostics": …, "outputs": …, "config": …, "secrets": [values]}.
+stack file copied from elsewhere): {"diagnostics": …, "outputs": …, "config": …, "state": …} (and "secrets":
+[values] to scrub besides those the config and the state hold).
 """
 
 from __future__ import annotations
@@ -58,16 +59,58 @@ def pulumi_json(args: list[str], stack: str) -> Any:
 
 
 def stack_inputs(stack: str) -> dict[str, Any]:
-    """What the stack says: the diagnostics output, every plain output, the config, the secret values."""
+    """What the stack says: the diagnostics output, every plain output, the config, its state."""
     outputs = pulumi_json(["stack", "output", "--json"], stack)
     config = pulumi_json(["config", "--json", "--show-secrets"], stack)
     state = pulumi_json(["stack", "export", "--show-secrets"], stack)
-    secrets = [entry.get("value") for key, entry in config.items() if key.split(":")[-1] in SECRET_CONFIG_KEYS]
-    for resource in (state or {}).get("deployment", {}).get("resources", []):
-        name = resource.get("urn", "").rsplit("::", 1)[-1]
-        if name == "ray-auth-token" or name.endswith("copy-token"):
-            secrets.append(str((resource.get("outputs") or {}).get("stdout", "")).strip())
-    return {"diagnostics": outputs.get("diagnostics"), "outputs": outputs, "config": config, "secrets": secrets}
+    return {"diagnostics": outputs.get("diagnostics"), "outputs": outputs, "config": config, "state": state}
+
+
+# How `pulumi stack export --show-secrets` writes a value held as a secret: the secret signature's key, and the
+# value JSON-encoded in "plaintext" (pulumi sdk/go/common/resource/config: the "4dabf18193072939515e22adb298388d"
+# sig key; ciphertext instead without --show-secrets).
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+
+
+def secrets_of(config: Any, state: Any) -> list[str]:
+    """Every secret value the stack holds: the secret config keys, and every value its state holds as a secret
+    (the Ray token, the copy token, a step's stdin or stdout), unwrapped as the export writes them."""
+    found = [
+        entry.get("value")
+        for key, entry in (config or {}).items()
+        if isinstance(entry, dict) and (entry.get("secret") or key.split(":")[-1] in SECRET_CONFIG_KEYS)
+    ]
+    pending = [state]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if value.get(SECRET_SIG) and "plaintext" in value:
+                found += plain_values(value["plaintext"])
+                continue
+            pending += list(value.values())
+        elif isinstance(value, list):
+            pending += value
+    return [value for value in found if isinstance(value, str)]
+
+
+def plain_values(plaintext: Any) -> list[str]:
+    """The strings inside a secret's plaintext (JSON: a string, or a structure of them), each line of a multi-line
+    one too (a token printed bare on a line of a step's output)."""
+    try:
+        value = json.loads(plaintext) if isinstance(plaintext, str) else plaintext
+    except ValueError:
+        value = plaintext
+    strings, pending = [], [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            strings.append(item)
+            strings += [line.strip() for line in item.splitlines() if len(line.strip()) >= 16]
+        elif isinstance(item, dict):
+            pending += list(item.values())
+        elif isinstance(item, list):
+            pending += item
+    return strings
 
 
 class Scrubber:
@@ -110,6 +153,7 @@ def ssh_argv(node: dict[str, Any], known_hosts: str) -> list[str]:
         argv += ["-o", f"IdentityFile={node['identity']}", "-o", "IdentitiesOnly=yes"]
     env = {
         "CONTAINERS": " ".join(node.get("containers") or []),
+        "VLLM_CONTAINERS": " ".join(node.get("vllmContainers") or (node.get("containers") or [])[:1]),
         "RUN_DIR": node.get("runDir", "/run/spark-vllm"),
         "FABRIC_IF": node.get("fabricInterface", ""),
     }
@@ -143,7 +187,7 @@ def bundle(inputs: dict[str, Any], out: Path) -> dict[str, Any]:
     """Collects every node at once and writes the tar.gz; returns its index."""
     facts = inputs.get("diagnostics") or {}
     nodes = facts.get("nodes") or []
-    scrub = Scrubber(inputs.get("secrets") or [])
+    scrub = Scrubber([*(inputs.get("secrets") or []), *secrets_of(inputs.get("config"), inputs.get("state"))])
     with tempfile.NamedTemporaryFile("w", suffix="-known_hosts", delete=False) as handle:
         for node in nodes:
             if node.get("hostKey"):
@@ -174,10 +218,11 @@ def bundle(inputs: dict[str, Any], out: Path) -> dict[str, Any]:
             entry["files"][file] = len(text.encode())
         index["nodes"][name] = entry
     files = {path: scrub(text) for path, text in files.items()}
+    index = scrub_values(index, scrub)  # a node's error (ssh's stderr) is the node's word: scrubbed too
     index["secrets_scrubbed"] = scrub.count
     index["files"] = sorted(files)
     files["index.json"] = json.dumps(index, indent=1, sort_keys=True) + "\n"
-    files["INDEX.txt"] = describe(index)
+    files["INDEX.txt"] = scrub(describe(index))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w:gz") as tar:
         for path, text in sorted(files.items()):
@@ -186,6 +231,17 @@ def bundle(inputs: dict[str, Any], out: Path) -> dict[str, Any]:
             info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
             tar.addfile(info, io.BytesIO(data))
     return index
+
+
+def scrub_values(value: Any, scrub: Scrubber) -> Any:
+    """`value` (the index) with every string in it scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {key: scrub_values(item, scrub) for key, item in value.items()}
+    if isinstance(value, list):
+        return [scrub_values(item, scrub) for item in value]
+    return value
 
 
 def describe(index: dict[str, Any]) -> str:

@@ -2,7 +2,8 @@
 # Collects what a node can say about the stack, for scripts/diagnose.py (over SSH, this script on stdin).
 # Every section is printed between `=== spark-vllm-diagnose: FILE ===` lines; each command is bounded by a
 # timeout and may fail without stopping the others. Environment: CONTAINERS (this node's container names,
-# space separated; the first is the node's vLLM container), RUN_DIR (inside the container), FABRIC_IF.
+# space separated), VLLM_CONTAINERS (those that run vLLM; default: the first of CONTAINERS), RUN_DIR (inside
+# the container), FABRIC_IF.
 set -u
 section() { printf '\n=== spark-vllm-diagnose: %s ===\n' "$1"; }
 run() { timeout --kill-after=5 "${LIMIT:-30}" "$@" 2>&1 || echo "(exit $?: $*)"; }
@@ -32,18 +33,23 @@ for container in ${CONTAINERS:-}; do
   section "docker-logs-$container.txt"
   run docker logs --tail 300 "$container"
 done
-first=${CONTAINERS%% *}
-if [ -n "$first" ]; then
-  section status.json
-  run docker exec "$first" cat "$RUN_DIR/status.json"
-  section vllm-log.txt
-  run docker exec "$first" tail -n 400 "$RUN_DIR/vllm.log"
-  section nccl.txt
+# vLLM's own sections, per container that runs one (with deployments, each replica's on this node); one such
+# container keeps the plain names (status.json, vllm-log.txt, …), several are told apart by their name
+vllm_containers=${VLLM_CONTAINERS:-${CONTAINERS%% *}}
+count=$(echo "$vllm_containers" | wc -w)
+for container in $vllm_containers; do
+  suffix=""
+  [ "$count" -gt 1 ] && suffix="-$container"
+  section "status$suffix.json"
+  run docker exec "$container" cat "$RUN_DIR/status.json"
+  section "vllm-log$suffix.txt"
+  run docker exec "$container" tail -n 400 "$RUN_DIR/vllm.log"
+  section "nccl$suffix.txt"
   # NCCL's transport lines: NET/IB means RDMA, NET/Socket a TCP fallback
-  run docker exec "$first" grep -hE 'NCCL INFO .*(NET/|via |Using network|NCCL_IB|Channel 00)' "$RUN_DIR/vllm.log" | tail -n 100
-  section ray-status.txt
-  LIMIT=40 run docker exec "$first" sh -c 'command -v ray >/dev/null && ray status || echo "(no ray in this container: executor mp)"'
-fi
+  run docker exec "$container" grep -hE 'NCCL INFO .*(NET/|via |Using network|NCCL_IB|Channel 00)' "$RUN_DIR/vllm.log" | tail -n 100
+  section "ray-status$suffix.txt"
+  LIMIT=40 run docker exec "$container" sh -c 'command -v ray >/dev/null && ray status || echo "(no ray in this container: executor mp)"'
+done
 section fabric.txt
 if [ -n "${FABRIC_IF:-}" ]; then
   run ip -d addr show dev "$FABRIC_IF"

@@ -33,6 +33,7 @@ FAKE_SSH = """#!/usr/bin/env bash
 # a node: the last word is the remote command; "down.invalid" never answers
 for word in "$@"; do target=$word; done
 case "$*" in *down.invalid*) echo "ssh: connect to host down.invalid port 22: Connection refused" >&2; exit 255;; esac
+case "$*" in *leaky.invalid*) echo "ssh: banner says $PLANTED_IN_ERROR" >&2; exit 255;; esac
 echo "$@" >> "$FAKE_LOG"
 exec bash -c "$target"
 """
@@ -56,7 +57,14 @@ FAKE_DMESG = (
 )
 
 
-def bundle(tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+def secret_output(value):
+    """A value Pulumi's state holds as a secret, as `pulumi stack export --show-secrets` writes it."""
+    return {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": json.dumps(value)}
+
+
+def bundle(
+    tmp_path: Path, replicas=("spark-vllm-node-1",), leaky=False
+) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (
@@ -77,9 +85,15 @@ def bundle(tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]
                     **node,
                     "name": "node-1",
                     "host": "node-1.local",
-                    "containers": ["spark-vllm-node-1", "spark-vllm.guard"],
+                    "containers": [*replicas, "spark-vllm.guard"],
+                    "vllmContainers": list(replicas),
                 },
                 {**node, "name": "node-2", "host": "down.invalid", "containers": ["spark-vllm-node-2"]},
+                *(
+                    [{**node, "name": "node-3", "host": "leaky.invalid", "containers": ["spark-vllm-node-3"]}]
+                    if leaky
+                    else []
+                ),
             ],
         },
         "outputs": {"endpoint": "http://node-1:8000/v1", "prometheusConfig": "[secret]", "fabric": {"checked": True}},
@@ -90,7 +104,27 @@ def bundle(tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]
             "spark-vllm:grafanaAdminPassword": {"value": GRAFANA_PASSWORD, "secret": True},
             "spark-vllm:image": {"value": "vllm/vllm-openai:v0.33.0", "secret": False},
         },
-        "secrets": [API_KEY, HF_TOKEN, SSH_KEY, RAY_TOKEN, COPY_TOKEN, GRAFANA_PASSWORD],
+        # as `pulumi stack export --show-secrets` has them: each secret output wrapped, its value JSON-encoded
+        "state": {
+            "deployment": {
+                "resources": [
+                    {
+                        "urn": "urn:pulumi:prod::spark-vllm::spark-vllm:index:VllmCluster$command:local:Command::ray-auth-token",
+                        "outputs": {"create": "python3 -c …", "stdout": secret_output(RAY_TOKEN + "\n")},
+                    },
+                    {
+                        "urn": "urn:pulumi:prod::spark-vllm::spark-vllm:index:FabricCopy$command:local:Command::spark-vllm-copy-token",
+                        "outputs": {"stdout": secret_output(COPY_TOKEN)},
+                    },
+                    {
+                        "urn": "urn:pulumi:prod::spark-vllm::spark-vllm:index:VllmServer$command:remote:Command::small-serve",
+                        "inputs": {
+                            "stdin": secret_output(f'PARAMS = "{{\\"env\\": {{\\"VLLM_API_KEY\\": \\"{API_KEY}\\"}}}}"')
+                        },
+                    },
+                ]
+            }
+        },
     }
     (tmp_path / "inputs.json").write_text(json.dumps(inputs))
     out = tmp_path / "bundle.tar.gz"
@@ -146,3 +180,27 @@ def test_the_node_script_reaches_the_node_as_the_stack_says_and_passes_no_secret
     assert "-o StrictHostKeyChecking=yes" in command and "root@node-1.local" in command
     assert "CONTAINERS='spark-vllm-node-1 spark-vllm.guard'" in command
     assert not any(secret in command for secret in PLANTED)
+
+
+def test_secrets_come_from_the_state_as_pulumi_wraps_them_not_only_from_a_list(tmp_path):
+    """The Ray and copy tokens, printed bare by a node, are known only from the state (`{"plaintext": …}`)."""
+    _, files = bundle(tmp_path)
+    logs = files["node-1/docker-logs-spark-vllm-node-1.txt"]
+    assert RAY_TOKEN not in logs and COPY_TOKEN not in logs and logs.count("[redacted by spark-vllm]") >= 5
+
+
+def test_every_vllm_container_on_a_node_gets_its_own_status_log_and_nccl_sections(tmp_path):
+    _, files = bundle(tmp_path, replicas=("spark-vllm-coder-node-1", "spark-vllm-small-node-1"))
+    for replica in ("spark-vllm-coder-node-1", "spark-vllm-small-node-1"):
+        for section in (f"status-{replica}.json", f"vllm-log-{replica}.txt", f"nccl-{replica}.txt",
+                        f"ray-status-{replica}.txt", f"docker-logs-{replica}.txt"):  # fmt: skip
+            assert f"node-1/{section}" in files, section
+    assert "node-1/status.json" not in files  # names of their own when there are several
+    assert "via NET/IB/0" in files["node-1/nccl-spark-vllm-small-node-1.txt"]
+
+
+def test_the_index_is_scrubbed_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANTED_IN_ERROR", API_KEY)
+    result, files = bundle(tmp_path, leaky=True)
+    assert API_KEY not in files["index.json"] + files["INDEX.txt"] + result.stdout
+    assert "[redacted by spark-vllm]" in json.loads(files["index.json"])["nodes"]["node-3"]["error"]
