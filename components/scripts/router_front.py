@@ -117,6 +117,7 @@ class Front:
 
     def serve(self, client):
         upstream = None
+        answering = False  # the last request passed on asked to close: its answer ends the connection (pump)
         reader = client.makefile("rb")
         try:
             while True:
@@ -145,21 +146,20 @@ class Front:
                             return
                     upstream.sendall(raw)
                     copy_body(reader, headers, upstream.sendall)
+                    answering = not keep
                 if not keep:
                     return
         except (OSError, ValueError, BadRequestError):
             return
         finally:
             reader.close()
-            if upstream is not None:
-                try:
-                    upstream.shutdown(socket.SHUT_WR)
+            if upstream is not None and not answering:
+                try:  # the client went: so does its connection to vllm-router (and the pump with it)
+                    upstream.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            try:
-                client.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
+            elif upstream is None:
+                client.close()
 
     def connect(self, client):
         """A connection to vllm-router whose answers stream back to `client` (a thread copies them)."""

@@ -2,6 +2,7 @@
 
     sudo ./rehearse                  # 2 nodes: deploy, one chat request, destroy; time per stage
     sudo ./rehearse --nodes 3 --pp   # 3 nodes, pipeline parallel
+    sudo ./rehearse --fleet          # several models on 3 nodes behind one endpoint, a real openai client
     sudo ./rehearse --keep           # leave the cluster up to explore …
     sudo ./rehearse teardown         # … and remove it afterwards
 
@@ -214,6 +215,61 @@ def last_vllm_start(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> str
     return log[starts[-1] :] if starts else log
 
 
+def fleet_config(cluster: simnodes.SimCluster, image_ref: str, model: Path, **small_vllm) -> tuple[dict, dict]:
+    """Several models on three simulated nodes (the example fleet's shape): `big` over node-1 and node-2 (TP 2),
+    `side` on node-2 beside big's worker half, `small` twice on node-3 (two vLLMs sharing one GPU), the router on
+    node-1."""
+    config, secrets_ = rehearsal_config(cluster, image_ref, model)
+    ray = config.pop("ray")
+    for key in ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "vllm"):
+        config.pop(key, None)
+    ready = {"readyTimeoutSeconds": 180}
+    config["deployments"] = [
+        {"name": "big", "model": str(model), "nodes": ["node-1", "node-2"], "tensorParallelSize": 2, "maxModelLen": 4096,
+         "vllm": {"servedModelName": "big-model", "gpuMemoryUtilization": 0.4, **ready}, "ray": ray},
+        {"name": "small", "model": str(model), "nodes": ["node-3"], "replicas": 2, "maxModelLen": 4096,
+         "vllm": {"servedModelName": "small-model", "gpuMemoryUtilization": 0.3, **ready, **small_vllm}},
+        {"name": "side", "model": str(model), "nodes": ["node-2"], "maxModelLen": 4096,
+         "vllm": {"servedModelName": "side-model", "gpuMemoryUtilization": 0.2, "port": 8002, **ready}},
+    ]  # fmt: skip
+    config["router"] = {"port": 8080, "healthCheckIntervalSeconds": 2}
+    return config, secrets_
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def openai_tour(endpoint: str, api_key: str) -> dict:
+    """What a real client (the `openai` SDK) gets through the endpoint: the models it lists, then for each a
+    streamed chat and a tool call."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=endpoint, api_key=api_key, max_retries=0, timeout=60)
+    found: dict = {"models": sorted(model.id for model in client.models.list())}
+    for model in found["models"]:
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "say something"}], max_tokens=8, stream=True
+        )
+        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+        called = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+        call = called.choices[0].message.tool_calls[0]
+        found[model] = {"streamed": "".join(pieces), "chunks": len(pieces), "tool": call.function.name,
+                        "arguments": json.loads(call.function.arguments)}  # fmt: skip
+    return found
+
+
 def _print_stages(title: str, run: Run) -> None:
     print(f"\n{title}")
     for stage, seconds in stage_times(run).items():
@@ -228,6 +284,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("action", nargs="?", choices=["run", "teardown"], default="run")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
     parser.add_argument("--pp", action="store_true", help="pipeline parallel across nodes instead of tensor parallel")
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="several models on three nodes, two of them sharing one GPU, behind one endpoint; ends with a real "
+        "`openai` client's answers from each model",
+    )
     parser.add_argument("--keep", action="store_true", help="leave the cluster up; `rehearse teardown` removes it")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
@@ -238,6 +300,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if problem:
         print(f"rehearse: cannot rehearse here: {problem}", file=sys.stderr)
         return 2
+    if args.fleet:
+        args.nodes = 3
     build_started = time.monotonic()
     # New simulated nodes: a state left by an earlier, interrupted run describes nodes that are gone.
     shutil.rmtree(args.workdir / "deployer", ignore_errors=True)
@@ -249,9 +313,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"in the cluster's registry) ready in {time.monotonic() - build_started:.1f} s"
         )
         stack = RehearsalStack(args.workdir / "deployer", "rehearsal", echo=print)
-        config, secret_values = rehearsal_config(
-            cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
-        )
+        if args.fleet:
+            config, secret_values = fleet_config(cluster, image.ref, make_model(args.workdir))
+        else:
+            config, secret_values = rehearsal_config(
+                cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
+            )
         _say("pulumi login && pulumi stack init rehearsal")
         stack.init()
         _say("pulumi config set --secret apiKey / hfToken / sshPrivateKey (+ the stack file)")
@@ -261,9 +328,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         _say("pulumi up --yes")
         run = stack.up()
         endpoint = run.outputs["endpoint"]
-        _say(f"one chat request to {endpoint}")
-        answer = chat(endpoint, secret_values["apiKey"], run.outputs["servedModelName"])
-        print(f"answered: {answer['choices'][0]['message']['content']!r}")
+        if args.fleet:
+            _say(f"the openai client through {endpoint}: models.list(), then a streamed chat and a tool call each")
+            tour = openai_tour(endpoint, secret_values["apiKey"])
+            print(f"models: {tour.pop('models')}")
+            for model, answers in tour.items():
+                print(f"  {model:12} streamed {answers['streamed']!r} ({answers['chunks']} chunks); tool call "
+                      f"{answers['tool']}({json.dumps(answers['arguments'])})")  # fmt: skip
+            print("memory plans: " + "; ".join(
+                f"{name} KV {plan.get('kvCache', {}).get('pinnedGib', 'profiled')} GiB"
+                for name, plan in run.outputs["memoryPlan"].items()))  # fmt: skip
+        else:
+            _say(f"one chat request to {endpoint}")
+            answer = chat(endpoint, secret_values["apiKey"], run.outputs["servedModelName"])
+            print(f"answered: {answer['choices'][0]['message']['content']!r}")
         _print_stages("deployed:", run)
         print(f"smoke test output: {run.outputs['smoke']}")
         versions = stack.versions()

@@ -10,6 +10,7 @@ Timings are printed (`-s`) for docs/measurements.md.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -18,7 +19,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.cli_stack import StackError
-from tests.e2e.rehearsal import chat, rehearsal_config, request
+from tests.e2e.rehearsal import chat, fleet_config, openai_tour, request
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -27,32 +28,7 @@ ROUTER_PORT = 8080
 
 
 def deployments_config(cluster, image_ref, model, **small_vllm):
-    config, secrets = rehearsal_config(cluster, image_ref, model)
-    ray = config.pop("ray")
-    for key in ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "vllm"):
-        config.pop(key, None)
-    config["deployments"] = [
-        {
-            "name": "big",
-            "model": str(model),
-            "nodes": ["node-1", "node-2"],
-            "tensorParallelSize": 2,
-            "maxModelLen": 4096,
-            "vllm": {"servedModelName": "big-model", "gpuMemoryUtilization": 0.4, "readyTimeoutSeconds": 180},
-            "ray": ray,
-        },
-        {
-            "name": "small",
-            "model": str(model),
-            "nodes": ["node-3"],
-            "replicas": 2,
-            "maxModelLen": 4096,
-            "vllm": {"servedModelName": "small-model", "gpuMemoryUtilization": 0.3, "readyTimeoutSeconds": 180,
-                     **small_vllm},
-        },
-    ]  # fmt: skip
-    config["router"] = {"port": ROUTER_PORT, "healthCheckIntervalSeconds": 2}
-    return config, secrets
+    return fleet_config(cluster, image_ref, model, **small_vllm)
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +55,12 @@ def served_requests(cluster, node, container) -> float:
 def test_a_request_for_each_model_is_answered_through_the_router(fleet):
     outputs, key = fleet["run"].outputs, fleet["secrets"]["apiKey"]
     assert outputs["endpoint"].endswith(f":{ROUTER_PORT}/v1")
-    for model in ("big-model", "small-model"):
+    for model in ("big-model", "small-model", "side-model"):
         answer = chat(outputs["endpoint"], key, model)
         assert answer["model"] == model and answer["usage"]["completion_tokens"] > 0
     status, listing = request(outputs["endpoint"] + "/models", key)
     assert status == 200 and {"big-model", "small-model"} <= set(json.dumps(listing).replace('"', " ").split())
-    assert set(outputs["routerSmoke"]) == {"big-model", "small-model"}  # `up` asked each through the router
+    assert set(outputs["routerSmoke"]) == {"big-model", "small-model", "side-model"}  # `up` asked each through it
     # each deployment's own endpoint stays an output, and answers
     small = outputs["deployments"]["small"]["replicas"]
     assert [r["endpoint"].rsplit(":", 1)[1] for r in small] == ["8000/v1", "8001/v1"]
@@ -120,6 +96,91 @@ def test_the_routers_metrics_are_served_on_the_fabric(sim_cluster3, fleet):
     ).stdout  # fmt: skip
     assert "vllm_router_" in text
     assert f"{head.fabric_ip}:29000" in fleet["run"].outputs["metrics"]["targets"]["router"]
+
+
+def test_a_real_openai_client_lists_and_talks_to_every_model_through_the_endpoint(fleet):
+    endpoint, key = fleet["run"].outputs["endpoint"], fleet["secrets"]["apiKey"]
+    tour = openai_tour(endpoint, key)
+    assert tour["models"] == ["big-model", "side-model", "small-model"]
+    for model in tour["models"]:
+        assert tour[model]["chunks"] > 1 and tour[model]["streamed"].strip(), tour[model]
+        assert tour[model]["tool"] == "get_weather" and tour[model]["arguments"] == {"city": "standin"}
+    status, listing = request(endpoint + "/models", key)
+    assert status == 200 and listing["object"] == "list" and listing["data"][0]["owned_by"] == "vllm"
+    assert request(endpoint + "/models")[0] == 401  # the key, as vLLM asks it
+    assert request(endpoint.removesuffix("/v1") + "/workers", key)[0] == 404  # vllm-router's admin API: not here
+
+
+def vllm_log(cluster, node, container) -> str:
+    return cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/vllm.log").stdout
+
+
+def pinned_kv(log: str) -> list[float]:
+    """The KV caches vLLM (the stand-in) reserved as it was told to, in its log: one a start."""
+    return [float(found) for found in re.findall(r"reserved ([\d.]+) GiB memory for KV Cache as specified", log)]
+
+
+def test_a_model_beside_the_worker_half_of_another_serves_and_both_get_their_plans_kv(sim_cluster3, fleet):
+    outputs, node2 = fleet["run"].outputs, sim_cluster3.nodes[1]
+    names = sim_cluster3.docker(node2, "ps", "--format", "{{.Names}}").stdout.split()
+    assert {"spark-vllm-big-node-2", "spark-vllm-side-node-2"} <= set(names)
+    plans = outputs["memoryPlan"]
+    assert plans["side"]["coTenants"] == {"node-2": ["big"]} and plans["big"]["coTenants"] == {"node-2": ["side"]}
+    assert pinned_kv(vllm_log(sim_cluster3, node2, "spark-vllm-side-node-2")) == [plans["side"]["kvCache"]["pinnedGib"]]
+    assert pinned_kv(vllm_log(sim_cluster3, sim_cluster3.nodes[0], "spark-vllm-big-node-1"))[-1] == pytest.approx(
+        plans["big"]["kvCache"]["pinnedGib"], abs=0.01
+    )
+    assert chat(outputs["endpoint"], fleet["secrets"]["apiKey"], "side-model")["model"] == "side-model"
+
+
+def test_co_tenants_started_together_take_the_nodes_gpu_turn_and_keep_their_kv(sim_cluster3, fleet):
+    """A reboot of node-3, as far as its two vLLMs go: both containers start at once, every supervisor with them."""
+    node3, key = sim_cluster3.nodes[2], fleet["secrets"]["apiKey"]
+    containers = ["spark-vllm-small-node-3", "spark-vllm-small-2-node-3"]
+    before = {c: len(vllm_log(sim_cluster3, node3, c)) for c in containers}
+    sim_cluster3.docker(node3, "kill", *containers)
+    sim_cluster3.docker(node3, "start", *containers)
+    assert wait_for(lambda: all(supervisor(sim_cluster3, node3, c).get("serving") for c in containers), 180)
+    logs = {c: vllm_log(sim_cluster3, node3, c)[before[c] :] for c in containers}
+    said = "".join(logs.values())
+    assert said.count("took the node's GPU turn after waiting") == 1, said  # the second waited for the first
+    assert said.count("gave the node's GPU turn back: vLLM serves") == 2
+    assert "did not get its memory" not in said and "No available memory" not in said
+    pinned = fleet["run"].outputs["memoryPlan"]["small"]["kvCache"]["pinnedGib"]
+    assert [pinned_kv(log) for log in logs.values()] == [[pinned], [pinned]]
+    assert chat(fleet["run"].outputs["endpoint"], key, "small-model")["model"] == "small-model"
+
+
+def test_two_vllms_started_by_hand_beside_them_without_turn_or_pin_clash_on_the_nodes_gpu(sim_cluster3, fleet):
+    """What the turn and the pinned KV cache prevent, shown on the same simulated GPU: two vLLMs started at once
+    in the two containers of node-3, profiling as vLLM 0.25 does (the stand-in's model of vLLM issue 55827)."""
+    node3, model = sim_cluster3.nodes[2], fleet["config"]["deployments"][1]["model"]
+
+    def start(container, port, share):
+        argv = ["vllm", "serve", model, "--port", str(port), "--gpu-memory-utilization", str(share),
+                "--max-model-len", "4096"]  # fmt: skip
+        line = " ".join(argv) + f" > /tmp/by-hand-{port}.log 2>&1"
+        sim_cluster3.docker(node3, "exec", "-d", "-e", "STANDIN_PROFILE_SECONDS=2", container,
+                            "setsid", "sh", "-c", f"echo $$ > /tmp/by-hand-{port}.pid; exec {line}")  # fmt: skip
+
+    def log(container, port):
+        return sim_cluster3.docker(node3, "exec", container, "cat", f"/tmp/by-hand-{port}.log").stdout
+
+    start("spark-vllm-small-node-3", 9101, 0.55)
+    time.sleep(0.3)
+    start("spark-vllm-small-2-node-3", 9102, 0.3)
+    try:
+        assert wait_for(
+            lambda: "No available memory for the cache blocks" in log("spark-vllm-small-2-node-3", 9102), 60
+        )
+        assert wait_for(lambda: "Available KV cache memory" in log("spark-vllm-small-node-3", 9101), 30)
+    finally:
+        for container, port in (("spark-vllm-small-node-3", 9101), ("spark-vllm-small-2-node-3", 9102)):
+            sim_cluster3.docker(node3, "exec", container, "sh", "-c",
+                                f"kill -KILL -- -$(cat /tmp/by-hand-{port}.pid) 2>/dev/null; true")  # fmt: skip
+    # the replicas the supervisors keep were not disturbed
+    assert all(supervisor(sim_cluster3, node3, c).get("serving") for c in ("spark-vllm-small-node-3",
+                                                                           "spark-vllm-small-2-node-3"))  # fmt: skip
 
 
 def test_a_change_of_one_deployment_touches_only_its_resources(fleet):

@@ -70,6 +70,12 @@ def download(requirements: list[str], into: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part-mib", type=int, default=PART_BYTES // (1024 * 1024))
+    parser.add_argument(
+        "--without",
+        default="",
+        help="distributions left out, comma-separated (e.g. ray,vllm-router for a lane of mp phases without the "
+        "router: two parts fewer to send)",
+    )
     args = parser.parse_args(argv)
     requirements = pins(REQUIREMENTS.read_text())
     key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
@@ -80,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(found) != len(requirements):
         print(f"pack: {len(found)} wheels for {len(requirements)} pins in {wheels}", file=sys.stderr)
         return 1
+    left_out = {name.strip().lower().replace("-", "_") for name in args.without.split(",") if name.strip()}
+    if left_out:
+        found = [wheel for wheel in found if wheel.name.split("-", 1)[0].lower() not in left_out]
+        key += "-without-" + "-".join(sorted(left_out))
     archive = CACHE / f"wheels-{key}.tar"
     if not archive.exists():
         partial = archive.with_suffix(".tar.partial")

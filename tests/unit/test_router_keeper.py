@@ -24,7 +24,7 @@ from components.render import script_program
 from tests.waiting import free_port, wait_for
 
 FAKE_ROUTER = """
-import json, sys, time, urllib.parse
+import json, select, socket, sys, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def main():
@@ -82,6 +82,11 @@ def main():
                 workers[body["url"]] = body["model_id"]
                 return self.reply(200, {"success": True})
             if self.path == "/v1/chat/completions":
+                # hyper (vllm-router) drops a request whose client hung up before the answer: so does this
+                ready, _, _ = select.select([self.connection], [], [], 0.3)
+                if ready and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                    self.close_connection = True
+                    return
                 if body["model"] not in workers.values():
                     return self.reply(404, {"error": "no worker for " + body["model"]})
                 key = self.headers.get("Authorization")
@@ -385,3 +390,16 @@ def test_a_streamed_answer_comes_through_chunk_by_chunk_and_a_chunked_request_bo
     assert seen.startswith(b"HTTP/1.1 200") and seen.count(b"data:") == 3
     # the first event arrives as vllm-router sends it, not after the last (0.4 s apart at the fake)
     assert first_at is not None and first_at < 0.35 and time.monotonic() - started > 0.8, first_at
+
+
+def test_a_client_that_asks_to_close_the_connection_still_gets_its_answer(router):
+    """urllib (and the router's own smoke step) sends `Connection: close`: the front must not hang up on
+    vllm-router before the answer came back (seen in the rehearsal: 'Remote end closed connection')."""
+    keeper, _, _, served = router
+    declare(keeper, ("http://10.9.0.1:8000", "big", "big"))
+    request = urllib.request.Request(served.front + "/v1/chat/completions", method="POST",
+                                      data=json.dumps({"model": "big", "messages": []}).encode())  # fmt: skip
+    request.add_header("Authorization", f"Bearer {KEY}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200 and json.load(response)["model"] == "big"

@@ -256,6 +256,38 @@ def test_chat_completion_errors():
     assert status == 400 and "maximum context length is 5" in r["error"]["message"]
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]},
+                                     "days": {"type": "integer"}}, "required": ["city", "unit"]}}}  # fmt: skip
+
+
+def test_a_named_or_required_tool_choice_makes_a_tool_call_of_the_functions_schema():
+    body = {"model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
+    status, r = api.chat_completion(body, cfg(), 0)
+    message = r["choices"][0]["message"]
+    assert status == 200 and message["content"] == "" and r["choices"][0]["finish_reason"] == "stop"
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "standin", "unit": "c"}
+    status, r = api.chat_completion(dict(body, tool_choice="required"), cfg(), 0)
+    assert r["choices"][0]["finish_reason"] == "tool_calls" and r["choices"][0]["message"]["tool_calls"]
+    chunks = api.stream_chunks(r, False)
+    assert any(c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"])
+
+
+def test_auto_tool_choice_needs_the_flags_as_vllm_says():
+    body = {"model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER]}
+    status, r = api.chat_completion(body, cfg(), 0)
+    assert status == 400 and '"auto" tool choice requires --enable-auto-tool-choice' in r["error"]["message"]
+    status, r = api.chat_completion(body, cfg(auto_tool_choice=True), 0)
+    assert status == 200 and r["choices"][0]["message"]["tool_calls"] == []  # words: the stand-in calls nothing
+    status, r = api.chat_completion(
+        dict(body, tool_choice={"type": "function", "function": {"name": "nope"}}), cfg(), 0
+    )
+    assert status == 400 and "Tool 'nope' has not been passed" in r["error"]["message"]
+
+
 def test_chat_render_gives_the_prompts_token_ids_as_vllm_does_and_refuses_what_chat_refuses():
     """vLLM 0.25's POST /v1/chat/completions/render (scale_out/render/api_router.py): a GenerateRequest,
     `token_ids` the rendered prompt; what vllm-router's cache_aware policy asks of a replica."""

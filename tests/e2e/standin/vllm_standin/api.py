@@ -148,6 +148,38 @@ def _served_model(body: object, cfg: ServeConfig) -> tuple[str, tuple[int, dict]
     return model or cfg.served_model_names[0], None
 
 
+SAMPLE_VALUES = {"string": "standin", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+
+
+def _tool_call(body: dict, cfg: ServeConfig) -> tuple[dict | None, tuple[int, dict] | None]:
+    """A tool call, where the request makes one certain (vLLM 0.25's serving_chat.py): a named tool_choice, or
+    "required", is decoded to the function's schema without any parser; "auto" (the default with tools) needs
+    --enable-auto-tool-choice and --tool-call-parser, else 400. The stand-in fills each required argument."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        return None, None
+    if choice in (None, "auto") and not cfg.auto_tool_choice:
+        return None, (400, error_body('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                      "to be set", "BadRequestError", 400))  # fmt: skip
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if choice != "required" and named is None:
+        return None, None  # auto, or none: the stand-in answers in words
+    functions = [tool.get("function") or {} for tool in tools if isinstance(tool, dict)]
+    function = next((f for f in functions if f.get("name") == named), None) if named else functions[0]
+    if function is None:
+        return None, (400, error_body(f"Tool '{named}' has not been passed in `tools`.", "BadRequestError", 400))
+    schema = function.get("parameters") or {}
+    properties = schema.get("properties") or {}
+    arguments = {
+        name: (properties.get(name, {}).get("enum") or [SAMPLE_VALUES.get(properties.get(name, {}).get("type"), "")])[0]
+        for name in schema.get("required") or []
+    }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+    call = {"id": f"chatcmpl-tool-{digest}", "type": "function",
+            "function": {"name": function.get("name"), "arguments": json.dumps(arguments)}}  # fmt: skip
+    return call, None
+
+
 def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
     """(status, JSON) for a non-streaming ``POST /v1/chat/completions``."""
     model, problem = _served_model(body, cfg)
@@ -156,6 +188,9 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return 400, error_body("'messages' must be a non-empty list", "BadRequestError", 400, "messages")
+    call, problem = _tool_call(body, cfg)
+    if problem:
+        return problem
     problem = _max_tokens_problem(body)
     if problem:
         return problem
@@ -174,6 +209,9 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     # came before the answer (a chat template that opens <think> in the prompt, as Qwen3.5's does).
     text = " ".join(words) if words or not thinking else None
     reasoning = " ".join(thinking) if thinking else None
+    if call is not None:  # the call's arguments are what it decoded
+        text, reasoning, words, thinking = "", None, call["function"]["arguments"].split(), []
+        finish = "tool_calls" if body.get("tool_choice") == "required" else "stop"
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
     return 200, {
         "id": f"chatcmpl-{digest}",
@@ -183,7 +221,12 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning": reasoning},
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "tool_calls": [call] if call else [],
+                    "reasoning": reasoning,
+                },
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
@@ -313,6 +356,9 @@ def stream_chunks(result: dict, include_usage: bool) -> list[dict]:
         for i, w in enumerate((choice["message"][field] or "").split()):
             piece = w if i == 0 else " " + w
             chunks.append(dict(base, choices=[{"index": 0, "delta": {field: piece}, "finish_reason": None}]))
+    for index, call in enumerate(choice["message"].get("tool_calls") or []):
+        delta = {"tool_calls": [{"index": index, **call}]}
+        chunks.append(dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": None}]))
     chunks.append(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]))
     if include_usage:
         chunks.append(dict(base, choices=[], usage=result["usage"]))

@@ -196,6 +196,7 @@ class ServeConfig:
         None  # the KV cache in bytes: no memory profiling (vllm/v1/worker/gpu_worker.py)
     )
     weights_gib: float = 0.0  # the model's weight files, which "loading" takes of the GPU
+    auto_tool_choice: bool = False  # --enable-auto-tool-choice (with its --tool-call-parser)
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
 
@@ -323,6 +324,7 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         gpu_memory_utilization=ns.gpu_memory_utilization,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
         weights_gib=weights_gib(model),
+        auto_tool_choice=bool(ns.enable_auto_tool_choice),
         reasoning_parser=ns.reasoning_parser,
         vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )

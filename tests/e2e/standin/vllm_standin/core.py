@@ -337,8 +337,17 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             if stop.wait(load_s):
                 return 0
             log.info(WHERE_LOADER, "Loading weights took %.2f seconds", time.monotonic() - started)
-            available = max(0.0, cfg.gpu_memory_utilization * gpu_total_gib(environ) - 3.0)
-            log.info("gpu_worker.py:541", "Available KV cache memory: %.2f GiB", available)
+            if cfg.kv_cache_memory_bytes:  # the workers take what they are told, as on one node
+                log.info(
+                    "gpu_worker.py:453",
+                    "Initial free memory %.2f GiB, reserved %.2f GiB memory for KV Cache as specified by "
+                    "kv_cache_memory_bytes config and skipped memory profiling.",
+                    gpu_total_gib(environ),
+                    cfg.kv_cache_memory_bytes / GIB,
+                )
+            else:
+                available = max(0.0, cfg.gpu_memory_utilization * gpu_total_gib(environ) - 3.0)
+                log.info("gpu_worker.py:541", "Available KV cache memory: %.2f GiB", available)
         if not cfg.headless:
             log.info("kv_cache_utils.py:1087", "GPU KV cache size: %d tokens", cfg.max_model_len * 4)
             log.info(
