@@ -40,6 +40,13 @@ from components.vllm_args import read_extra_args
 GIB = 1024**3
 MIB = 1024**2
 ALLOWANCE_BYTES = 3 * GIB  # per GPU: runtime (~1 GiB), activations (~1 GiB), CUDA graphs (~1 GiB)
+# A KV cache set in bytes (a replica sharing its GPU) is not sized by profiling, so what vLLM holds besides it
+# is on top of it: its CUDA context (taken before vLLM's start snapshot, so outside gpuMemoryUtilization even when
+# profiled), the sampler's and activations' peak, CUDA graphs' pool. Seen on the H200 (2026-12-03, vLLM 0.25.0,
+# --enforce-eager, a Qwen3-8B and a Qwen3-30B-A3B shape at 0.30 + 0.55 pinned to the 3 GiB allowance alone):
+# 121.95 GiB in use against 119.34 GiB of budgets, 1.3 GiB a vLLM over; CUDA graphs add their pool (~0.6 GiB
+# for the 8B: vLLM's own "0.9 behaves as 0.8954"). So pinned, the allowance is 2 GiB more.
+PINNED_OUTSIDE_BYTES = 2 * GIB
 DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
     "bfloat16": 2, "float16": 2, "half": 2, "bf16": 2, "fp16": 2, "auto": 2,
@@ -309,6 +316,8 @@ def plan_memory(
     replica shares a GPU with another, so its KV cache is set in bytes (the KV room on its smallest node)
     rather than profiled, which a neighbour's start would disturb (vLLM issue 55827)."""
     knobs = knobs or EngineKnobs()
+    if pin_kv_cache:
+        allowance_bytes += PINNED_OUTSIDE_BYTES
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
     weights = weight_bytes / ranks

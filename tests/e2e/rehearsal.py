@@ -230,9 +230,11 @@ def fleet_config(cluster: simnodes.SimCluster, image_ref: str, model: Path, **sm
         {"name": "small", "model": str(model), "nodes": ["node-3"], "replicas": 2, "maxModelLen": 4096,
          "vllm": {"servedModelName": "small-model", "gpuMemoryUtilization": 0.3, **ready, **small_vllm}},
         {"name": "side", "model": str(model), "nodes": ["node-2"], "maxModelLen": 4096,
-         "vllm": {"servedModelName": "side-model", "gpuMemoryUtilization": 0.2, "port": 8002, **ready}},
+         "vllm": {"servedModelName": "side-model", "gpuMemoryUtilization": 0.3, "port": 8002, **ready}},
     ]  # fmt: skip
     config["router"] = {"port": 8080, "healthCheckIntervalSeconds": 2}
+    # this machine's memory is the nodes' (about 24 GiB): a GB10's 8 GiB reserve would leave two vLLMs little
+    config["memory"] = {"osReserveGib": 4}
     return config, secrets_
 
 

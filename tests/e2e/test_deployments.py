@@ -140,8 +140,14 @@ def test_co_tenants_started_together_take_the_nodes_gpu_turn_and_keep_their_kv(s
     before = {c: len(vllm_log(sim_cluster3, node3, c)) for c in containers}
     sim_cluster3.docker(node3, "kill", *containers)
     sim_cluster3.docker(node3, "start", *containers)
-    assert wait_for(lambda: all(supervisor(sim_cluster3, node3, c).get("serving") for c in containers), 180)
-    logs = {c: vllm_log(sim_cluster3, node3, c)[before[c] :] for c in containers}
+
+    def since_start() -> dict:
+        return {c: vllm_log(sim_cluster3, node3, c)[before[c] :] for c in containers}
+
+    # status.json outlives the kill (the container's own /run): wait on what each supervisor says afresh
+    served = "gave the node's GPU turn back: vLLM serves"
+    assert wait_for(lambda: all(served in log for log in since_start().values()), 180), since_start()
+    logs = since_start()
     said = "".join(logs.values())
     assert said.count("took the node's GPU turn after waiting") == 1, said  # the second waited for the first
     assert said.count("gave the node's GPU turn back: vLLM serves") == 2
