@@ -143,6 +143,7 @@ class Supervisor(MemoryWaits):
         self.next_turn_check = 0.0
         self.others_at_start = None  # MiB the GPU's other processes held when vLLM started (None: unknown)
         self.quiet_refusals = 0  # memory refusals in a row with the GPU otherwise quiet
+        self.started_wall = None  # wall-clock time of vLLM's last start
 
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
@@ -231,6 +232,7 @@ class Supervisor(MemoryWaits):
         with open(f"{RUN}/vllm.pid", "w") as handle:
             handle.write(str(self.vllm.pid))
         self.started_at = now
+        self.started_wall = time.time()  # what its neighbours are told: a start of theirs meanwhile disturbs this one
         self.next_redact = min(self.next_redact, now + 2)  # vLLM writes the metadata while it starts
         self.serving = False
         self.served_since_start = False
@@ -297,6 +299,7 @@ class Supervisor(MemoryWaits):
                 "replica": tenancy.replica if tenancy else None,
                 "gpu_memory_utilization": self.spec.gpu_memory_utilization if self.spec else None,
                 "state": self.state,
+                "started": self.started_wall,
             }
         )
 
@@ -321,11 +324,14 @@ class Supervisor(MemoryWaits):
         others = self.others_memory()
         changed = None if others is None or self.others_at_start is None else others - self.others_at_start
         recovery = self.recovery
-        if not self.turn_kept or (changed is not None and abs(changed) > DISTURBED_MIB):
+        busy = self.busy_neighbours()
+        if not self.turn_kept or busy or (changed is not None and abs(changed) > DISTURBED_MIB):
             self.quiet_refusals = 0
             if changed is not None and abs(changed) > DISTURBED_MIB:
                 was, now_gib = self.others_at_start / 1024, others / 1024
                 what = f"the GPU's other processes went from {was:.1f} to {now_gib:.1f} GiB"
+            elif busy:
+                what = f"{', '.join(busy)} meanwhile"
             else:
                 what = "it started without the node's GPU turn for all of its start"
             self.next_start = now + recovery.backoff_seconds
@@ -348,6 +354,19 @@ class Supervisor(MemoryWaits):
         self.failed = self.quiet_refusal_reason(refused, others)
         self.state = "failed"
         say(self.failed)
+
+    def busy_neighbours(self):
+        """The node's other replicas that started, or were starting, stopping or waiting, while this vLLM started:
+        their memory moved under its profiling (what they tell: node_gpu_turn.py Tenant)."""
+        found = []
+        for neighbour in self.tenant.neighbours():
+            who = neighbour.get("replica") or "another vLLM"
+            started = neighbour.get("started")
+            if self.started_wall is not None and started is not None and started >= self.started_wall - 1:
+                found.append(f"{who} started")
+            elif neighbour.get("state") in ("starting", "backoff"):  # loading, or just gone: its memory moved
+                found.append(f"{who} was {neighbour['state']}")
+        return found
 
     def quiet_refusal_reason(self, refused, others):
         """Why vLLM will not start, said so that no advice takes memory a neighbour holds (or would need)."""

@@ -619,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         help="SHAPE:SHARE,… several deployments on the one GPU, handed their settings at once, then a SIGKILL of "
         "the first (tests/gpu/lane_cotenants.py); --phases '' leaves the kill out",
     )
+    parser.add_argument("--port-base", type=int, default=8000, help="with --cotenants: the first deployment's port")
     parser.add_argument(
         "--cotenants-unpinned", action="store_true", help="as the program rendered co-tenants before: no pin, no turn"
     )

@@ -55,7 +55,7 @@ def parse(spec: str) -> list[tuple[str, float]]:
 
 
 def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -> dict:
-    """A one-node stack with a deployment for each (name, model directory, share), on ports 8000, 8001, …"""
+    """A one-node stack with a deployment for each (name, model directory, share), on ports --port-base, +1, …"""
     return {
         "nodes": [{"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1]}],
         "image": "lane",
@@ -68,7 +68,7 @@ def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -
                 "executor": "mp",
                 "maxModelLen": args.max_model_len,
                 "vllm": {
-                    "port": 8000 + index,
+                    "port": args.port_base + index,
                     "gpuMemoryUtilization": share,
                     "extraArgs": list(args.extra_args),
                     "readyTimeoutSeconds": 420,

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +22,23 @@ import pytest
 
 from tests.gpu import lane
 from tests.gpu.model import SHAPES
+from tests.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "e2e" / "standin"
+
+
+def free_port_pair() -> int:
+    """A port that is free, with the next one free too."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two free ports in a row")
 
 
 def standin_bin(tmp_path: Path) -> Path:
@@ -178,6 +193,7 @@ def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_w
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.gpu.lane", "--cotenants", "qwen3-8b:0.3,qwen3-30b-a3b:0.3",
+         "--port-base", str(free_port_pair()),  # the other lane test serves on 8000 beside it
          "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run"), "--out", str(out),
          "--max-model-len", "4096", "--fabric", "127.0.0.1:lo", "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}",
          "--env", "STANDIN_LOAD_SECONDS=1", "--env", "STANDIN_DEAD_LINGER_S=0.2",

@@ -158,3 +158,19 @@ def test_the_turn_answers_who_holds_it_and_names_can_be_kept_apart():
     finally:
         holder.give_back()
         other.give_back()
+
+
+def test_a_memory_refusal_while_a_neighbour_is_starting_is_never_called_a_refusal_of_its_settings(sims, tmp_path):
+    """No nvidia-smi figure moved (the fake GPU stays put), but the neighbour says it is starting: this one waits
+    and starts again, as often as that takes, and none of it counts as a crash."""
+    coder = sims("coder", ready_file=tmp_path / "never")
+    small = sims("small", ready_file=tmp_path / "never")
+    coder.start()
+    # its start outlasts its hold of the turn (1 s): it stays "starting", the turn is free for small
+    coder.serve(tenancy={"replica": "coder", "turn_hold_seconds": 1}, gpu_memory_utilization=0.2)
+    small.start(FAKE_VLLM_MEMORY_REFUSE="1")
+    small.serve(tenancy=TENANCY, gpu_memory_utilization=0.5, timeout=10)
+    assert wait_for(lambda: small.log().count("vLLM started (pid") >= 3, 30)
+    assert "coder was starting meanwhile: that is another process's doing" in small.log()
+    status = small.status()
+    assert status["failed"] is None and status["restarts_total"] == 0
