@@ -119,7 +119,10 @@ def test_a_second_preview_changes_nothing(stack):
 
 def test_after_a_reboot_of_a_worker_the_rules_come_back_and_it_serves_again(sim_cluster, stack):
     worker = sim_cluster.nodes[1]
-    # A reboot: the kernel's rules are gone, the daemon and its containers go and come back.
+    # A reboot: the kernel's rules are gone, the daemon and its containers go and come back. The guard checks its
+    # rules every 10 s and would put them back under the probe below: it is paused first (frozen, as a node going
+    # down is), and the daemon's stop ends it paused.
+    sim_cluster.docker(worker, "pause", "spark-vllm.guard")
     sim_cluster.run_in(worker, ["nft", "delete", "table", "inet", "spark_vllm_guard"])
     raylet = min(raylet_ports(sim_cluster, worker))
     assert reachable(worker.mgmt_ip, raylet)  # what the guard keeps off: open without it
