@@ -121,9 +121,9 @@ def router_exposes_nothing(cfg: Any) -> list[str]:
         problem(
             "apiKey",
             None,
-            f"a secret (`pulumi config set --secret apiKey …`) because the router serves every deployment on {where} "
-            f"of node {router.node} (router.host {router.host!r}, port {router.port}) and vLLM checks the key it "
-            "passes on; or set router.allowUnauthenticated: true to serve them to the network without one",
+            f"a secret (`pulumi config set --secret apiKey …`) because the router serves every model behind it on "
+            f"{where} of node {router.node} (router.host {router.host!r}, port {router.port}) and vLLM checks the "
+            "key it passes on; or set router.allowUnauthenticated: true to serve them to the network without one",
         )
     ]
 
@@ -215,6 +215,44 @@ def pinned_kv_cache_is_the_plans(usable: list) -> list[str]:
                         "change that share instead",
                     )
                 )
+    return problems
+
+
+def single_model_router_problems(cfg: Any, valid: Any) -> list[str]:
+    """A single-model stack may put the router in front of its one replica too (router.enabled): the same rules of
+    exposure and reach, under the single-model keys."""
+    router = cfg.router
+    if not valid(router) or not router.enabled or not isinstance(cfg.nodes, list):
+        return []
+    problems = router_exposes_nothing(cfg) if valid(cfg.api_key) else []
+    nodes = {node.name: node for node in cfg.nodes if valid(node)}
+    home = nodes.get(router.node)
+    head = cfg.head if valid(cfg.head) and cfg.head is not None else (cfg.nodes[0].name if cfg.nodes else None)
+    if home is None or head is None or head == home.name or not valid(cfg.vllm) or not valid(cfg.network):
+        return problems
+    host = cfg.vllm.host
+    if host.is_loopback:
+        problems.append(
+            problem(
+                "vllm.host",
+                str(host),
+                f"an address router.node {home.name} reaches: vLLM on the head ({head}) would listen on its loopback "
+                "only (0.0.0.0, the default, or the head's fabric address)",
+            )
+        )
+    elif (
+        cfg.network.guard
+        and cfg.network.api_sources
+        and not any(home.fabric_address in source for source in cfg.network.api_sources)
+    ):
+        problems.append(
+            problem(
+                "network.apiSources",
+                [str(source) for source in cfg.network.api_sources],
+                f"a network holding {home.fabric_address}, router.node {home.name}'s fabric address: the guard would "
+                f"fence vLLM on the head ({head}) from the router that sends it requests",
+            )
+        )
     return problems
 
 

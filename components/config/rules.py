@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from components.config.deployment_rules import single_model_router_problems
 from components.config.errors import problem
 from components.config.listeners import node_listeners
 from components.config.node_rules import names_a_node  # registers the nodes' rules, first
-from components.config.placement import DEPLOYMENT_ROOTS, deployment_problems
+from components.config.placement import DEPLOYMENT_ROOTS, _valid, deployment_problems
 from components.config.runner import rule, run
 from components.vllm_args import read_extra_args
 
@@ -18,7 +19,11 @@ def run_rules(source: Any) -> list[str]:
     """Every rule that can run on `source` (a ClusterConfig or a partial view of one). With deployments,
     the rules of one model run on each replica's view instead (components/config/placement.py)."""
     if not _has_deployments(source):
-        return run(source)
+        problems = run(source)
+        keys = {line.split(": ")[0] for line in problems}
+        return problems + [
+            line for line in single_model_router_problems(source, _valid) if line.split(": ")[0] not in keys
+        ]
     problems = run(source, only=lambda each: not _of_one_model(each))
     return problems + deployment_problems(source, lambda replica: run(replica, only=_of_one_model))
 

@@ -135,7 +135,7 @@ LOOPBACK = {"host": "127.0.0.1"}
 def test_a_router_beyond_loopback_without_the_api_key_is_refused(raw):
     del raw["apiKey"]
     line = only(raw, "apiKey")
-    assert "the router serves every deployment" in line and "router.allowUnauthenticated" in line
+    assert "the router serves every model behind it" in line and "router.allowUnauthenticated" in line
     raw["router"] = {**raw.get("router", {}), "allowUnauthenticated": True}
     load_cluster_config(raw)
 
@@ -297,3 +297,21 @@ def test_a_replica_sharing_a_gpu_may_not_set_its_kv_cache_in_bytes_itself(args):
     alone = dep("small", ["spark-03"], 8001, 0.2, vllm={"extraArgs": args})  # its GPU its own: its choice
     load_cluster_config(fleet(BIG, alone))
     load_cluster_config(fleet(BIG, dep("small", ["spark-03"], 8001, 0.2, vllm={"extraArgs": ["--kv-cache-metrics"]})))
+
+
+# --- the router in front of a single-model stack ------------------------------------------------------------
+
+SINGLE = {"nodes": copy.deepcopy(NODES[:2]), "image": "vllm/vllm-openai:v0.25.0", "model": "/models/m",
+          "tensorParallelSize": 2, "router": {"enabled": True}}  # fmt: skip
+
+
+def test_a_single_model_stacks_router_needs_the_key_and_must_reach_vllm_too():
+    line = only({**copy.deepcopy(SINGLE), "vllm": {"host": "127.0.0.1"}}, "apiKey")
+    assert "the router serves every model behind it" in line
+    elsewhere = {**copy.deepcopy(SINGLE), "apiKey": KEY, "vllm": {"host": "127.0.0.1"}}
+    elsewhere["router"]["node"] = "spark-02"
+    assert "router.node spark-02 reaches" in only(elsewhere, "vllm.host")
+    fenced = {**copy.deepcopy(SINGLE), "apiKey": KEY, "network": {"guard": True, "apiSources": ["10.0.0.0/24"]}}
+    fenced["router"]["node"] = "spark-02"
+    assert "10.9.0.2" in only(fenced, "network.apiSources")
+    load_cluster_config({**copy.deepcopy(SINGLE), "apiKey": KEY})
