@@ -1,7 +1,8 @@
-"""Small helpers the tests share: polling for a condition, a free local port."""
+"""Small helpers the tests share: polling for a condition, free local ports."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -17,8 +18,57 @@ def wait_for(check: Callable[[], object], timeout: float = 20.0) -> bool:
     return False
 
 
+# Ports handed out go below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which every outgoing
+# connection on the machine draws its source port from: a port picked there (bind to port 0) and bound a few
+# seconds later by a server the test starts can meanwhile be an SSH dial's or an HTTP probe's, and the server
+# fails with "Address already in use" (CI, 2026-12-03: a co-tenant lane's second vLLM restarted until its
+# readiness timed out). Below the range only a listener can hold a port, and the probe sees a listener.
+LOWEST_PORT = 20000
+_handed_out: set[int] = set()
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in open(path).read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def bindable(port: int) -> bool:
+    """Whether nothing on this machine (any address) holds `port` for TCP now."""
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def port_span() -> range:
+    """Where test ports come from: below the ephemeral range, or above it where it starts too low for that."""
+    low, high = ephemeral_range()
+    return range(LOWEST_PORT, low) if low - LOWEST_PORT >= 1000 else range(high + 1, 65536)
+
+
+def free_ports(count: int = 1, consecutive: bool = False) -> list[int]:
+    """`count` TCP ports that nothing holds now, outside the ephemeral range, none handed out before by this
+    process (`consecutive`: port, port + 1, …)."""
+    span = port_span()
+    for _ in range(200):
+        if consecutive:
+            start = random.randrange(span.start, span.stop - count + 1)
+            ports = list(range(start, start + count))
+        else:
+            ports = random.sample(span, count)
+        if any(port in _handed_out for port in ports) or not all(bindable(port) for port in ports):
+            continue
+        _handed_out.update(ports)
+        return ports
+    raise RuntimeError(f"no {count} free port(s) in {span.start}..{span.stop - 1}")
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port that nothing listens on now and no outgoing connection can take before the test binds it."""
+    return free_ports()[0]

@@ -176,14 +176,20 @@ class Node:
         )
 
     def exec_python(self, name: str, params: dict, timeout: float) -> tuple[int, str, float]:
-        """`docker exec -i CONTAINER python3 -` of a rendered script; (exit code, output, seconds)."""
+        """`docker exec -i CONTAINER python3 -` of a rendered script; (exit code, output, seconds): 124 and what it
+        said by then when it ran past `timeout`, as `timeout(1)` says it."""
         if "run_dir" in params:  # the container's RUN_DIR is this lane's run directory
             params = {**params, "run_dir": str(self.run_dir)}
         program = script_program(name, params)
         started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-"], input=program, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
+        try:
+            result = subprocess.run(
+                [sys.executable, "-"], input=program, env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as expired:
+            said = [part.decode(errors="replace") if isinstance(part, bytes) else part or "" for part in
+                    (expired.stdout, expired.stderr)]  # fmt: skip
+            return 124, "".join(said) + f"\n(ran past {timeout:g} s)", time.monotonic() - started
         return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
     def status(self) -> dict:
@@ -256,10 +262,11 @@ def fingerprint_stdout(model_dir: str) -> str:
     ).stdout
 
 
-def node_memory_line() -> str:
-    """The memory line preflight_node.sh prints: MemTotal, and nvidia-smi's memory.total per GPU."""
+def node_memory_line(gpu_memory_mib: float | None = None) -> str:
+    """The memory line preflight_node.sh prints: MemTotal, and nvidia-smi's memory.total per GPU (or
+    `gpu_memory_mib`: a stand-in GPU's, where there is no nvidia-smi to say it)."""
     total_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
-    gpus = [row[0] for row in nvidia_smi("memory.total")]
+    gpus = [str(gpu_memory_mib)] if gpu_memory_mib else [row[0] for row in nvidia_smi("memory.total")]
     return json.dumps({"mem_total_bytes": total_kib * 1024, "gpu_memory_mib": gpus})
 
 
@@ -621,7 +628,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--port-base", type=int, default=8000, help="with --cotenants: the first deployment's port")
     parser.add_argument(
+        "--ready-timeout",
+        type=int,
+        default=420,
+        help="with --cotenants: each deployment's vllm.readyTimeoutSeconds, and how long the lane waits for each",
+    )
+    parser.add_argument(
         "--cotenants-unpinned", action="store_true", help="as the program rendered co-tenants before: no pin, no turn"
+    )
+    parser.add_argument(
+        "--gpu-memory-mib",
+        type=float,
+        default=None,
+        help="with --cotenants: the GPU's size for the memory plan where nvidia-smi cannot say it (the stand-in's "
+        "GPU), so that the plan does not follow the memory of the machine the lane runs on",
     )
     args = parser.parse_args(argv)
     if args.cotenants:

@@ -71,7 +71,7 @@ def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -
                     "port": args.port_base + index,
                     "gpuMemoryUtilization": share,
                     "extraArgs": list(args.extra_args),
-                    "readyTimeoutSeconds": 420,
+                    "readyTimeoutSeconds": args.ready_timeout,
                 },
             }  # fmt: skip
             for index, (name, model, share) in enumerate(models)
@@ -105,8 +105,8 @@ def run_cotenants(args, lane) -> dict:
     raw = stack(models, args, fabric)
     cfg = load_cluster_config(raw)
     key = raw["apiKey"]
-    memory = lane.node_memory_line()
-    total_mib = (lane.gpu_total_mib() or [None])[0]
+    memory = lane.node_memory_line(args.gpu_memory_mib)
+    total_mib = (lane.gpu_total_mib() or [args.gpu_memory_mib])[0]
     report: dict = {
         "phase": "cotenants",
         "date": time.strftime("%Y-%m-%d"),
@@ -153,9 +153,9 @@ def run_cotenants(args, lane) -> dict:
 
     def bring_up(name: str) -> None:
         node = nodes[name]
-        code, output, _ = node.exec_python("serve_spec.py", handovers[name], 180)
+        code, output, _ = node.exec_python("serve_spec.py", handovers[name], 120)
         results[name] = {"handover": code, "handover_said": output.strip().splitlines()[:2]}
-        code, output, seconds = node.exec_python("wait_ready.py", readies[name], 480)
+        code, output, seconds = node.exec_python("wait_ready.py", readies[name], args.ready_timeout + 60)
         results[name].update(ready=code, ready_seconds=round(time.monotonic() - started, 1), ready_tail=output[-600:])
         if code == 0:
             view = node.cfg
@@ -221,8 +221,9 @@ def kill_one(nodes: dict, readies: dict, report: dict, lane) -> None:
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     try:
-        code, output, _ = node.exec_python("wait_ready.py", {**readies[name], "timeout_seconds": RECOVERY_SECONDS},
-                                           RECOVERY_SECONDS + 60)  # fmt: skip
+        recovery = min(RECOVERY_SECONDS, readies[name]["timeout_seconds"])
+        code, output, _ = node.exec_python("wait_ready.py", {**readies[name], "timeout_seconds": recovery},
+                                           recovery + 60)  # fmt: skip
     finally:
         stop.set()
         prober.join()

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,23 +21,19 @@ import pytest
 
 from tests.gpu import lane
 from tests.gpu.model import SHAPES
-from tests.waiting import free_port
+from tests.waiting import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "e2e" / "standin"
 
 
-def free_port_pair() -> int:
-    """A port that is free, with the next one free too."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two free ports in a row")
+def logs_of(work: Path, lines: int = 40) -> str:
+    """The last lines of each co-tenant's supervisor and vLLM logs: what a failure shows."""
+    said = []
+    for log in sorted(work.glob("*/supervisor.log")) + sorted(work.glob("*/run/vllm.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        said.append(f"\n--- {log.relative_to(work)} ---\n" + "\n".join(text))
+    return "".join(said)
 
 
 def standin_bin(tmp_path: Path) -> Path:
@@ -187,20 +182,24 @@ def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_w
     for shape in ("qwen3-8b", "qwen3-30b-a3b"):
         model = tmp_path / "models" / shape
         model.mkdir(parents=True)
-        (model / "config.json").write_text(json.dumps(SHAPES[shape][0]))  # no weights: the plan fits this machine
+        (model / "config.json").write_text(json.dumps(SHAPES[shape][0]))  # no weights: a plan for the stand-in GPU
     bin_dir = standin_bin(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.lane", "--cotenants", "qwen3-8b:0.3,qwen3-30b-a3b:0.3",
-         "--port-base", str(free_port_pair()),  # the other lane test serves on 8000 beside it
-         "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run"), "--out", str(out),
-         "--max-model-len", "4096", "--fabric", "127.0.0.1:lo", "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}",
-         "--env", "STANDIN_LOAD_SECONDS=1", "--env", "STANDIN_DEAD_LINGER_S=0.2",
-         "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.gpu.lane", "--cotenants", "qwen3-8b:0.3,qwen3-30b-a3b:0.3",
+             "--port-base", str(free_ports(2, consecutive=True)[0]),  # the other lane test serves on 8000 beside it
+             "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run"), "--out", str(out),
+             "--max-model-len", "4096", "--fabric", "127.0.0.1:lo", "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}",
+             "--env", "STANDIN_LOAD_SECONDS=1", "--env", "STANDIN_DEAD_LINGER_S=0.2",
+             "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}", "--ready-timeout", "90",
+             "--gpu-memory-mib", str(139.8 * 1024)],  # the stand-in's GPU: the plan is not this machine's memory
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the lane ran past {expired.timeout} s: {logs_of(tmp_path / 'cotenants')}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs_of(tmp_path / "cotenants")
     report = json.loads((out / "lane-cotenants.json").read_text())
     small, big = report["replicas"]["qwen3-8b"], report["replicas"]["qwen3-30b-a3b"]
     for entry in (small, big):

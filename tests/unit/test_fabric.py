@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from components.config import load_cluster_config as parse_config
 from components.render import script_program
 from tests.fake_sysfs import add_device
 from tests.harness import FakeCloud
+from tests.waiting import free_port
 
 PYTHON = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,12 +232,6 @@ def test_gate_params_measure_each_pair_once_and_a_ring_above_four_nodes():
 
 
 # --- the probe itself, on loopback ----------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start(params: dict) -> subprocess.Popen:
     process = subprocess.Popen([PYTHON, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     process.stdin.write(script_program("node_fabric_gate.py", params))
