@@ -18,6 +18,43 @@ def wait_for(check: Callable[[], object], timeout: float = 20.0) -> bool:
     return False
 
 
+def wait_until(
+    check: Callable[[], object],
+    timeout: float,
+    what: str,
+    every: float = 0.1,
+    errors: tuple[type[BaseException], ...] = (),
+    seen: Callable[[], object] | None = None,
+):
+    """`check()`'s first true value within `timeout` seconds; else an AssertionError that says what the test
+    waited for, how long, and what it saw last (`seen()`, or check's last value or error). `errors`: exceptions
+    that mean "not yet" (a daemon coming back), not a failure."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = check()
+        except errors as error:  # noqa: PERF203 - a poll
+            last = f"{type(error).__name__}: {error}"
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            shown = seen() if seen is not None else last
+            raise AssertionError(f"waited {timeout:g} s for {what}; last seen: {str(shown)[-1500:]}")
+        time.sleep(every)
+
+
+def holds_for(check: Callable[[], object], seconds: float, what: str, every: float = 0.1) -> None:
+    """That something does NOT happen is a window of time by nature: `check()` stays true for `seconds`, or an
+    AssertionError says when it stopped holding."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if not check():
+            raise AssertionError(f"{what} stopped holding after {time.monotonic() - started:.1f} s of {seconds:g}")
+        time.sleep(every)
+
+
 # Ports handed out go below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which every outgoing
 # connection on the machine draws its source port from: a port picked there (bind to port 0) and bound a few
 # seconds later by a server the test starts can meanwhile be an SSH dial's or an HTTP probe's, and the server

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from tests.e2e import nodes as simnodes
+from tests.e2e import seed
 from tests.e2e.cli_stack import RehearsalStack, cli_missing
 from tests.e2e.image.build import publish, publish_prometheus
 from tests.e2e.rehearsal import CACHE_DIR, make_model
@@ -32,21 +33,30 @@ def registry(tmp_path_factory):
 FABRIC_INTERFACES = ("fab0", "enp1s0f1np1")
 
 
-def _cluster(count, registry, tmp_path_factory):
+@pytest.fixture(scope="session")
+def image_seed(registry, tmp_path_factory):
+    """A Docker data root with the rehearsal image pulled once (tests/e2e/seed.py), that nodes start from."""
+    return seed.image_seed(tmp_path_factory.mktemp("image-seed"), CACHE_DIR, registry.address)
+
+
+def _cluster(count, registry, tmp_path_factory, request):
+    """Nodes whose daemons already hold the image, unless the module sets NODES_WITHOUT_IMAGE = True (it proves
+    how the image gets there: its first `up` pulls, or copies, on every node)."""
+    planted = None if getattr(request.module, "NODES_WITHOUT_IMAGE", False) else request.getfixturevalue("image_seed")
     with simnodes.simulated_nodes(
-        count, tmp_path_factory.mktemp("simnodes"), registry=registry, fabric_interfaces=FABRIC_INTERFACES
+        count, tmp_path_factory.mktemp("simnodes"), registry=registry, fabric_interfaces=FABRIC_INTERFACES, seed=planted
     ) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def sim_cluster(registry, tmp_path_factory):
-    yield from _cluster(2, registry, tmp_path_factory)
+def sim_cluster(registry, tmp_path_factory, request):
+    yield from _cluster(2, registry, tmp_path_factory, request)
 
 
 @pytest.fixture(scope="module")
-def sim_cluster3(registry, tmp_path_factory):
-    yield from _cluster(3, registry, tmp_path_factory)
+def sim_cluster3(registry, tmp_path_factory, request):
+    yield from _cluster(3, registry, tmp_path_factory, request)
 
 
 @pytest.fixture(scope="session")

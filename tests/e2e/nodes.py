@@ -728,6 +728,12 @@ def _write_node_config(cluster: SimCluster, node: SimNode) -> None:
     node.dockerd_config.write_text(json.dumps({"insecure-registries": insecure}) + "\n")
 
 
+def _plant_seed(seed: Path, data_root: Path) -> None:
+    """A node's Docker data root starts as a copy of `seed` (tests/e2e/seed.py), before its dockerd starts: a
+    copy, not links, as a node may remove or re-tag what it holds."""
+    _run(["cp", "-a", "--reflink=auto", f"{seed}/.", str(data_root)], timeout=300)
+
+
 def _spawn_sshd(node: SimNode) -> None:
     SSHD_PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     log = open(node.sshd_log, "ab")
@@ -868,6 +874,7 @@ def create_cluster(
     registry: SimRegistry | None = None,
     registry_storage: Path | None = None,
     fabric_interfaces: tuple[str, ...] = (),
+    seed: Path | None = None,
 ) -> SimCluster:
     """Bring up ``count`` nodes; on any failure tear down what was built and re-raise.
 
@@ -876,6 +883,7 @@ def create_cluster(
     pull from (shared with other clusters); without one the cluster brings its own, which keeps
     its images in ``registry_storage`` (default: the cluster's state directory).
     ``fabric_interfaces``: the fabric interface's name on each node, in order (default fab0 on all).
+    ``seed``: a Docker data root each node's daemon starts from (tests/e2e/seed.py: the image already pulled).
     """
     if count < 1 or count > 200:
         raise ValueError("count must be between 1 and 200")
@@ -907,6 +915,8 @@ def create_cluster(
         for node in cluster.nodes:
             _create_netns(cluster, node, default_route)
             _write_node_config(cluster, node)
+            if seed is not None:
+                _plant_seed(seed, node.data_root)
         # Start every daemon first and wait afterwards: the nodes come up in parallel.
         for node in cluster.nodes:
             _spawn_sshd(node)

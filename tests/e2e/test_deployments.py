@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.cli_stack import StackError
 from tests.e2e.rehearsal import chat, fleet_config, openai_tour, request
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -173,7 +173,8 @@ def test_two_vllms_started_by_hand_beside_them_without_turn_or_pin_clash_on_the_
         return sim_cluster3.docker(node3, "exec", container, "cat", f"/tmp/by-hand-{port}.log").stdout
 
     start("spark-vllm-small-node-3", 9101, 0.55)
-    time.sleep(0.3)
+    wait_until(lambda: "Starting to load model" in log("spark-vllm-small-node-3", 9101), 30,
+               "the first by-hand vLLM to start loading", errors=(RuntimeError,))  # fmt: skip
     start("spark-vllm-small-2-node-3", 9102, 0.3)
     try:
         assert wait_for(

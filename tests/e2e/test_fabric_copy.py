@@ -23,6 +23,7 @@ from tests.e2e.image.build import ensure_image, load_into
 from tests.e2e.rehearsal import CACHE_DIR, chat, make_model, rehearsal_config
 
 pytestmark = pytest.mark.e2e
+NODES_WITHOUT_IMAGE = True  # the copy brings the image to node-2 (tests/e2e/seed.py: other modules' nodes hold it)
 
 SPARSE = 4 << 30  # apparent size of the sparse weight file
 DENSE = 1 << 30  # the dense one: long enough a copy to be cut

@@ -18,6 +18,7 @@ import pytest
 from components.config import load_cluster_config
 from components.guard import guard_spec
 from tests.e2e.rehearsal import chat, rehearsal_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -130,21 +131,14 @@ def test_after_a_reboot_of_a_worker_the_rules_come_back_and_it_serves_again(sim_
     sim_cluster.start_dockerd(worker)
     outputs, key = stack["run"].outputs, stack["secrets"]["apiKey"]
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if table(sim_cluster, worker) and raylet_ports(sim_cluster, worker):
-            break
-        time.sleep(0.5)
+    wait_until(lambda: table(sim_cluster, worker) and raylet_ports(sim_cluster, worker), 180,
+               "the worker's guard table and its raylet's ports after its dockerd restarted", every=0.5)  # fmt: skip
     assert "tcp dport @guarded drop" in table(sim_cluster, worker)
     for port in raylet_ports(sim_cluster, worker):
         assert not reachable(worker.mgmt_ip, port), port
-    while time.monotonic() < deadline:
-        try:
-            chat(outputs["endpoint"], key, outputs["servedModelName"])
-            break
-        except Exception:  # noqa: BLE001 - the worker is rejoining
-            time.sleep(1)
-    else:
-        pytest.fail("not serving again within 180 s of the worker's restart")
+    wait_until(lambda: chat(outputs["endpoint"], key, outputs["servedModelName"]),
+               max(1.0, deadline - time.monotonic()), "a chat answered again after the worker's restart", every=1,
+               errors=(Exception,))  # fmt: skip
     log = sim_cluster.docker(worker, "logs", "spark-vllm.guard").stdout
     assert log.count("applied (nft)") >= 2  # at the deploy, and again when Docker started it
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.cli_stack import StackError
 from tests.e2e.rehearsal import chat, compile_factors, rehearsal_config
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -50,15 +50,14 @@ def recovered(cluster, stack, nodes, before: dict[str, int], started: float, tim
     """Seconds from `started` until vLLM runs anew on every one of `nodes` (another pid than
     `before`) and a chat completion succeeds; fails the test after `timeout`."""
     outputs, key = stack["run"].outputs, stack["secrets"]["apiKey"]
-    while time.monotonic() - started < timeout:
-        try:
-            now = vllm_pids(cluster, nodes)
-        except Exception:  # noqa: BLE001 - the container or its daemon is coming back
-            now = {}
-        if now and all(now[n] not in (None, before[n]) for n in before) and serves(outputs, key):
-            return time.monotonic() - started
-        time.sleep(0.5)
-    pytest.fail(f"not serving again within {timeout} s")
+
+    def anew():  # an error: the container or its daemon is coming back
+        now = vllm_pids(cluster, nodes)
+        return all(now[n] not in (None, before[n]) for n in before) and serves(outputs, key)
+
+    wait_until(anew, max(0.0, started + timeout - time.monotonic()), "vLLM anew on every node, answering a chat",
+               every=0.5, errors=(Exception,))  # fmt: skip
+    return time.monotonic() - started
 
 
 def kill_vllm(cluster, node) -> float:
@@ -213,13 +212,12 @@ def pretend_no_gpu(cluster, node) -> None:
 def status_when(cluster, node, state: str, timeout: float) -> dict:
     """The node's supervisor status once it is in `state`; fails the test with the last one seen."""
     seen: dict = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = supervisor_status(cluster, node)
-        if seen["state"] == state:
-            return seen
-        time.sleep(0.2)
-    pytest.fail(f"{node.name}'s supervisor not {state!r} within {timeout} s; last status: {seen}")
+
+    def arrived():
+        seen.update(supervisor_status(cluster, node))
+        return seen["state"] == state and dict(seen)
+
+    return wait_until(arrived, timeout, f"{node.name}'s supervisor {state!r}", every=0.2, seen=lambda: seen)
 
 
 def vllm_log(cluster, node) -> str:

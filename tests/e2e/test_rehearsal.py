@@ -36,6 +36,9 @@ from tests.harness import ROOT
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
+# The README's path on nodes as a user has them: the first `up` pulls the image on every node, with its
+# progress (other modules start from nodes that hold it already: tests/e2e/seed.py).
+NODES_WITHOUT_IMAGE = True
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from components.render import script, script_program
-from tests.waiting import wait_for
+from tests.waiting import holds_for, wait_for, wait_until
 
 PYTHON = sys.executable
 
@@ -355,7 +355,7 @@ def test_ray_is_kept_running_and_the_head_waits_for_the_cluster(node, tmp_path):
 def test_a_stop_gives_ray_a_short_grace_not_vllms(node, tmp_path):
     process = node.start(ray_argv=["ray", "start", "--block", "--head"], stop_grace=30, FAKE_RAY_IGNORE_TERM="1")
     assert wait_for(lambda: (tmp_path / "ray-starts").exists(), 10)
-    time.sleep(0.5)
+    wait_until(lambda: node.status().get("ray_restarts") is not None, 10, "the supervisor's status with Ray in it")
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)  # docker stop
     assert process.wait(timeout=20) == 0
@@ -369,8 +369,7 @@ def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boo
     marker.write_text(json.dumps({"boot_id": "a-boot-before-the-last-reboot", "hash": "h"}))
     node.start(ray_argv=["ray", "start", "--block", "--head"], guard_marker=marker)
     assert wait_for(lambda: node.status().get("state") == "waiting for network.guard")
-    time.sleep(1.5)
-    assert not (tmp_path / "ray-starts").exists()  # a stale marker (another boot) is not enough
+    holds_for(lambda: not (tmp_path / "ray-starts").exists(), 1.5, "no Ray start on a stale marker (another boot)")
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     marker.write_text(json.dumps({"boot_id": boot, "hash": "h"}))  # the guard applied its rules
     assert wait_for(lambda: (tmp_path / "ray-starts").exists())

@@ -58,17 +58,22 @@ def private_dockerd(prefix: str = "imgtest-"):
             ).stdout.split()
             if ids:
                 subprocess.run(["docker", "-H", host, "rm", "-f", *ids], capture_output=True, timeout=60)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_daemon(proc)
         logf.close()
         # safe_rmtree refuses (and we leave the directory) if something stayed mounted inside.
         with contextlib.suppress(Exception):
             safe_rmtree(base)
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    """SIGTERM to a daemon we started, 30 s to stop, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def dockerd_available() -> str | None:

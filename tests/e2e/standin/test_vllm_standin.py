@@ -23,7 +23,7 @@ if str(HERE) not in sys.path:
 
 from vllm_standin import api, args, cli, core  # noqa: E402
 
-from tests.waiting import free_port, wait_for  # noqa: E402
+from tests.waiting import free_port, holds_for, wait_for, wait_until  # noqa: E402
 
 
 def serve_ns(*argv: str):
@@ -572,7 +572,8 @@ def test_a_neighbour_that_lets_go_of_its_memory_while_one_profiles_trips_vllms_a
     neighbour, port = serve_beside(tmp_path, "neighbour", model, 0.3, ["--kv-cache-memory-bytes", "20g"])
     assert wait_for(lambda: health(port) == 200, 30)
     starting, _ = serve_beside(tmp_path, "starting", model, 0.3)
-    time.sleep(1.0)  # it loaded and profiles now
+    wait_until(lambda: "Model loading took" in (tmp_path / "starting.log").read_text(), 30,
+               "the second vLLM to load its weights and start profiling")  # fmt: skip
     end(neighbour)
     assert starting.wait(timeout=30) == 1
     assert "AssertionError: Error in memory profiling. Initial free memory" in (tmp_path / "starting.log").read_text()
@@ -602,8 +603,7 @@ def test_the_engine_core_is_another_process_of_the_group_that_outlives_a_sigkill
         assert "serve" not in Path(f"/proc/{core}/cmdline").read_text()  # not found by `pgrep -f "vllm serve"`
         first.kill()  # only the API server, as the OOM killer or a crash does
         first.wait()
-        time.sleep(1)
-        assert group_of(first.pid) == [core]  # the engine core lives on, holding the GPU
+        holds_for(lambda: group_of(first.pid) == [core], 1, "the engine core living on, holding the GPU")
         second = serve_one(tmp_path, free_port(), name="second")
         assert second.wait(timeout=30) == 1
         out = (tmp_path / "second.log").read_text()
