@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks.suite_time import command_kinds, module_seconds
+from benchmarks.suite_time import command_kinds, failed_tests, module_seconds
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.e2e.test_deployments" name="test_a" time="10.5"/>
@@ -25,3 +25,12 @@ def test_pulumi_commands_are_counted_by_kind_with_the_slowest_and_its_test(tmp_p
     kinds = command_kinds(path)
     assert kinds["up"] == {"count": 2, "seconds": 130.5, "slowest": (80.5, "t2")}
     assert kinds["destroy"]["count"] == 1 and command_kinds(tmp_path / "none") == {}
+
+
+def test_the_stress_run_names_each_test_that_failed_or_errored(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT.replace('name="test_b" time="2.5"/>', 'name="test_b" time="2.5"><error message="setup"/></testcase>')
+                    .replace('name="test_c" time="0.25"/>', 'name="test_c" time="0.25"><failure message="x"/></testcase>'))  # fmt: skip
+    assert failed_tests(path) == ["tests.e2e.test_deployments::test_b", "tests.unit.test_x.TestGroup::test_c"]
+    path.write_text(JUNIT)
+    assert failed_tests(path) == []
