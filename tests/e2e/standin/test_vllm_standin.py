@@ -540,8 +540,11 @@ def test_two_vllms_profiling_at_once_on_one_gpu_count_each_others_memory(tmp_pat
         assert small.wait(timeout=60) == 1  # the big one's weights landed while it profiled
         assert "No available memory for the cache blocks" in (tmp_path / "small.log").read_text()
         assert wait_for(lambda: health(big_port) == 200, 30)
-        # its share is 0.55 x 139.8 - 57 - 1 = 18.9 GiB; the small one's memory, gone meanwhile, counted as its own
-        assert kv_gib(tmp_path / "big.log") == pytest.approx(18.89 + 15.3, abs=0.05)
+        # its share is 0.55 x 139.8 - 57 - 1 = 18.9 GiB; the small one's memory, gone meanwhile, counted as its own:
+        # its weights (15.3 GiB), and its profiling's activation (1 GiB) too where the big one's start came after
+        # the small one began profiling (a start slower than the small one's 0.5 s load: seen beside a busy core)
+        kv = kv_gib(tmp_path / "big.log")
+        assert kv == pytest.approx(18.89 + 15.3, abs=0.05) or kv == pytest.approx(18.89 + 16.3, abs=0.05), kv
     finally:
         end(small)
         end(big)
