@@ -13,20 +13,26 @@ from collections.abc import Callable
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
+from components.fabric_nccl import (  # the NCCL test's half, where callers have always found it
+    NCCL_FIGURE,
+    NCCL_FLOOR_FRACTION,
+    NCCL_ITERATIONS,
+    NCCL_MEGABYTES,
+    NCCL_TIMEOUT_SECONDS,
+    NCCL_WARMUP,
+    judge_nccl,
+    nccl_argv,
+    nccl_error,
+    nccl_params,
+    rdma_in_container,
+    with_nccl,
+)
 from components.scripts.node_contract import FabricGateParams, params_of
 
 RDMA_ROOT = "/sys/class/infiniband"
 STREAMS = 4
 ALL_PAIRS_UP_TO = 4  # nodes; above, each node measures towards the next one (a ring covers every port)
 DEFAULT_FLOOR_FRACTION = 0.05  # of the slower link's speed, for the TCP test
-# The NCCL test's default floor for the all-reduce's bus bandwidth, of the slower link's speed: two
-# Sparks with both HCAs and MTU 9000 measure 19-24 GB/s (150-190 Gb/s of 200), one HCA about half,
-# NCCL's socket fallback a few; NVIDIA's playbooks warn below 21.875 GB/s (175 Gb/s).
-NCCL_FLOOR_FRACTION = 0.55
-NCCL_MEGABYTES = 256  # per all-reduce: large enough to be bandwidth-bound, as all_reduce_perf's top sizes
-NCCL_WARMUP, NCCL_ITERATIONS = 5, 20
-NCCL_TIMEOUT_SECONDS = 180  # for every node's test to start (each starts its image) and finish
-NCCL_FIGURE = "nccl all-reduce"
 IP_LINK_UP = "ip link set dev {interface} up"
 
 
@@ -360,18 +366,9 @@ def message(problems: list[str]) -> str:
     )
 
 
-# The NCCL test's half (components/fabric_nccl.py), where callers have always found it.
-from components.fabric_nccl import (  # noqa: E402
-    judge_nccl,
-    nccl_argv,
-    nccl_error,
-    nccl_params,
-    rdma_in_container,
-    with_nccl,
-)
-
 __all__ = [
     "FabricGateError", "describe", "enforce", "figures", "floor_gbps", "gate_params", "judge", "judge_nccl",
     "message", "nccl_argv", "nccl_error", "nccl_params", "nccl_test", "rdma_in_container", "tcp_test", "twin_key",
-    "with_nccl",
+    "with_nccl", "NCCL_FIGURE", "NCCL_FLOOR_FRACTION", "NCCL_ITERATIONS", "NCCL_MEGABYTES", "NCCL_TIMEOUT_SECONDS",
+    "NCCL_WARMUP",
 ]  # fmt: skip

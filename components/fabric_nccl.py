@@ -8,16 +8,17 @@ import re
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
-from components.fabric import (
-    NCCL_FIGURE,
-    NCCL_FLOOR_FRACTION,
-    NCCL_ITERATIONS,
-    NCCL_MEGABYTES,
-    NCCL_TIMEOUT_SECONDS,
-    NCCL_WARMUP,
-)
 from components.render import node_env, node_rank
 from components.scripts.node_contract import NcclParams, params_of
+
+# The NCCL test's default floor for the all-reduce's bus bandwidth, of the slower link's speed: two
+# Sparks with both HCAs and MTU 9000 measure 19-24 GB/s (150-190 Gb/s of 200), one HCA about half,
+# NCCL's socket fallback a few; NVIDIA's playbooks warn below 21.875 GB/s (175 Gb/s).
+NCCL_FLOOR_FRACTION = 0.55
+NCCL_MEGABYTES = 256  # per all-reduce: large enough to be bandwidth-bound, as all_reduce_perf's top sizes
+NCCL_WARMUP, NCCL_ITERATIONS = 5, 20
+NCCL_TIMEOUT_SECONDS = 180  # for every node's test to start (each starts its image) and finish
+NCCL_FIGURE = "nccl all-reduce"
 
 
 def nccl_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
