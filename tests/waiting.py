@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 
 def wait_for(check: Callable[[], object], timeout: float = 20.0) -> bool:
-    """Whether `check()` turned true within `timeout` seconds (polled every 0.1 s)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
+    """Whether `check()` turned true within `timeout` seconds (polled every 0.1 s): `wait_until` as a bool, for
+    `assert wait_for(...)` one-liners."""
+    try:
+        wait_until(check, timeout, "a condition")
+    except AssertionError:
+        return False
+    return True
 
 
 def wait_until(
