@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,16 +16,21 @@ from .build import safe_rmtree
 
 
 @contextlib.contextmanager
-def private_dockerd(prefix: str = "imgtest-"):
-    """Start ``dockerd`` with its own data/exec roots and socket; yields ``unix://...`` and stops it by PID."""
+def private_dockerd(prefix: str = "imgtest-", data_root: Path | None = None, config: dict | None = None):
+    """Start ``dockerd`` with its own data/exec roots and socket; yields ``unix://...`` and stops it by PID.
+    ``data_root``: where it keeps images (kept after it stops; default: a throw-away one). ``config``: its
+    daemon.json (an explicit one keeps /etc/docker/daemon.json out)."""
     base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short path: unix sockets max 107 bytes
     sock = base / "docker.sock"
+    (base / "daemon.json").write_text(json.dumps(config or {}) + "\n")
     logf = open(base / "dockerd.log", "wb")
     proc = subprocess.Popen(
         [
             "dockerd",
+            "--config-file",
+            str(base / "daemon.json"),
             "--data-root",
-            str(base / "data"),
+            str(data_root or base / "data"),
             "--exec-root",
             str(base / "exec"),
             "--pidfile",
