@@ -532,13 +532,17 @@ def make_handler(state: ServerState):
             else:
                 self._json(404, {"detail": "Not Found"})
 
-        def _stream(self, chunks: list[dict], delays: list[float]) -> None:
-            """Server-sent events, each chunk sent when its time comes (chunked, as uvicorn sends them)."""
+        def _stream(self, chunks: list[dict], delays: list[float], generated) -> None:
+            """Server-sent events, each chunk sent when its time comes (chunked, as uvicorn sends them).
+            ``generated`` runs once the last chunk is out and before ``[DONE]``: vLLM's engine has counted a
+            request by the time its stream ends, so a client that reads /metrics after the stream sees it."""
             self.send_response(200)
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             for event, delay in [*zip([json.dumps(c) for c in chunks], delays, strict=True), ("[DONE]", 0.0)]:
+                if event == "[DONE]":
+                    generated()
                 if delay:
                     time.sleep(delay)
                 data = b"data: " + event.encode() + b"\n\n"
@@ -592,22 +596,35 @@ def make_handler(state: ServerState):
             delays = token_delays(chunks, result["usage"]["prompt_tokens"], state.pace)
             began = time.monotonic()
             held = result["usage"]["total_tokens"]
+            done = []
+
+            def generated(counted: bool = True) -> None:
+                """The request leaves the engine, once: counted (``counted``) before its last bytes reach the
+                client; a client gone mid-stream only frees its room, as before."""
+                if done:
+                    return
+                done.append(True)
+                with state.lock:
+                    state.running -= 1
+                    state.cached_tokens -= held
+                if not counted:
+                    return
+                timed = [d for d in delays if d]
+                finish = result["choices"][0]["finish_reason"]
+                state.finished(result["usage"], finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
+
             with state.lock:
                 state.running += 1
                 state.cached_tokens += held
             try:
                 if body.get("stream"):
-                    self._stream(chunks, delays)
+                    self._stream(chunks, delays, generated)
                 else:
                     time.sleep(sum(delays))
+                    generated()
                     self._json(200, result)
             finally:
-                with state.lock:
-                    state.running -= 1
-                    state.cached_tokens -= held
-            timed = [d for d in delays if d]
-            finish = result["choices"][0]["finish_reason"]
-            state.finished(result["usage"], finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
+                generated(counted=False)
 
     return Handler
 
