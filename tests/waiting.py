@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import time
@@ -84,9 +85,22 @@ def bindable(port: int) -> bool:
 
 
 def port_span() -> range:
-    """Where test ports come from: below the ephemeral range, or above it where it starts too low for that."""
+    """Where test ports come from: below the ephemeral range, or above it where it starts too low for that;
+    under pytest-xdist, this process's own slice of it (`worker_slice`)."""
     low, high = ephemeral_range()
-    return range(LOWEST_PORT, low) if low - LOWEST_PORT >= 1000 else range(high + 1, 65536)
+    span = range(LOWEST_PORT, low) if low - LOWEST_PORT >= 1000 else range(high + 1, 65536)
+    return worker_slice(span, os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"))
+
+
+def worker_slice(span: range, worker: str | None, count: str | None) -> range:
+    """Worker gwN of `count` gets the N-th of `count` equal slices of `span`: a port is picked, then bound
+    seconds later by the server the test starts, and two processes picking from one span could pick the same
+    port in between (the second server fails to bind, and the test talks to the other test's server)."""
+    if not worker or not count or not worker.removeprefix("gw").isdigit() or not count.isdigit():
+        return span
+    index, total = int(worker.removeprefix("gw")), max(int(count), 1)
+    size = len(span) // total
+    return range(span.start + index * size, span.start + (index + 1) * size)
 
 
 def free_ports(count: int = 1, consecutive: bool = False) -> list[int]:

@@ -717,7 +717,9 @@ def fake_site(root: Path, compiled: bool) -> Path:
             (site / name / module).parent.mkdir(parents=True, exist_ok=True)
             (site / name / module).write_text('"--nnodes"\n' if module.endswith("arg_utils.py") else "x = 1\n")
     if compiled:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True)
+        # next to the sources, as pip leaves them, whatever prefix this run keeps its own bytecode under
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True, env=env)
     return site
 
 

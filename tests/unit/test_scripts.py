@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,30 @@ def run_script(name: str, params: dict, timeout: float = 60) -> subprocess.Compl
     return subprocess.run(
         [PYTHON, "-"], input=script_program(name, params), capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_script_until(name: str, params: dict, wanted, timeout: float = 30) -> str:
+    """Run a script until a line of its output satisfies ``wanted`` (the event the test waits for), then end it;
+    returns its output so far. Fails naming the output if the script ends or ``timeout`` passes first."""
+    process = subprocess.Popen(
+        [PYTHON, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    process.stdin.write(script_program(name, params))
+    process.stdin.close()
+    lines: list[str] = []
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if wanted(line):
+                return "".join(lines)
+        raise AssertionError(f"{name} ended (or ran past {timeout} s) before the line waited for:\n{''.join(lines)}")
+    finally:
+        timer.cancel()
+        process.kill()
+        process.wait()
+        process.stdout.close()
 
 
 @pytest.fixture
@@ -84,12 +109,13 @@ def test_wait_ready_says_which_long_step_vllm_is_in_when_its_log_is_silent(vllm_
     _, status, log = vllm_process
     log.write_text("=== spark-vllm: 12-02 09:59:00 starting vllm serve m\nINFO earlier\n" + last + "\n")
     with FakeVllm(health=503) as server:  # never ready: the wait's own clock, not the machine's load, decides
-        result = run_script(
+        output = run_script_until(
             "wait_ready.py",
-            ready_params(server, status, log, progress_seconds=1, silent_seconds=1.2, timeout_seconds=4),
+            ready_params(server, status, log, progress_seconds=1, silent_seconds=1.2, timeout_seconds=60),
+            lambda line: "its log has been silent for" in line,
         )
-    silent = [line for line in result.stdout.splitlines() if "its log has been silent for" in line]
-    assert silent and f"vLLM is {step}" in silent[-1], result.stdout
+    silent = [line for line in output.splitlines() if "its log has been silent for" in line]
+    assert silent and f"vLLM is {step}" in silent[-1], output
     assert "a healthy first start waits here" in silent[-1]
 
 
@@ -102,11 +128,12 @@ def test_wait_ready_names_flashinfers_gdn_jit_after_torch_compile(vllm_process):
         "(EngineCore pid=9) INFO 12-02 10:01:00 [monitor.py:34] torch.compile took 32.03 s in total\n"
     )
     with FakeVllm(health=503) as server:
-        result = run_script(
+        output = run_script_until(
             "wait_ready.py",
-            ready_params(server, status, log, progress_seconds=1, silent_seconds=1, timeout_seconds=3.5),
+            ready_params(server, status, log, progress_seconds=1, silent_seconds=1, timeout_seconds=60),
+            lambda line: "its log has been silent for" in line,
         )
-    assert "--gdn-prefill-backend triton skips it" in result.stdout
+    assert "--gdn-prefill-backend triton skips it" in output
 
 
 def test_wait_ready_shows_the_last_line_while_the_log_moves(vllm_process, tmp_path):

@@ -39,8 +39,26 @@ def test_a_range_that_starts_too_low_sends_ports_above_it(tmp_path, monkeypatch)
     proc.write_text("1024\t60999\n")
     read = waiting.ephemeral_range
     monkeypatch.setattr(waiting, "ephemeral_range", lambda: read(str(proc)))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     assert waiting.ephemeral_range() == (1024, 60999)
     assert waiting.port_span() == range(61000, 65536)
+
+
+def test_each_xdist_worker_picks_ports_from_a_slice_no_other_worker_picks_from():
+    span = range(20000, 32768)
+    slices = [waiting.worker_slice(span, f"gw{n}", "6") for n in range(6)]
+    assert all(len(part) == len(span) // 6 for part in slices)
+    assert all(a.stop <= b.start for a, b in zip(slices, slices[1:], strict=False))  # disjoint, in order
+    assert slices[0].start == span.start and slices[-1].stop <= span.stop
+    for worker, count in ((None, None), ("master", "6"), ("gw1", None), ("gw1", "x")):
+        assert waiting.worker_slice(span, worker, count) == span  # not under xdist: the whole span
+
+
+def test_a_worker_hands_out_ports_of_its_own_slice_only(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    mine = waiting.port_span()
+    assert all(port in mine for port in waiting.free_ports(10))
 
 
 def test_a_wait_returns_the_first_true_value_and_treats_the_errors_named_as_not_yet():
