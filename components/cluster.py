@@ -12,7 +12,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
-from components.config.placement import Replica, co_tenants
+from components.config.placement import Replica, co_tenants, replicas_of
 from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
 from components.gate import FabricVerdict, Gate, create_fabric_gate, create_gate
@@ -82,7 +82,7 @@ class VllmCluster(pulumi.ComponentResource):
         transfer = create_transfer(self, cfg, shared, self.hosts, secrets.get("hfToken"))
         # With deployments the fabric is checked once for the stack; a single-model stack's gate does it.
         fabric_verdict = create_fabric_gate(self, cfg, shared, self.hosts) if cfg.deployments else None
-        replicas = cfg.replicas
+        replicas = replicas_of(cfg)
         sharing = {r.name: co_tenants(cfg, r) for r in replicas}  # node -> the other replicas there
         gates = {
             r.name: create_gate(

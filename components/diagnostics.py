@@ -10,6 +10,7 @@ from typing import Any, Optional
 import pulumi
 
 from components.config import ClusterConfig
+from components.config.placement import replicas_of
 from components.depot import DEPOT_CONTAINER
 from components.grafana import GRAFANA_CONTAINER
 from components.guard import GUARD_CONTAINER
@@ -55,7 +56,7 @@ def diagnostics_output(
                 "vllmContainers": _listed(containers.get(node.name) or []),
                 "runDir": RUN_DIR,
                 "fabricInterface": node.fabric_interface,
-                "head": any(node.name == each.config.head_node.name for each in cfg.replicas),
+                "head": any(node.name == each.config.head_node.name for each in replicas_of(cfg)),
             }
             for node in cfg.nodes
         ],

@@ -18,6 +18,7 @@ import pulumi
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
+from components.config.placement import replicas_of
 from components.render import shell_line
 from components.steps import data_service
 
@@ -42,14 +43,14 @@ def _vllm_jobs(cfg: ClusterConfig) -> list[tuple[str, dict[str, str]]]:
     return [
         (vllm_target(each.config), {"node": each.config.head_node.name, "deployment": each.deployment,
                                     "replica": each.name})
-        for each in cfg.replicas
+        for each in replicas_of(cfg)
     ]  # fmt: skip
 
 
 def _ray_targets(cfg: ClusterConfig) -> list[tuple[str, str]]:
     """(target, node) of Ray's metrics, for every Ray cluster with ray.metricsExportPort."""
     found = []
-    for each in cfg.replicas:
+    for each in replicas_of(cfg):
         rcfg = each.config
         if rcfg.executor == "ray" and rcfg.ray.metrics_export_port is not None:
             found += [(f"{node.fabric_address}:{rcfg.ray.metrics_export_port}", node.name) for node in rcfg.nodes]

@@ -11,7 +11,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
-from components.config.placement import Replica
+from components.config.placement import Replica, replicas_of
 from components.release import ReleaseSource, release_source, stack_release_record
 from components.render import fingerprint, node_env, shell_line, supervisor_params
 
@@ -27,7 +27,7 @@ def deployment_releases(cfg: ClusterConfig, single: Optional[ReleaseSource]) -> 
     deployment of the same name); a single-model stack's is `single`."""
     if not cfg.deployments:
         return {None: single}
-    firsts = {each.deployment: each for each in cfg.replicas if each.index == 0}
+    firsts = {each.deployment: each for each in replicas_of(cfg) if each.index == 0}
     return {name: release_source(replica.config, deployment=name) for name, replica in firsts.items()}
 
 

@@ -10,11 +10,13 @@ rules run under `pulumi up`, under Pulumi's mocks and in pure unit tests.
   listeners.py  the ports each node's listeners take
   runner.py     how the cross-field rules run: each on the keys it declares, where they are valid
   rules.py      the cross-field rules
-  errors.py     problems told as one line each; ConfigError; unknown keys
+  errors.py     problems told as one line each; ConfigError
+  key_paths.py  every key's path; pydantic's errors told at their key paths (unknown keys, secrets hidden)
   loading.py    load_cluster_config, and what the stack around the config can say
 """
 
-from components.config.errors import ConfigError, config_keys
+from components.config.errors import ConfigError
+from components.config.key_paths import config_keys
 from components.config.listeners import (
     EPHEMERAL_KEY,
     EPHEMERAL_RANGE,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.config.deployments import node_groups, replica_name
 from components.config.errors import problem
 
 LAST_PORT = 65535
@@ -17,14 +18,10 @@ RESERVED_NAMES = ("spark-vllm", "router")
 
 
 def _groups(deployment: Any) -> list[list[str]]:
-    from components.config.placement import node_groups
-
     return node_groups(list(deployment.nodes), deployment.replicas)
 
 
 def _replica_name(deployment: Any, k: int) -> str:
-    from components.config.placement import replica_name
-
     return replica_name(deployment.name, k)
 
 

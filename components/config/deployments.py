@@ -126,3 +126,16 @@ class RouterConfig(_Model):
         description="Serve the router without apiKey. It listens beyond loopback (every address, or the fabric "
         "address), so anyone who reaches its port can then use every model behind it.",
     )
+
+
+def replica_name(deployment: str, index: int) -> str:
+    """Replica `index` of a deployment: the first one takes the deployment's name, then `name-2`, `name-3`, …"""
+    return deployment if index == 0 else f"{deployment}-{index + 1}"
+
+
+def node_groups(node_names: list[str], replicas: int) -> list[list[str]]:
+    """The nodes of each replica: one node for all of them, or the list split in `replicas` equal groups."""
+    if len(node_names) == 1:
+        return [list(node_names)] * replicas
+    size = len(node_names) // replicas
+    return [node_names[k * size : (k + 1) * size] for k in range(replicas)]

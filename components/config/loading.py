@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from components.config.errors import ConfigError, describe, problem
+from components.config.errors import ConfigError, problem
+from components.config.key_paths import describe
 from components.config.models import SECRET_KEYS, ClusterConfig, resolve_raw
 from components.config.rules import run_rules
 from components.config.runner import partial
@@ -131,9 +132,12 @@ def load_cluster_config(
     except ValidationError as error:
         problems = [line for item in error.errors() for line in describe(item)]
     else:
-        if not outer_problems:
+        # every key valid: the cross-field rules run on the whole config
+        problems = run_rules(cfg)
+        problems += [line for line in outer_problems if line not in problems]
+        if not problems:
             return cfg
-        raise ConfigError(outer_problems)
+        raise ConfigError(problems)
     problems += [line for line in outer_problems if line not in problems]
     if isinstance(raw, dict):
         raw, _ = resolve_raw(raw)  # as the model resolves it

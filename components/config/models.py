@@ -244,27 +244,11 @@ class ClusterConfig(_Model):
         """With executor auto: which executor it chose and why (None when the config names one)."""
         return self._executor_reason
 
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> ClusterConfig:
-        from components.config.rules import run_rules  # the rules read the models' defaults
-
-        problems = run_rules(self)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
-
     @property
     def name_prefix(self) -> str:
         """A replica's view: the replica's name, which prefixes its resources and containers; "" for a
         single-model stack (whose resources keep their names)."""
         return self._name_prefix
-
-    @property
-    def replicas(self) -> list[Any]:
-        """Every replica of every deployment (components.config.placement.Replica); a single-model stack's one."""
-        from components.config.placement import replicas
-
-        return replicas(self)
 
     @property
     def head_node(self) -> NodeConfig:

@@ -17,9 +17,11 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from components.config.deployment_rules import fleet_problems
-from components.config.deployments import SINGLE_MODEL_KEYS
+from components.config.deployments import SINGLE_MODEL_KEYS, node_groups, replica_name
 from components.config.errors import problem
 from components.config.listeners import EPHEMERAL_KEY, RAY_CLIENT_KEY, Listener, node_listeners
+from components.config.models import ClusterConfig
+from components.config.runner import FAILED
 
 # The rules that read these keys describe one model: with deployments they run on each replica's view.
 DEPLOYMENT_ROOTS = ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "executor", "head",
@@ -41,18 +43,6 @@ class Replica:
     def resource(self, name: str) -> str:
         """A resource name of this replica: `name` as a single-model stack names it, prefixed."""
         return f"{self.name}-{name}" if self.name else name
-
-
-def replica_name(deployment: str, index: int) -> str:
-    return deployment if index == 0 else f"{deployment}-{index + 1}"
-
-
-def node_groups(node_names: list[str], replicas: int) -> list[list[str]]:
-    """The nodes of each replica: one node for all of them, or the list split in `replicas` equal groups."""
-    if len(node_names) == 1:
-        return [list(node_names)] * replicas
-    size = len(node_names) // replicas
-    return [node_names[k * size : (k + 1) * size] for k in range(replicas)]
 
 
 def _replace(source: Any, **update: Any) -> Any:
@@ -98,7 +88,7 @@ def view(cfg: Any, deployment: Any, nodes: list[Any], name: str, index: int = 0)
     return made
 
 
-def replicas(cfg: Any) -> list[Replica]:
+def replicas_of(cfg: Any) -> list[Replica]:
     """Every replica of every deployment, in order; a single-model stack's one."""
     if not cfg.deployments:
         return [Replica("", None, None, 0, cfg)]
@@ -114,7 +104,7 @@ def replicas(cfg: Any) -> list[Replica]:
 
 def on_node(cfg: Any, node: str) -> list[Replica]:
     """The replicas that run on `node`."""
-    return [each for each in replicas(cfg) if any(n.name == node for n in each.config.nodes)]
+    return [each for each in replicas_of(cfg) if any(n.name == node for n in each.config.nodes)]
 
 
 def co_tenants(cfg: Any, replica: Replica) -> dict[str, list[Replica]]:
@@ -169,8 +159,6 @@ def _listeners_on(cfg: Any, index: int, usable: list) -> list[tuple[Listener, Op
 
 
 def _valid(value: Any) -> bool:
-    from components.config.runner import FAILED
-
     if value is FAILED:
         return False
     if isinstance(value, SimpleNamespace):
@@ -183,8 +171,6 @@ def _valid(value: Any) -> bool:
 def _set(cfg: Any, field: str) -> bool:
     """Whether the stack sets a top-level key to something else than its default (Pulumi passes the
     defaults Pulumi.yaml declares, so a key present with its default is as good as absent)."""
-    from components.config.models import ClusterConfig
-
     value = getattr(cfg, field, None)
     return _valid(value) and value != ClusterConfig.model_fields[field].get_default(call_default_factory=True)
 

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from components.config import load_cluster_config
-from components.config.placement import co_tenants
+from components.config.placement import co_tenants, replicas_of
 from components.preflight import memory_plan, node_memory
 from components.render import (
     engine_settings,
@@ -121,7 +121,7 @@ def run_cotenants(args, lane) -> dict:
     work = Path(args.run_dir).parent / "cotenants"
     shutil.rmtree(work, ignore_errors=True)
     nodes, handovers, readies = {}, {}, {}
-    for replica in cfg.replicas:
+    for replica in replicas_of(cfg):
         view, name = replica.config, replica.name
         others = co_tenants(cfg, replica)[view.head_node.name] if not args.cotenants_unpinned else []
         model = view.model

@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from components.config import ConfigError, load_cluster_config
-from components.config.placement import node_groups, stack_listeners
+from components.config.deployments import node_groups
+from components.config.placement import replicas_of, stack_listeners
 from components.replicas import together
 
 NODES = [
@@ -56,7 +57,7 @@ def problems_of(raw):
 
 def test_three_deployments_make_their_replicas_each_a_single_model_view():
     cfg = load_cluster_config(config())
-    replicas = cfg.replicas
+    replicas = replicas_of(cfg)
     assert [(r.name, [n.name for n in r.config.nodes]) for r in replicas] == [
         ("big", ["spark-01", "spark-02"]),
         ("coder", ["spark-03"]),
@@ -73,7 +74,7 @@ def test_three_deployments_make_their_replicas_each_a_single_model_view():
 def test_a_stack_without_deployments_is_one_replica_named_nothing_and_no_router():
     raw = {k: v for k, v in config().items() if k != "deployments"}
     cfg = load_cluster_config({**raw, "model": "/models/m", "tensorParallelSize": 3, "executor": "ray"})
-    (only,) = cfg.replicas
+    (only,) = replicas_of(cfg)
     assert only.name == "" and only.deployment is None and only.config is cfg
     assert cfg.router.enabled is False and cfg.router.node == "spark-01"
 
@@ -86,14 +87,14 @@ def test_replicas_split_the_nodes_or_share_one_node_on_ports_of_their_own():
         ]
     )
     cfg = load_cluster_config(raw)
-    found = [(r.name, [n.name for n in r.config.nodes], r.config.vllm.port) for r in cfg.replicas]
+    found = [(r.name, [n.name for n in r.config.nodes], r.config.vllm.port) for r in replicas_of(cfg)]
     assert found == [
         ("big", ["spark-01"], 30000),
         ("big-2", ["spark-02"], 30000),
         ("coder", ["spark-03"], 8000),
         ("coder-2", ["spark-03"], 8001),
     ]
-    assert cfg.replicas[3].config.vllm.master_port == 29601
+    assert replicas_of(cfg)[3].config.vllm.master_port == 29601
     assert node_groups(["a", "b", "c", "d"], 2) == [["a", "b"], ["c", "d"]]
 
 
@@ -118,7 +119,7 @@ def test_a_single_model_key_beside_deployments_is_refused_naming_it(key, value):
 def test_single_model_keys_at_their_defaults_are_as_good_as_absent():
     """Pulumi passes the defaults Pulumi.yaml declares (tensorParallelSize 1, executor auto, vllm {} …)."""
     defaults = {"tensorParallelSize": 1, "pipelineParallelSize": 1, "executor": "auto", "vllm": {}, "ray": {}}
-    assert len(load_cluster_config(config(**defaults)).replicas) == 3
+    assert len(replicas_of(load_cluster_config(config(**defaults)))) == 3
 
 
 def test_names_nodes_and_replicas_are_checked_together_in_one_message():

@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from components.config import ConfigError, load_cluster_config
-from components.config.placement import stack_listeners
+from components.config.placement import replicas_of, stack_listeners
 from components.memory import GIB, ModelShape, NodeMemory, plan_memory
 from components.replicas import together
 
@@ -69,7 +69,7 @@ LAYOUTS = {
 def test_layouts_a_user_writes_load(layout):
     router = {"node": "spark-04"} if layout == "a node with only the router" else {}
     cfg = load_cluster_config(fleet(*LAYOUTS[layout], router=router))
-    assert cfg.replicas
+    assert replicas_of(cfg)
 
 
 def test_a_node_shared_with_another_deployments_worker_lists_sshd_once_under_its_own_index():
