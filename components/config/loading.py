@@ -130,16 +130,13 @@ def load_cluster_config(
     try:
         cfg = ClusterConfig.model_validate(raw)
     except ValidationError as error:
-        problems = [line for item in error.errors() for line in describe(item)]
+        cfg, problems = None, [line for item in error.errors() for line in describe(item)]
     else:
-        # every key valid: the cross-field rules run on the whole config
-        problems = run_rules(cfg)
-        problems += [line for line in outer_problems if line not in problems]
-        if not problems:
-            return cfg
-        raise ConfigError(problems)
+        problems = run_rules(cfg)  # every key valid: the cross-field rules run on the whole config
     problems += [line for line in outer_problems if line not in problems]
-    if isinstance(raw, dict):
+    if cfg is not None and not problems:
+        return cfg
+    if cfg is None and isinstance(raw, dict):
         raw, _ = resolve_raw(raw)  # as the model resolves it
         # The rules whose keys are valid run on what is: one message lists everything.
         problems += [line for line in run_rules(partial(ClusterConfig, raw)) if line not in problems]

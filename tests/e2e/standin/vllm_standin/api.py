@@ -532,22 +532,27 @@ def make_handler(state: ServerState):
             else:
                 self._json(404, {"detail": "Not Found"})
 
+        def _event(self, event: str) -> None:
+            data = b"data: " + event.encode() + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
         def _stream(self, chunks: list[dict], delays: list[float], generated) -> None:
             """Server-sent events, each chunk sent when its time comes (chunked, as uvicorn sends them).
             ``generated`` runs once the last chunk is out and before ``[DONE]``: vLLM's engine has counted a
-            request by the time its stream ends, so a client that reads /metrics after the stream sees it."""
+            request by the time its stream ends (vllm/v1/engine/async_llm.py: the output handler records a step's
+            stats in the pass that hands its outputs to the requests' queues, before the API server's task can
+            end the stream), so a client that reads /metrics after the stream sees it."""
             self.send_response(200)
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for event, delay in [*zip([json.dumps(c) for c in chunks], delays, strict=True), ("[DONE]", 0.0)]:
-                if event == "[DONE]":
-                    generated()
+            for event, delay in zip([json.dumps(c) for c in chunks], delays, strict=True):
                 if delay:
                     time.sleep(delay)
-                data = b"data: " + event.encode() + b"\n\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
+                self._event(event)
+            generated()
+            self._event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             log.uvicorn('%s:%s - "POST %s HTTP/1.1" 200 OK', self.client_address[0], self.client_address[1], self.path)
 
