@@ -9,7 +9,10 @@ warm, 90 s for --fast), the seconds of each test module (their sum is more than 
 side by side), and the `pulumi` commands by kind (count, seconds, the slowest). Numbers are printed, nothing is
 asserted: this machine is shared and has 2 cores. `--rounds N --hog K`: the stress run, the same command N
 times in a row beside K processes that each keep a core busy; each round's wall time and the tests that failed
-or errored, then the total of them (the suite's steadiness: it should be none).
+or errored, then the total of them (the suite's steadiness: it should be none). With --cpu, the machine's CPU
+seconds during the run by kind of process (the CLI, the stand-in plugins, pytest, Ray, dockerd and containerd,
+sshd, the stand-in vLLM…), sampled from /proc every second: what a change must cut for the suite to be faster
+on a machine whose CPU is the limit. Processes that live less than a sample are counted as "short-lived".
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -56,6 +61,16 @@ def command_kinds(timings: Path) -> dict[str, dict]:
     return kinds
 
 
+def slowest_tests(junit: Path, count: int = 20) -> list[tuple[float, str]]:
+    """The slowest tests in a JUnit report (setup, call and teardown together: a module's shared nodes and first
+    `up` count in its first test)."""
+    found = [
+        (float(case.get("time") or 0), f"{case.get('classname')}::{case.get('name')}")
+        for case in ElementTree.parse(junit).getroot().iter("testcase")
+    ]
+    return sorted(found, reverse=True)[:count]
+
+
 def failed_tests(junit: Path) -> list[str]:
     """The tests that failed or errored in a JUnit report, as module::name."""
     found = []
@@ -65,18 +80,115 @@ def failed_tests(junit: Path) -> list[str]:
     return found
 
 
+# Kinds of process, first match wins: (kind, words looked for in the command line or the name).
+CPU_KINDS = (
+    ("pulumi CLI and engine", ("/.toolchain/bin/pulumi",)),
+    ("stand-in provider plugins", ("pulumi-resource-", "providers/bin", "tests.e2e.providers")),
+    ("Ray (gcs, raylet, agents, workers)", ("gcs_server", "raylet", "ray/", "ray::", "ray_", "default_worker")),
+    ("stand-in vLLM", ("vllm_standin", "vllm serve", "vllm-router", "router_standin")),
+    ("node supervisors and scripts", ("spark-vllm", "supervisor", "node_")),
+    ("dockerd, containerd and shims", ("dockerd", "containerd", "docker-proxy", "runc", "docker ")),
+    ("sshd and ssh", ("sshd", "ssh ", "ssh-")),
+    ("pytest workers (the tests and the inline program)", ("pytest", "xdist", "exec(eval(sys.stdin")),
+    ("other Python (on the nodes and in tests)", ("python",)),
+)
+
+
+def _kind(command: str) -> str:
+    for kind, words in CPU_KINDS:
+        if any(word in command for word in words):
+            return kind
+    return "other"
+
+
+def _machine_busy_seconds() -> float:
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds by kind of process while it runs: each process's utime+stime, the last value seen before it
+    exits (read every `interval` s), against the whole machine's busy time over the same span."""
+
+    def __init__(self, interval: float = 1.0):
+        super().__init__(daemon=True)
+        self.interval, self.done = interval, threading.Event()
+        self.seen: dict[tuple[int, str], tuple[str, float]] = {}  # (pid, start time) -> (kind, seconds)
+        self.commands: dict[tuple[int, str], str] = {}  # (pid, start time) -> its command line, shortened
+        self.sample()
+        self.before = {key: seconds for key, (_, seconds) in self.seen.items()}  # what ran before the start
+        self.busy_start = _machine_busy_seconds()
+        self.busy = 0.0
+
+    def sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as handle:
+                    stat = handle.read()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                key = (int(entry.name), fields[19])
+                seconds = (int(fields[11]) + int(fields[12])) / tick
+                known = self.seen.get(key)
+                if known is None:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                        command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+                    command = command or stat[stat.index("(") + 1 : stat.rindex(")")]
+                    known = (_kind(command), 0.0)
+                    self.commands[key] = re.sub(r"\d+", "N", " ".join(command.split()[:4]))[:90]
+                self.seen[key] = (known[0], seconds)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.join()
+        self.sample()
+        self.busy = _machine_busy_seconds() - self.busy_start
+        kinds: dict[str, float] = collections.defaultdict(float)
+        for key, (kind, seconds) in self.seen.items():
+            kinds[kind] += seconds - self.before.get(key, 0.0)
+        kinds["short-lived (under a sample)"] = self.busy - sum(kinds.values())
+        return dict(kinds)
+
+    def busiest(self, count: int = 15) -> list[tuple[float, int, str]]:
+        """The command lines (first words, numbers as N) that took the most CPU: (seconds, processes, command)."""
+        totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+        for key, (_, seconds) in self.seen.items():
+            found = totals[self.commands.get(key, "?")]
+            found[0] += seconds - self.before.get(key, 0.0)
+            found[1] += 1
+        return sorted(((seconds, n, command) for command, (seconds, n) in totals.items()), reverse=True)[:count]
+
+
 def run_once(args, work: Path) -> dict:
     junit, timings = work / "junit.xml", work / "timings.jsonl"
     for stale in (junit, timings):
         stale.unlink(missing_ok=True)
     command = ["./run-tests", *(["--fast"] if args.fast else []), "-p", "no:cacheprovider", "-q",
                f"--junitxml={junit}", *args.pytest_args]  # fmt: skip
+    sampler = CpuSampler() if args.cpu else None
+    if sampler:
+        sampler.start()
     started = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPARK_VLLM_TEST_TIMINGS": str(timings)})
+    wall = time.monotonic() - started
     return {
-        "wall": time.monotonic() - started,
+        "cpu": sampler.stop() if sampler else {},
+        "cpu_busy": sampler.busy if sampler else 0.0,
+        "busiest": sampler.busiest() if sampler else [],
+        "wall": wall,
         "exit": result.returncode,
         "modules": module_seconds(junit) if junit.exists() else {},
+        "slowest": slowest_tests(junit) if junit.exists() else [],
         "failed": failed_tests(junit) if junit.exists() else ["(no report)"],
         "kinds": command_kinds(timings),
     }
@@ -90,12 +202,25 @@ def report(args, run: dict) -> None:
     print(f"  modules (their sum {sum(modules.values()):.0f} s; processes overlap):")
     for name, seconds in sorted(modules.items(), key=lambda item: -item[1])[:25]:
         print(f"    {seconds:7.1f} s  {name}")
+    if run["slowest"]:
+        print("  slowest tests:")
+        for seconds, name in run["slowest"]:
+            print(f"    {seconds:7.1f} s  {name}")
     if kinds:
         print("  pulumi commands (the rehearsal):")
         for kind, found in sorted(kinds.items(), key=lambda item: -item[1]["seconds"]):
             seconds, test = found["slowest"]
             line = f"    {kind:<9} {found['count']:4d} commands {found['seconds']:8.1f} s"
             print(f"{line}; slowest {seconds:.1f} s ({test})")
+    if run["cpu"]:
+        busy = run["cpu_busy"]
+        print(f"  CPU, by kind of process ({busy:.0f} CPU-s busy of {wall * os.cpu_count():.0f} on "
+              f"{os.cpu_count()} cores):")  # fmt: skip
+        for kind, seconds in sorted(run["cpu"].items(), key=lambda item: -item[1]):
+            print(f"    {seconds:8.1f} s  {100 * seconds / busy if busy else 0:5.1f} %  {kind}")
+        print("  the busiest command lines (CPU seconds, processes):")
+        for seconds, count, command in run["busiest"]:
+            print(f"    {seconds:8.1f} s {count:5d}  {command}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,14 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="the --fast lane (no simulated nodes)")
     parser.add_argument("--rounds", type=int, default=1, help="run it this many times in a row (the stress run)")
     parser.add_argument("--hog", type=int, default=0, help="beside this many processes each keeping a core busy")
+    parser.add_argument("--cpu", action="store_true", help="the CPU seconds by kind of process, sampled each second")
+    parser.add_argument("--keep", metavar="DIR", help="keep the JUnit report and the commands' timings in DIR")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hog)]
     runs = []
     try:
-        with tempfile.TemporaryDirectory() as work:
+        with tempfile.TemporaryDirectory() as temporary:
+            work = Path(args.keep or temporary)
+            work.mkdir(parents=True, exist_ok=True)
             for number in range(1, args.rounds + 1):
-                runs.append(run_once(args, Path(work)))
+                runs.append(run_once(args, work))
                 if args.rounds > 1:
                     print(
                         f"\nsuite_time: round {number} of {args.rounds} (beside {args.hog} busy core(s)): "

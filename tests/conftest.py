@@ -24,19 +24,20 @@ def _own_gpu_turn(monkeypatch):
     monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-test-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
-# The rehearsal's modules, longest first (seconds per file, 2 processes, 2026-12-02): ./run-tests hands out
-# whole files in collection order (--dist loadfile --no-loadscope-reorder), so the long ones start at once
-# and the short files fill the gaps at the end. Only the order changes; a module not listed goes after.
+# The rehearsal's modules, longest first (seconds per file in the whole suite, 3 processes, 2026-12-04): ./run-tests
+# hands out whole files in collection order (--dist loadfile --no-loadscope-reorder), so the long ones start at
+# once and the short files fill the gaps at the end. Only the order changes; a module not listed goes after.
 LONGEST_FIRST = (
-    "tests/e2e/test_three_nodes.py",  # 418 s
-    "tests/e2e/test_recovery.py",  # 394 s
-    "tests/e2e/test_refusals.py",  # 358 s
-    "tests/e2e/test_rehearsal.py",  # 308 s
-    "tests/e2e/test_guard.py",  # 201 s
-    "tests/e2e/test_fabric_copy.py",  # 192 s
-    "tests/e2e/test_hf_sync.py",  # 152 s
-    "tests/e2e/image/test_image.py",  # 96 s
-    "tests/unit/test_supervisor.py",  # 70 s
+    "tests/e2e/test_three_nodes.py",  # 532 s
+    "tests/e2e/test_recovery.py",  # 435 s
+    "tests/e2e/test_refusals.py",  # 361 s
+    "tests/e2e/test_rehearsal.py",  # 298 s
+    "tests/e2e/test_deployments.py",  # 205 s
+    "tests/e2e/test_fabric_copy.py",  # 169 s
+    "tests/e2e/test_guard.py",  # 145 s
+    "tests/e2e/test_hf_sync.py",  # 123 s
+    "tests/unit/test_supervisor.py",  # 85 s
+    "tests/e2e/image/test_image.py",  # 60 s
 )
 
 

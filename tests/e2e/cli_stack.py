@@ -352,7 +352,7 @@ class RehearsalStack:
 
     def holds_resources(self) -> bool:
         """Whether the stack's state (the `file://` backend's checkpoint, read directly: no CLI run)
-        records any resource or pending operation; True when it cannot be read, so a cleanup destroys."""
+        records any resource or pending operation; True when it cannot be read."""
         path = self.backend / ".pulumi" / "stacks" / PROJECT / f"{self.stack}.json"
         try:
             latest = json.loads(path.read_text())["checkpoint"].get("latest") or {}

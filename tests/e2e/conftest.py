@@ -4,6 +4,7 @@ by the real Pulumi CLI (tests/e2e/cli_stack.py)."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
@@ -24,7 +25,12 @@ def registry(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     simnodes.cleanup_stale()
-    with simnodes.create_registry(tmp_path_factory.mktemp("registry"), CACHE_DIR / "registry") as created:
+    # each test process's registry at its own fixed address while it is free (gw0 10.76.200.1, gw1 .201, …; one
+    # process .199): the image seeds it names are then found again by later runs (tests/e2e/seed.py)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    subnet = 200 + int(worker.removeprefix("gw")) if worker.removeprefix("gw").isdigit() else 199
+    storage = CACHE_DIR / "registry"
+    with simnodes.create_registry(tmp_path_factory.mktemp("registry"), storage, subnet=min(subnet, 254)) as created:
         yield created
 
 
@@ -34,9 +40,9 @@ FABRIC_INTERFACES = ("fab0", "enp1s0f1np1")
 
 
 @pytest.fixture(scope="session")
-def image_seed(registry, tmp_path_factory):
+def image_seed(registry):
     """A Docker data root with the rehearsal image pulled once (tests/e2e/seed.py), that nodes start from."""
-    return seed.image_seed(tmp_path_factory.mktemp("image-seed"), CACHE_DIR, registry.address)
+    return seed.image_seed(CACHE_DIR, registry.address)
 
 
 def _cluster(count, registry, tmp_path_factory, request):
@@ -92,24 +98,17 @@ def ssh_agent3(sim_cluster3, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def new_stack(tmp_path_factory):
-    """A factory of stacks on their own deploying machines; each is destroyed at the end of the module."""
+    """A factory of stacks on their own deploying machines. What a stack still holds at the end of the module is
+    not destroyed: its nodes go with the module (the cluster kills their containers, then their daemons and
+    namespaces), and a `pulumi destroy` there would cost 10-25 s of a loaded machine to prove nothing. The tests
+    that claim something of a destroy (a fresh clone's, the guard's, prod's) run and assert it themselves."""
     reason = cli_missing()
     if reason:
         pytest.fail(reason)  # setup builds it; a rehearsal without the real CLI would prove nothing
-    made: list[RehearsalStack] = []
 
     def make(stack: str = "rehearsal", **kwargs) -> RehearsalStack:
         created = RehearsalStack(tmp_path_factory.mktemp(f"deployer-{next(_counter)}"), stack, **kwargs)
         created.init()
-        made.append(created)
         return created
 
-    yield make
-    for created in reversed(made):
-        try:
-            # a stack already destroyed (or never deployed) is left as it is: a destroy of nothing
-            # still runs the CLI and the engine, about 2 s each
-            if created.config_file.exists() and created.holds_resources():
-                created.destroy()
-        except Exception as error:  # noqa: BLE001 - the nodes go away with the module anyway
-            print(f"cleanup destroy of {created.stack}: {error}")
+    return make

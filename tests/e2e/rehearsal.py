@@ -183,10 +183,9 @@ def chat(endpoint: str, api_key: str, model: str) -> dict:
 def compile_factors(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> list[dict]:
     """The cache_key_factors.json files in the node's container: what vLLM 0.25 writes beside its compiled
     graphs, the raw values of the environment it hashed (tests/e2e/standin/vllm_standin/compile_cache.py)."""
-    text = cluster.docker(
-        node, "exec", f"spark-vllm-{node.name}", "sh", "-c",
-        "cat /root/.cache/vllm/torch_compile_cache/*/*/*/cache_key_factors.json 2>/dev/null || true",
-    ).stdout  # fmt: skip
+    root = cluster.container_root(node, f"spark-vllm-{node.name}")
+    paths = sorted(root.glob("root/.cache/vllm/torch_compile_cache/*/*/*/cache_key_factors.json"))
+    text = "".join(path.read_text() for path in paths)
     found, decoder, at = [], json.JSONDecoder(), 0
     while text[at:].strip():
         at += len(text[at:]) - len(text[at:].lstrip())

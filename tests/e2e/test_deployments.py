@@ -43,12 +43,12 @@ def fleet(sim_cluster3, image3, model_dir, new_stack):
 
 
 def supervisor(cluster, node, container) -> dict:
-    return json.loads(cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/status.json").stdout)
+    return json.loads(cluster.container_file(node, container, "/run/spark-vllm/status.json"))
 
 
 def served_requests(cluster, node, container) -> float:
     """Requests the stand-in in `container` answered (vllm:request_success_total)."""
-    out = cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/vllm.log").stdout
+    out = cluster.container_file(node, container, "/run/spark-vllm/vllm.log")
     return out.count('"POST /v1/chat/completions HTTP/1.1" 200')
 
 
@@ -112,7 +112,7 @@ def test_a_real_openai_client_lists_and_talks_to_every_model_through_the_endpoin
 
 
 def vllm_log(cluster, node, container) -> str:
-    return cluster.docker(node, "exec", container, "cat", "/run/spark-vllm/vllm.log").stdout
+    return cluster.container_file(node, container, "/run/spark-vllm/vllm.log")
 
 
 def pinned_kv(log: str) -> list[float]:
@@ -170,7 +170,10 @@ def test_two_vllms_started_by_hand_beside_them_without_turn_or_pin_clash_on_the_
                             "setsid", "sh", "-c", f"echo $$ > /tmp/by-hand-{port}.pid; exec {line}")  # fmt: skip
 
     def log(container, port):
-        return sim_cluster3.docker(node3, "exec", container, "cat", f"/tmp/by-hand-{port}.log").stdout
+        try:
+            return sim_cluster3.container_file(node3, container, f"/tmp/by-hand-{port}.log")
+        except FileNotFoundError:
+            return ""  # not written yet
 
     start("spark-vllm-small-node-3", 9101, 0.55)
     wait_until(lambda: "Starting to load model" in log("spark-vllm-small-node-3", 9101), 30,

@@ -38,8 +38,7 @@ def serves(outputs, key) -> bool:
 
 
 def supervisor_status(cluster, node) -> dict:
-    out = cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/status.json").stdout
-    return json.loads(out)
+    return json.loads(cluster.container_file(node, f"spark-vllm-{node.name}", "/run/spark-vllm/status.json"))
 
 
 def vllm_pids(cluster, nodes) -> dict[str, int]:
@@ -221,7 +220,7 @@ def status_when(cluster, node, state: str, timeout: float) -> dict:
 
 
 def vllm_log(cluster, node) -> str:
-    return cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/vllm.log").stdout
+    return cluster.container_file(node, f"spark-vllm-{node.name}", "/run/spark-vllm/vllm.log")
 
 
 def test_on_unified_memory_the_oom_guard_ends_vllm_and_restarts_wait_for_the_memory(sim_cluster, stack):
@@ -301,4 +300,3 @@ def test_a_setting_vllm_refuses_at_start_ends_the_loop_at_once_and_the_status_sa
     stack["stack"].configure(stack["config"], stack["secrets"])
     run = stack["stack"].up()
     assert serves(run.outputs, stack["secrets"]["apiKey"])
-    stack["stack"].destroy()

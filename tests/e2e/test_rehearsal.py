@@ -384,4 +384,4 @@ def test_destroy_from_a_fresh_clone_leaves_no_container_or_process(sim_cluster, 
     assert no_containers(sim_cluster)
     assert netns_processes(sim_cluster) == []
     assert clone.destroy().changed == {}  # a second destroy is safe and does nothing
-    assert not stack.holds_resources()  # so the module's cleanup runs no destroy of its own
+    assert not stack.holds_resources()  # the one backend holds nothing any more

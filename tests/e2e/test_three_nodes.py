@@ -168,4 +168,3 @@ def test_three_nodes_mp_pipeline_parallel(sim_cluster3, image3, model_dir, new_s
     chat(run.outputs["endpoint"], secrets["apiKey"], run.outputs["servedModelName"])
     log = sim_cluster3.docker(sim_cluster3.nodes[0], "exec", "spark-vllm-node-1", "cat", "/run/spark-vllm/vllm.log")
     assert "--pipeline-parallel-size=3" in log.stdout and "all 3 node(s) joined" in log.stdout
-    created.destroy()

@@ -1,8 +1,11 @@
 """benchmarks/suite_time.py reads pytest's JUnit report and the rehearsal's command timings as they are written."""
 
 import json
+import subprocess
+import sys
+import time
 
-from benchmarks.suite_time import command_kinds, failed_tests, module_seconds
+from benchmarks.suite_time import CpuSampler, _kind, command_kinds, failed_tests, module_seconds, slowest_tests
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.e2e.test_deployments" name="test_a" time="10.5"/>
@@ -34,3 +37,32 @@ def test_the_stress_run_names_each_test_that_failed_or_errored(tmp_path):
     assert failed_tests(path) == ["tests.e2e.test_deployments::test_b", "tests.unit.test_x.TestGroup::test_c"]
     path.write_text(JUNIT)
     assert failed_tests(path) == []
+
+
+def test_the_slowest_tests_come_first_with_their_module_and_name(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    assert slowest_tests(path, count=2) == [(10.5, "tests.e2e.test_deployments::test_a"),
+                                            (2.5, "tests.e2e.test_deployments::test_b")]  # fmt: skip
+
+
+def test_processes_are_told_apart_by_their_command_lines():
+    assert _kind("/work/x/.toolchain/bin/pulumi --non-interactive up --yes") == "pulumi CLI and engine"
+    assert _kind("/work/x/venv/bin/python -m tests.e2e.providers.docker 127.0.0.1:4") == "stand-in provider plugins"
+    assert _kind("/opt/site/ray/core/src/ray/raylet/raylet --raylet_socket_name=x").startswith("Ray")
+    assert _kind("/usr/sbin/dockerd --config-file x").startswith("dockerd")
+    assert _kind("/work/x/venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))").startswith("pytest")
+    assert _kind("python3 -") == "other Python (on the nodes and in tests)"
+    assert _kind("nft list table") == "other"
+
+
+def test_the_sampler_counts_a_busy_child_and_not_what_ran_before_it_started():
+    sampler = CpuSampler(interval=0.1)
+    sampler.start()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"],
+                   check=True)  # fmt: skip
+    time.sleep(0.05)
+    kinds = sampler.stop()
+    assert kinds.get("other Python (on the nodes and in tests)", 0) + kinds["short-lived (under a sample)"] >= 0.5
+    assert sampler.busy >= 0.5
+    assert any("python" in command for _, _, command in sampler.busiest())

@@ -26,7 +26,29 @@ from typing import Any, Optional
 
 import grpc
 from google.protobuf import empty_pb2, struct_pb2
-from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, plugin_pb2, provider_pb2, provider_pb2_grpc
+
+
+def _protocol_modules() -> None:
+    """Make `pulumi.runtime.proto` (the generated protocol modules, which import only protobuf and grpc)
+    importable without running the `pulumi` and `pulumi.runtime` packages' __init__: those load the whole
+    program SDK (0.1-0.2 s of CPU), which a provider never uses, and the engine starts a provider process for
+    every provider of every command (about 250 in one run of the suite). Only in a provider's own process (its
+    main module is one of tests/e2e/providers'): a test importing this module keeps the real packages."""
+    import importlib.util
+    import types
+
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if "pulumi" in sys.modules or main is None or not main.name.startswith("tests.e2e.providers."):
+        return
+    base = importlib.util.find_spec("pulumi").submodule_search_locations[0]
+    for name, folder in (("pulumi", base), ("pulumi.runtime", os.path.join(base, "runtime"))):
+        package = types.ModuleType(name)
+        package.__path__ = [folder]
+        sys.modules[name] = package
+
+
+_protocol_modules()
+from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, plugin_pb2, provider_pb2, provider_pb2_grpc  # noqa: E402
 
 UNKNOWN_WIRE = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # how the engine spells "not known yet"
 SIG_KEY = "4dabf18193072939515e22adb298388d"
