@@ -12,7 +12,8 @@ The seed is kept in the rehearsal's cache, keyed by the image's content hash and
 (the tag and the repo digest name it; each test process's registry takes the same address run after run
 when it is free: tests/e2e/conftest.py), and built under a lock of its own: later runs start from it instead
 of each process pulling into a daemon of its own (about 12 s of CPU and 20 s at the start of each process,
-2026-12-04). Seeds of another image, and seeds unused for two days, are removed when one is made.
+2026-12-04). Seeds of another image unused for an hour, and any unused for two days, are removed when one is
+made.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def image_seed(cache_dir: Path, registry: str) -> Path:
             (made / "complete").touch()  # in use: kept by the pruning below
             return made / "data"
         for old in seeds.iterdir():
-            stale = not old.name.startswith(f"{image}-") or _unused_for(old / "complete", 2 * 86400)
+            # another suite may be planting a seed of another image right now (a clone of another commit):
+            # taken at each process's start, a seed in use was touched within the hour
+            idle = 3600 if not old.name.startswith(f"{image}-") else 2 * 86400
+            stale = _unused_for(old / "complete", idle)
             if old.is_dir() and old != made and stale:
                 with _locked(seeds / f"{old.name}.lock"):
                     safe_rmtree(old)
