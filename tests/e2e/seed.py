@@ -4,9 +4,10 @@ Every rehearsal module used to bring fresh nodes whose first `up` pulled the ima
 20 pulls a suite, 10-12 s each on an idle machine and twice that under the suite's load (2026-12-03), for
 a step that `test_rehearsal.py` (the README's path) proves on its own nodes. So the image is pulled once,
 into a throw-away dockerd (the nodes' storage driver, the registry as an insecure one, as their daemon.json
-has it), which is stopped, and a node that asks for the seed gets a copy of that data root before its
-dockerd starts: the image is there with its tag and its repo digest, as a pull leaves it, and the program's
-pull step finds it ("is already on this node"). A copy, not links: a node may remove or re-tag the image.
+has it), which is stopped, and a node that asks for the seed starts from that data root (tests/e2e/nodes.py
+`_plant_seed`: the image's layers as hard links, which dockerd never writes into, and the metadata a node
+changes when it removes or re-tags the image copied): the image is there with its tag and its repo digest,
+as a pull leaves it, and the program's pull step finds it ("is already on this node").
 
 The seed is kept in the rehearsal's cache, keyed by the image's content hash and the registry's address
 (the tag and the repo digest name it; each test process's registry takes the same address run after run
