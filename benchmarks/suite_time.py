@@ -85,7 +85,7 @@ CPU_KINDS = (
     ("pulumi CLI and engine", ("/.toolchain/bin/pulumi",)),
     ("stand-in provider plugins", ("pulumi-resource-", "providers/bin", "tests.e2e.providers")),
     ("Ray (gcs, raylet, agents, workers)", ("gcs_server", "raylet", "ray/", "ray::", "ray_", "default_worker")),
-    ("stand-in vLLM", ("vllm_standin", "vllm serve", "vllm-router", "router_standin")),
+    ("stand-in vLLM", ("vllm_standin", "vllm serve", "vllm-router")),
     ("node supervisors and scripts", ("spark-vllm", "supervisor", "node_")),
     ("dockerd, containerd and shims", ("dockerd", "containerd", "docker-proxy", "runc", "docker ")),
     ("sshd and ssh", ("sshd", "ssh ", "ssh-")),
@@ -181,8 +181,9 @@ def run_once(args, work: Path) -> dict:
     started = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPARK_VLLM_TEST_TIMINGS": str(timings)})
     wall = time.monotonic() - started
+    cpu = sampler.stop() if sampler else {}  # before busy and busiest: stop takes the last sample
     return {
-        "cpu": sampler.stop() if sampler else {},
+        "cpu": cpu,
         "cpu_busy": sampler.busy if sampler else 0.0,
         "busiest": sampler.busiest() if sampler else [],
         "wall": wall,

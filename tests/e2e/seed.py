@@ -40,8 +40,9 @@ def image_seed(cache_dir: Path, registry: str) -> Path:
             idle = 3600 if not old.name.startswith(f"{image}-") else 2 * 86400
             stale = _unused_for(old / "complete", idle)
             if old.is_dir() and old != made and stale:
-                with _locked(seeds / f"{old.name}.lock"):
-                    safe_rmtree(old)
+                with _locked(seeds / f"{old.name}.lock"):  # its build, if one is under way, ends first
+                    if _unused_for(old / "complete", idle):
+                        safe_rmtree(old)
         safe_rmtree(made)
         config = {"insecure-registries": [registry], "storage-driver": "overlay2"}  # as the nodes' daemon.json
         with private_dockerd("seed-", data_root=made / "data", config=config) as host:

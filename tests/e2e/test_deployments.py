@@ -48,8 +48,7 @@ def supervisor(cluster, node, container) -> dict:
 
 def served_requests(cluster, node, container) -> float:
     """Requests the stand-in in `container` answered (vllm:request_success_total)."""
-    out = cluster.container_file(node, container, "/run/spark-vllm/vllm.log")
-    return out.count('"POST /v1/chat/completions HTTP/1.1" 200')
+    return vllm_log(cluster, node, container).count('"POST /v1/chat/completions HTTP/1.1" 200')
 
 
 def test_a_request_for_each_model_is_answered_through_the_router(fleet):
