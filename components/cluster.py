@@ -20,7 +20,7 @@ from components.grafana import Grafana, grafana_url
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
 from components.node_container import NodeContainer, NodeContainerArgs
-from components.release import ReleaseSource, release_record
+from components.release import ReleaseSource, release_record, speculation_record
 from components.render import ray_address, tenancy
 from components.replicas import (
     _replica_triggers,
@@ -370,6 +370,7 @@ def create_server(
                 gate.memory_plan.apply(lambda plan: (plan.get("kvCache") or {}).get("pinnedBytes"))
             ),
             tenancy=shared or {},
+            kept_baseline=release.baseline,
         ),
         opts=pulumi.ResourceOptions(parent=parent),
     )
@@ -387,14 +388,20 @@ def _release(
     pinned = pulumi.Output.all(source_image.repo_digest, gate.image_id).apply(lambda p: p[0] or p[1])
     # The fabric's figures (a dict per node) join by apply: Output.all would unwrap them into an Output
     # per key, and the release is an output, whose dependencies nothing reads.
-    parts = pulumi.Output.all(pinned, release.model, release.engine, validated, server.benchmark_result)
-    if not with_fabric:
-        return parts.apply(lambda p: release_record(p[0], p[1], p[2], p[3], release.origin, benchmark=p[4]))
-    return parts.apply(
-        lambda p: gate.fabric.apply(
-            lambda figures: release_record(p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4])
+    parts = pulumi.Output.all(
+        pinned, release.model, release.engine, validated, server.benchmark_result, server.validation,
+        server.baseline_result,
+    )  # fmt: skip
+
+    def record(p: list, figures: Optional[dict] = None) -> dict:
+        speculation = speculation_record(p[2], p[5], p[6], p[4])
+        return release_record(
+            p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4], speculation=speculation
         )
-    )
+
+    if not with_fabric:
+        return parts.apply(record)
+    return parts.apply(lambda p: gate.fabric.apply(lambda figures: record(p, figures)))
 
 
 def create_prometheus(

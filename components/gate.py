@@ -21,6 +21,8 @@ from components.node import NodeHost
 from components.preflight import compare_fingerprints, image_problems, image_warnings, memory_plan, parse_fingerprint
 from components.release import ReleaseSource
 from components.render import script_program, shell_line, with_script
+from components.speculation import SpeculationError, speculation_problems
+from components.speculation import message as speculation_message
 from components.steps import remote_step
 from components.transfer import Transfer
 
@@ -313,6 +315,18 @@ def _nccl_test(
     return merged, merged.apply(lambda _: True)
 
 
+def _speculation_checked(cfg: ClusterConfig, fingerprint: str, engine: dict) -> bool:
+    """The release's vllm.speculative against the model's config.json (any memoryCheck): SpeculationError,
+    before any container, where vLLM would refuse it at start."""
+    problems = speculation_problems(
+        parse_fingerprint(fingerprint).get("config") or {}, engine.get("speculative"), "vllm.speculative"
+    )
+    problems = [f"deployment {cfg.name_prefix}: {line}" for line in problems] if cfg.name_prefix else problems
+    if problems:
+        raise SpeculationError(speculation_message(problems))
+    return True
+
+
 def _memory_plan(
     cfg: ClusterConfig,
     release: ReleaseSource,
@@ -323,16 +337,19 @@ def _memory_plan(
     """The memory plan from the head's model fingerprint and every node's memory; with
     memoryCheck enforce, an error (before any container) when it does not fit. A replica with `co_tenants`
     (node -> the other replicas there) gets its KV cache pinned to what the plan gives it."""
-    if cfg.memory_check == "off":
-        return pulumi.Output.from_input({"checked": False, "reason": "memoryCheck: off"})
     if cfg.head_node.name not in fingerprints:
         return pulumi.Output.from_input(
             {"checked": False, "reason": "the model is a repo id: its size is known only once downloaded"}
+        )
+    if cfg.memory_check == "off":
+        return pulumi.Output.all(fingerprints[cfg.head_node.name], release.engine).apply(
+            lambda parts: _speculation_checked(cfg, *parts) and {"checked": False, "reason": "memoryCheck: off"}
         )
     memories = [each.memory for each in checks.values()]
 
     def judge(parts: list) -> dict:
         fingerprint, engine, *found = parts
+        _speculation_checked(cfg, fingerprint, engine)
         plan = memory_plan(cfg, fingerprint, found, engine, pin_kv_cache=bool(co_tenants))
         for note in plan.notes():
             pulumi.log.info(f"{cfg.name_prefix}: {note}" if cfg.name_prefix else note)

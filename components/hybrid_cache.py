@@ -24,7 +24,9 @@ in one pool of blocks of one size:
   so blocks = KV room // (page × group size) (`get_num_blocks`);
 * a sequence of L tokens holds ceil(L / block) blocks in each attention group and one block in each
   state group (two with --enable-prefix-caching, mamba cache mode "align": vllm/v1/kv_cache_interface.py
-  `MambaSpec.max_memory_usage_bytes`); vLLM's "Maximum concurrency for L tokens" is blocks over that;
+  `MambaSpec.max_memory_usage_bytes`), and one more per speculative token (`num_speculative_blocks`,
+  vllm/model_executor/layers/mamba/abstract.py), whose convolution state is also one entry longer a
+  token; vLLM's "Maximum concurrency for L tokens" is blocks over that;
 * with FULL CUDA graphs (the default for hybrid models: vllm/model_executor/models/config.py
   `MambaModelConfig`) vLLM refuses to start when max_num_seqs exceeds the blocks
   (vllm/config/compilation.py: "max_num_seqs (N) exceeds available Mamba cache blocks (M)"). The API
@@ -62,10 +64,11 @@ class LinearAttention:
     conv_bytes: int  # per element of the convolution state
     ssm_bytes: int  # per element of the recurrent state
 
-    def page_bytes(self, tensor_parallel: int) -> int:
-        """One layer's state for one sequence on one rank (vLLM's mamba page before padding)."""
+    def page_bytes(self, tensor_parallel: int, drafts: int = 0) -> int:
+        """One layer's state for one sequence on one rank (vLLM's mamba page before padding); `drafts`:
+        speculative tokens, each one more entry of convolution state (conv kernel − 1 + num_spec)."""
         conv_dim = self.key_dim * self.key_heads * 2 + self.value_dim * self.value_heads
-        conv = (conv_dim // tensor_parallel) * (self.conv_kernel - 1) * self.conv_bytes
+        conv = (conv_dim // tensor_parallel) * (self.conv_kernel - 1 + drafts) * self.conv_bytes
         recurrent = (self.value_heads // tensor_parallel) * self.value_dim * self.key_dim * self.ssm_bytes
         return conv + recurrent
 
@@ -124,15 +127,18 @@ def hybrid_cache(
     tensor_parallel: int,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
     prefix_caching: bool = False,
+    drafts: int = 0,
 ) -> HybridCache:
     """The layout vLLM gives a hybrid model on one rank (`attention_bytes_per_token`: one layer's K and V
     for one token on this rank; `block_tokens`: --block-size or the default, the alignment)."""
-    state_page = linear.page_bytes(tensor_parallel)
+    state_page = linear.page_bytes(tensor_parallel, drafts)
     alignment = max(DEFAULT_BLOCK_TOKENS, block_tokens)
     block = max(block_tokens, alignment * math.ceil(state_page / (alignment * attention_bytes_per_token)))
     page = block * attention_bytes_per_token
     size, attention_groups, state_groups = group_layout(attention_layers, state_layers)
-    return HybridCache(block, page, state_page, size, attention_groups, state_groups, 2 if prefix_caching else 1)
+    # a sequence keeps 1 state block (2 with prefix caching) and one more a speculative token
+    state_blocks = (2 if prefix_caching else 1) + drafts
+    return HybridCache(block, page, state_page, size, attention_groups, state_groups, state_blocks)
 
 
 def default_max_num_seqs(gpu_bytes: int, throughput: bool = False, a100: bool = False) -> int:

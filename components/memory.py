@@ -35,6 +35,7 @@ from components.hybrid_cache import (
     hybrid_cache,
     seqs_verdict,
 )
+from components.speculation import mtp_layers
 from components.vllm_args import read_extra_args
 
 GIB = 1024**3
@@ -69,6 +70,8 @@ class ModelShape:
     dtype_bytes: int
     max_position: Optional[int]
     linear: Optional[LinearAttention] = None  # a hybrid model's linear-attention layers (components.hybrid_cache)
+    mtp_layers: int = 0  # the checkpoint's multi-token-prediction layers (each one more full-attention layer)
+    vocab_size: int = 0
 
     @property
     def linear_layers(self) -> int:
@@ -88,10 +91,18 @@ class EngineKnobs:
     enforce_eager: bool = False
     max_num_seqs: Optional[int] = None
     throughput: bool = False
+    speculative_method: Optional[str] = None  # vllm.speculative (the release's), not extraArgs
+    speculative_tokens: int = 0
+
+    @property
+    def drafts(self) -> int:
+        """Tokens proposed a step: vLLM gives each its own state block a sequence (any method)."""
+        return self.speculative_tokens if self.speculative_method else 0
 
 
-def engine_knobs(extra_args: list[str]) -> EngineKnobs:
-    """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`)."""
+def engine_knobs(extra_args: list[str], speculative: Optional[dict[str, Any]] = None) -> EngineKnobs:
+    """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`), and the release's
+    vllm.speculative settings."""
     read = read_extra_args(extra_args)
 
     def value(flag: str) -> Optional[str]:
@@ -112,6 +123,8 @@ def engine_knobs(extra_args: list[str]) -> EngineKnobs:
         enforce_eager=read.has("--enforce-eager"),
         max_num_seqs=number("--max-num-seqs"),
         throughput=value("--performance-mode") == "throughput",
+        speculative_method=(speculative or {}).get("method"),
+        speculative_tokens=int((speculative or {}).get("tokens") or 0),
     )
 
 
@@ -175,7 +188,15 @@ def model_shape(
         )
     max_position = text.get("max_position_embeddings")
     return ModelShape(
-        layers, kv_layers, kv_heads, head_dim, dtype_bytes, int(max_position) if max_position else None, linear
+        layers,
+        kv_layers,
+        kv_heads,
+        head_dim,
+        dtype_bytes,
+        int(max_position) if max_position else None,
+        linear,
+        mtp_layers=mtp_layers(config),
+        vocab_size=int(text.get("vocab_size") or 0),
     )
 
 
@@ -220,6 +241,7 @@ class Plan:
     seqs: Optional[SeqsVerdict] = None
     set_max_num_seqs: Optional[int] = None  # vllm.maxNumSeqs auto: what --max-num-seqs the plan sets
     kv_cache_bytes: Optional[int] = None  # pinned (--kv-cache-memory-bytes): a replica that shares its GPU
+    speculation: Optional[SpeculationCost] = None  # vllm.speculative on: what drafting adds
 
     @property
     def fits(self) -> bool:
@@ -235,6 +257,8 @@ class Plan:
         }
         if self.hybrid is not None:
             output["hybridCache"] = self.hybrid.output()
+        if self.speculation is not None:
+            output["speculative"] = self.speculation.output()
         if self.kv_cache_bytes is not None:
             output["kvCache"] = {"pinnedBytes": self.kv_cache_bytes, "pinnedGib": _gib(self.kv_cache_bytes)}
         if self.seqs is not None:
@@ -318,10 +342,13 @@ def plan_memory(
     knobs = knobs or EngineKnobs()
     if pin_kv_cache:
         allowance_bytes += PINNED_OUTSIDE_BYTES
+    drafting = speculation_cost(shape, knobs, _seqs_wanted(nodes, knobs, max_num_seqs))
+    allowance_bytes += drafting.sampler_bytes
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
     weights = weight_bytes / ranks
-    kv_layers_per_rank = math.ceil(shape.kv_layers / pipeline_parallel)
+    # the MTP head's layers sit on the last rank: counted on every rank, the most any rank holds
+    kv_layers_per_rank = math.ceil(shape.kv_layers / pipeline_parallel) + drafting.attention_layers
     kv_heads_per_rank = max(1, shape.kv_heads // tensor_parallel)
     layer_token = 2 * kv_heads_per_rank * shape.head_dim * shape.dtype_bytes  # one layer's K and V, one token
     per_token = layer_token * kv_layers_per_rank
@@ -337,6 +364,7 @@ def plan_memory(
             # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM picks
             # where the model supports it, is counted the same: the plan's figure is then approximate)
             prefix_caching=bool(knobs.prefix_caching) or knobs.mamba_cache_mode in ("align", "all"),
+            drafts=knobs.drafts,
         )
     cost = _Cost(per_token, cache)
     one_sequence = cost.one_sequence(length)
@@ -406,7 +434,69 @@ def plan_memory(
     if pin_kv_cache and not problems:
         room = min(node.memory_bytes * gpu_memory_utilization for node in nodes) - weights - allowance_bytes
         pinned = int(room // MIB) * MIB
-    return Plan(plans, length, problems, suggestions, cache, seqs, set_seqs, pinned)
+    return Plan(plans, length, problems, suggestions, cache, seqs, set_seqs, pinned, drafting if knobs.drafts else None)
+
+
+@dataclass(frozen=True)
+class SpeculationCost:
+    """What speculative decoding adds to the plan (vLLM 0.25, each rule's source named):
+
+    * `attention_layers`: with mtp, the MTP head's layers, each a full-attention layer with its own KV
+      cache in the target's pool (vllm/v1/spec_decode/llm_base_proposer.py `_draft_attn_layer_names`; for a
+      hybrid model one more layer in the attention groups, which can change the group size);
+    * a hybrid model's state: each proposed token one more state block a sequence
+      (vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes: 1 + num_speculative_blocks) and one
+      more entry of convolution state a layer (mamba_utils.py gated_delta_net_state_shape: conv_kernel − 1
+      + num_spec), any method (vllm/model_executor/layers/mamba/abstract.py) — counted in hybrid_cache;
+    * `sampler_bytes`: the rejection sampler's warm-up in vLLM's memory profiling
+      (vllm/v1/worker/gpu_model_runner.py `_dummy_sampler_run`: target logits for a draft and a bonus
+      token a sequence, gathered, in float32, cloned, turned into probabilities) peaks above the plain
+      sampler's by SPECULATIVE_SAMPLER_BYTES a sequence and vocabulary entry, for max_num_seqs sequences;
+      vLLM's profiling then leaves the KV cache that much less.
+
+    The MTP head's weights are in the checkpoint's files, which the plan counts whole already."""
+
+    method: Optional[str] = None
+    tokens: int = 0
+    attention_layers: int = 0
+    sampler_bytes: int = 0
+    sequences: int = 0  # the max_num_seqs the sampler's warm-up is sized for
+
+    def output(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "tokens": self.tokens,
+            "draftAttentionLayers": self.attention_layers,
+            "samplerGib": _gib(self.sampler_bytes),
+            "samplerSequences": self.sequences,
+        }
+
+
+# Fit to the H200 (2026-12-03, vLLM 0.25.0, Qwen3.5-35B-A3B shape with its MTP layer, vocabulary 248,320,
+# max_num_seqs 1024): memory outside weights and KV cache grew by 3.79 GiB with mtp and 3 tokens, i.e.
+# 16.0 bytes a sequence and vocabulary entry (tests/gpu/results, docs/measurements.md).
+SPECULATIVE_SAMPLER_BYTES = 16
+
+
+def speculation_cost(shape: ModelShape, knobs: EngineKnobs, sequences: int) -> SpeculationCost:
+    if not knobs.drafts:
+        return SpeculationCost()
+    return SpeculationCost(
+        method=knobs.speculative_method,
+        tokens=knobs.drafts,
+        attention_layers=shape.mtp_layers if knobs.speculative_method == "mtp" else 0,
+        sampler_bytes=SPECULATIVE_SAMPLER_BYTES * shape.vocab_size * sequences,
+        sequences=sequences,
+    )
+
+
+def _seqs_wanted(nodes: list[NodeMemory], knobs: EngineKnobs, configured: Optional[int]) -> int:
+    """The max_num_seqs vLLM profiles with: vllm.maxNumSeqs, extraArgs', or its default on the smallest GPU."""
+    if configured is not None:
+        return configured
+    if knobs.max_num_seqs is not None:
+        return knobs.max_num_seqs
+    return default_max_num_seqs(min((node.memory_bytes for node in nodes), default=0), knobs.throughput)
 
 
 def _max_num_seqs(

@@ -222,7 +222,7 @@ def memory_plan(
     """The memory plan for this stack from what the nodes reported: the model's weight sizes and
     config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
     fingerprint = parse_fingerprint(fingerprint_stdout)
-    knobs = engine_knobs(list(engine.get("extraArgs") or []))
+    knobs = engine_knobs(list(engine.get("extraArgs") or []), engine.get("speculative"))
     shape = model_shape(fingerprint.get("config") or {}, knobs=knobs)
     return plan_memory(
         memories,

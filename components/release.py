@@ -7,7 +7,7 @@ output of an earlier stack, which must exist and be validated (its smoke test pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import pulumi
 
@@ -16,6 +16,7 @@ from components.fabric import describe as describe_fabric
 from components.render import engine_settings, fingerprint
 
 REQUIRED_FIELDS = ("image", "validated")  # and a model: the release's own, or each deployment's
+RELEASE_ONLY = ("speculative",)  # engine settings a promotion takes from the release or not at all
 BENCHMARK_FIELDS = ("tool", "outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs", "errors", "completed",
                     "durationSeconds", "settings")  # fmt: skip
 
@@ -30,19 +31,23 @@ class ReleaseSource:
     model: pulumi.Output[str]
     engine: pulumi.Output[dict]
     origin: str  # "config" or the promoted-from stack
+    # a promoted release with speculation: the answers (and benchmark) without it that its validation kept
+    baseline: Optional[pulumi.Output[Optional[dict]]] = None
 
 
 def floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig | None) -> list[str]:
     """What of `release.*` the release's benchmark misses, each with its figure and the floor."""
-    if floors is None or (floors.min_output_tokens_per_second is None and floors.max_p99_ttft_ms is None):
+    if floors is None:
         return []
+    problems = _speculation_floor_problems(release, stack, floors)
+    if floors.min_output_tokens_per_second is None and floors.max_p99_ttft_ms is None:
+        return problems
     bench = release.get("benchmark")
     if not isinstance(bench, dict) or bench.get("outputTokensPerSecond") is None:
-        return [
+        return problems + [
             f"promoteFrom {stack!r}: its release {release.get('fingerprint', '?')} has no benchmark figures, and this "
             f"stack's release.* floors need them: deploy {stack} with benchmark.enabled: true"
         ]
-    problems = []
     settings = describe_benchmark(bench)
     # whole figures as whole numbers (180.0 comes back from state as 180): the message says what was measured
     rate, floor = _number(bench["outputTokensPerSecond"]), floors.min_output_tokens_per_second
@@ -57,6 +62,40 @@ def floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig | 
             f"promoteFrom {stack!r}: release.maxP99TtftMs: its release's p99 time to first token was {ttft} ms, "
             f"above the ceiling {ceiling} ms ({settings})"
         )
+    return problems
+
+
+def _speculation_floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig) -> list[str]:
+    """release.minAcceptanceLength and release.minSpeculativeSpeedup against the release's speculation."""
+    wanted = [
+        ("minAcceptanceLength", floors.min_acceptance_length, "acceptance", "meanAcceptanceLength",
+         "mean acceptance length"),
+        ("minSpeculativeSpeedup", floors.min_speculative_speedup, "speedup", None,
+         "speed-up over the same load without it"),
+    ]  # fmt: skip
+    spec = release.get("speculative")
+    problems = []
+    for key, floor, field, inner, what in wanted:
+        if floor is None:
+            continue
+        if not isinstance(spec, dict):
+            problems.append(
+                f"promoteFrom {stack!r}: release.{key}: its release {release.get('fingerprint', '?')} runs without "
+                "speculative decoding (no vllm.speculative), so it has no such figure"
+            )
+            continue
+        value = spec.get(field)
+        value = value.get(inner) if inner and isinstance(value, dict) else value
+        if value is None:
+            problems.append(
+                f"promoteFrom {stack!r}: release.{key}: its release has no {what} (its benchmark did not run, or ran "
+                f"without a start to compare with): deploy {stack} with benchmark.enabled: true and smokeTest on"
+            )
+        elif _number(value) < floor:
+            problems.append(
+                f"promoteFrom {stack!r}: release.{key}: its release's {what} was {_number(value)}, below the floor "
+                f"{_number(floor)} ({spec.get('method')}, {_number(spec.get('tokens'))} tokens)"
+            )
     return problems
 
 
@@ -156,6 +195,7 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
         model=release.apply(lambda r: r["model"]),
         engine=release.apply(lambda r: _engine(defaults, r.get("engine") or {})),
         origin=stack,
+        baseline=release.apply(kept_baseline),
     )
 
 
@@ -184,7 +224,14 @@ def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
         model=release.apply(lambda r: r["deployments"][deployment]["model"]),
         engine=release.apply(lambda r: _engine(defaults, r["deployments"][deployment].get("engine") or {})),
         origin=stack,
+        baseline=release.apply(lambda r: kept_baseline(r["deployments"][deployment])),
     )
+
+
+def kept_baseline(release: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """What a release with speculation was validated against (its answers without it), carried on."""
+    spec = release.get("speculative")
+    return spec.get("baseline") if isinstance(spec, dict) else None
 
 
 def check_promotable_deployment(
@@ -225,7 +272,8 @@ def _announce(stack: str, release: dict[str, Any]) -> dict[str, Any]:
 
 def _engine(defaults: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
     """The promoted engine settings over this stack's; numbers come back from state as floats."""
-    engine = {**defaults, **promoted}
+    # what the promoted release did not run with, this stack does not add: speculation is the release's alone
+    engine = {**{key: value for key, value in defaults.items() if key not in RELEASE_ONLY}, **promoted}
     if isinstance(engine.get("maxModelLen"), float) and engine["maxModelLen"].is_integer():
         engine["maxModelLen"] = int(engine["maxModelLen"])
     return engine
@@ -239,10 +287,12 @@ def release_record(
     origin: str,
     fabric: dict | None = None,
     benchmark: dict | None = None,
+    speculation: dict | None = None,
 ) -> dict[str, Any]:
     """What this stack runs and whether it was validated; `fabric`: the fabric gate's figures on this
     stack's nodes, `benchmark`: how fast it served there, with the settings that produced it (what the
-    release ran on and did; not part of the fingerprint, which is what it is)."""
+    release ran on and did; not part of the fingerprint, which is what it is); `speculation`: with
+    vllm.speculative, how its answers compared and what it gained (speculation_record)."""
     body = {"image": image, "model": model, "engine": engine}
     record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
     if fabric is not None:
@@ -251,6 +301,46 @@ def release_record(
             record["fabric"]["nccl"] = fabric["nccl"]
     if benchmark:
         record["benchmark"] = {key: benchmark.get(key) for key in BENCHMARK_FIELDS}
+        # figures newer than the release format: only where measured, so older records read as they did
+        record["benchmark"].update({key: benchmark[key] for key in ("tpotMs", "speculative") if benchmark.get(key)})
+    if speculation:
+        record["speculative"] = speculation
+    return record
+
+
+def speculation_record(
+    engine: dict[str, Any], validation: dict | None, baseline: dict | None, benchmark: dict | None
+) -> dict[str, Any] | None:
+    """A release with vllm.speculative: its method and tokens, how its validation's greedy answers agreed
+    with those without speculation (`validation`), what they were held against (`baseline`: kept for the
+    next stack's validation), the acceptance vLLM counted in its benchmark, and the speed-up over the
+    same load without speculation (the baseline's benchmark). None for a release without it."""
+    spec = engine.get("speculative")
+    if not spec:
+        return None
+    record: dict[str, Any] = {"method": spec.get("method"), "tokens": _number(spec.get("tokens"))}
+    if validation:
+        record["answers"] = validation
+    if baseline:
+        record["baseline"] = baseline
+    accepted = (benchmark or {}).get("speculative")
+    if accepted:
+        record["acceptance"] = {
+            "rate": accepted.get("acceptanceRate"),
+            "meanAcceptanceLength": accepted.get("meanAcceptanceLength"),
+            "perPosition": accepted.get("acceptedPerPosition"),
+        }
+    without = (baseline or {}).get("benchmark") or {}
+    if benchmark and without.get("outputTokensPerSecond") and benchmark.get("outputTokensPerSecond") is not None:
+        record["speedup"] = round(benchmark["outputTokensPerSecond"] / without["outputTokensPerSecond"], 3)
+        record["withoutSpeculation"] = {
+            "outputTokensPerSecond": without.get("outputTokensPerSecond"),
+            "tpotMs": without.get("tpotMs"),
+        }
+        record["withSpeculation"] = {
+            "outputTokensPerSecond": benchmark.get("outputTokensPerSecond"),
+            "tpotMs": benchmark.get("tpotMs"),
+        }
     return record
 
 

@@ -32,6 +32,7 @@ from components.names import (
     VLLM_STOP_GRACE_SECONDS,
 )
 from components.scripts.node_contract import (
+    AnswersParams,
     BenchmarkParams,
     ClusterWaitParams,
     HandoverParams,
@@ -232,6 +233,8 @@ def serve_argv(
     if kv_cache_bytes is not None:
         # in bytes, not profiled: a neighbour on the GPU starting or stopping meanwhile cannot change it
         argv.append(f"--kv-cache-memory-bytes={kv_cache_bytes}")
+    if settings.get("speculative"):
+        argv += ["--speculative-config", speculative_config_json(settings["speculative"])]
     return argv + list(settings.get("extraArgs", []))
 
 
@@ -320,6 +323,35 @@ def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
     return dataclasses.asdict(params)
 
 
+# The conversations whose greedy answers a release with vllm.speculative must give as the same model does
+# without it. Short, answerable by any chat model, and one of two turns: its second request repeats the
+# first turn and its answer, a prefix the server has cached (where upstream saw speculation and prefix
+# caching give wrong answers on hybrid models: vLLM issues 43559, 47194).
+VALIDATION_CONVERSATIONS = (
+    {"id": "capital", "turns": ["What is the capital of France? Answer in one sentence."]},
+    {"id": "count", "turns": ["Count from 1 to 20, separated by commas."]},
+    {"id": "code", "turns": ["Write a Python function that returns the n-th Fibonacci number."]},
+    {"id": "colours", "turns": ["Name the three primary colours of light.", "Which colour do the first two make?"]},
+)
+VALIDATION_MAX_TOKENS = 64
+
+
+def answers_params(
+    cfg: ClusterConfig, served: str, api_key: str | None, baseline: list | None = None
+) -> dict[str, Any]:
+    """node_answers.py on the head: the validation conversations, compared with `baseline` when given."""
+    return params_of(
+        AnswersParams,
+        base_url=http_base(cfg),
+        model=served,
+        api_key=api_key,
+        conversations=[dict(each) for each in VALIDATION_CONVERSATIONS],
+        max_tokens=VALIDATION_MAX_TOKENS,
+        timeout_seconds=SMOKE_TIMEOUT_SECONDS,
+        baseline=baseline,
+    )
+
+
 def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str | None) -> dict[str, Any]:
     """node_benchmark.py on the head: the configured load against the served model (`model`: what vLLM
     loaded, the tokenizer `vllm bench serve` needs)."""
@@ -350,7 +382,29 @@ def engine_settings(cfg: ClusterConfig) -> dict[str, Any]:
         "toolCallParser": cfg.vllm.tool_call_parser,
         "enableAutoToolChoice": cfg.vllm.enable_auto_tool_choice,
         "extraArgs": list(cfg.vllm.extra_args),
+        # only when on: the fingerprint of every release without it stays what it was
+        **({"speculative": speculative_settings(cfg.vllm.speculative)} if cfg.vllm.speculative else {}),
     }
+
+
+def speculative_settings(spec: Any) -> dict[str, Any]:
+    """vllm.speculative as the release keeps it (camelCase, unset keys left out)."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def speculative_config_json(settings: dict[str, Any]) -> str:
+    """The value of `--speculative-config` for a release's `speculative` settings: the JSON vLLM 0.25 reads
+    into SpeculativeConfig (vllm/config/speculative.py: method, num_speculative_tokens, prompt_lookup_*),
+    compact, one argv element (the supervisor execs argv as a list: no shell reads it)."""
+    names = {"method": "method", "tokens": "num_speculative_tokens", "promptLookupMin": "prompt_lookup_min",
+             "promptLookupMax": "prompt_lookup_max"}  # fmt: skip
+    body = {names[key]: value for key, value in settings.items() if key in names and value is not None}
+    if isinstance(body.get("num_speculative_tokens"), float):  # numbers come back from state as floats
+        body["num_speculative_tokens"] = int(body["num_speculative_tokens"])
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if isinstance(body.get(key), float):
+            body[key] = int(body[key])
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def local_http_host(cfg: ClusterConfig) -> str:
@@ -373,6 +427,7 @@ SCRIPT_HELPERS = {
     "serve_spec.py": ("node_contract.py",),
     "wait_ready.py": ("node_contract.py",),
     "smoke.py": ("node_contract.py",),
+    "node_answers.py": ("node_contract.py",),
     "model_fingerprint.py": ("vllm_weights.py",),
     "hf_download.py": ("node_contract.py", "vllm_weights.py", "node_common.py"),
     "ray_join.py": ("node_contract.py",),
@@ -401,6 +456,38 @@ def script_program(name: str, params: dict[str, Any]) -> str:
     so secrets (API key) stay out of `ps` and sshd does not need AcceptEnv.
     """
     return f"PARAMS = {json.dumps(json.dumps(params, sort_keys=True))}\n{script(name)}"
+
+
+def script_chain(steps: list[tuple[str, dict[str, Any]]]) -> str:
+    """Several scripts as one program for `python3 -` (one stdin, one `docker exec`): each runs in a
+    namespace of its own with its parameters, in order, what it prints passed on; the first to exit with
+    a failure ends the chain with its code. Last, one JSON line: {"chain": {script: its last JSON line}}."""
+    programs = [(name, script_program(name, params)) for name, params in steps]
+    return (
+        "import contextlib, io, json, sys\n"
+        f"STEPS = json.loads({json.dumps(json.dumps(programs))})\n"
+        "results = {}\n"
+        "for name, program in STEPS:\n"
+        "    out = io.StringIO()\n"
+        "    code = 0\n"
+        "    try:\n"
+        "        with contextlib.redirect_stdout(out):\n"
+        "            exec(compile(program, name, 'exec'), {'__name__': '__main__'})\n"
+        "    except SystemExit as stop:\n"
+        "        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)\n"
+        "    sys.stdout.write(out.getvalue())\n"
+        "    sys.stdout.flush()\n"
+        "    if code:\n"
+        "        sys.exit(code)\n"
+        "    lines = [line for line in out.getvalue().splitlines() if line.startswith('{')]\n"
+        "    results[name] = json.loads(lines[-1]) if lines else None\n"
+        "print(json.dumps({'chain': results}))\n"
+    )
+
+
+def baseline_engine(engine: dict[str, Any]) -> dict[str, Any]:
+    """A release's engine settings without speculation: what its answers are held against."""
+    return {key: value for key, value in engine.items() if key != "speculative"}
 
 
 def exec_python(container: str, timeout_seconds: int | None = None) -> list[str]:

@@ -30,6 +30,8 @@ from components.names import (
     VLLM_STOP_GRACE_SECONDS,
 )
 from components.render import (
+    answers_params,
+    baseline_engine,
     benchmark_params,
     cluster_wait_params,
     exec_python,
@@ -39,6 +41,7 @@ from components.render import (
     node_resource,
     ready_params,
     script,
+    script_chain,
     script_program,
     serve_argv,
     shell_line,
@@ -66,6 +69,8 @@ class VllmServerArgs:
     kv_cache_bytes: pulumi.Input[Optional[int]] = None
     # node -> the replica's place there when it shares the node with others (the GPU turn, the neighbours)
     tenancy: Mapping[str, Tenancy] = dataclasses.field(default_factory=dict)
+    # a promoted release with speculation: the answers (and benchmark) its validation held it against
+    kept_baseline: pulumi.Input[Optional[dict]] = None
 
 
 def last_json_line(stdout: str) -> dict[str, Any]:
@@ -82,6 +87,7 @@ def started(serve: command.remote.Command) -> pulumi.Output:
 
 def smoke_summary(stdout: str) -> dict[str, Any]:
     result = last_json_line(stdout)
+    result = (result.get("chain") or {}).get("smoke.py") or {} if "chain" in result else result
     return {
         "latencySeconds": result.get("latency_seconds"),
         "completionTokens": result.get("completion_tokens"),
@@ -102,6 +108,10 @@ class VllmServer(pulumi.ComponentResource):
         self.cluster_ready = self._create_cluster_wait(name) if cfg.executor == "ray" else None
         self.page_cache_dropped = self._create_page_cache_drops(argv_fingerprint) if cfg.memory.drop_page_cache else []
         self.worker_serves = self._create_worker_serves() if cfg.executor == "mp" else []
+        # vllm.speculative from this stack's config: first a start without it, whose answers (and benchmark)
+        # the validation holds the speculative start against; kept in state until the rest changes
+        speculative = cfg.vllm.speculative is not None and cfg.promote_from is None and cfg.smoke_test
+        self.baseline = self._create_baseline(name) if speculative else None
         self.serve = self._create_serve(name, cfg.head_node, f"{name}-serve")
         self.ready = self._create_ready_wait(name, argv_fingerprint)
         self.smoke = self._create_smoke_test(name, argv_fingerprint) if cfg.smoke_test else None
@@ -111,12 +121,65 @@ class VllmServer(pulumi.ComponentResource):
         self.benchmark_result = (
             self.benchmark.stdout.apply(last_json_line) if self.benchmark else pulumi.Output.from_input(None)
         )
+        self.validation = self.smoke.stdout.apply(validation_summary) if self.smoke else pulumi.Output.from_input(None)
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
 
-    def _argv(self, node: Optional[NodeConfig]) -> pulumi.Output[list[str]]:
+    def _argv(self, node: Optional[NodeConfig], baseline: bool = False) -> pulumi.Output[list[str]]:
+        """`vllm serve …` for `node`; `baseline`: without speculation."""
         args = self._args
         return pulumi.Output.all(args.model, args.engine, args.max_num_seqs, args.kv_cache_bytes).apply(
-            lambda p: serve_argv(args.config, p[0], p[1], node, max_num_seqs=p[2], kv_cache_bytes=p[3])
+            lambda p: serve_argv(
+                args.config,
+                p[0],
+                baseline_engine(p[1]) if baseline else p[1],
+                node,
+                max_num_seqs=p[2],
+                kv_cache_bytes=p[3],
+            )
+        )
+
+    @property
+    def baseline_result(self) -> pulumi.Output:
+        """What the release's answers are held against: this stack's start without speculation ({"answers",
+        "benchmark", "source"}), the promoted release's kept one, or None."""
+        if self.baseline is not None:
+            return self.baseline.stdout.apply(baseline_summary)
+        return pulumi.Output.from_input(self._args.kept_baseline)
+
+    def _create_baseline(self, name: str) -> command.remote.Command:
+        """The start without speculation: every rank handed the settings without it, then on the head the
+        readiness wait, the validation's answers and (benchmark.enabled) the benchmark, in one step. Runs
+        again only when what else the answers depend on changes (the containers, the model, the other engine
+        settings): turning speculation on, off, or changing its tokens leaves it as it is."""
+        cfg = self._args.config
+        key = [*self._args.container_ids.values(), self._argv(None, baseline=True).apply(fingerprint)]
+        nodes = [cfg.head_node, *(cfg.workers if cfg.executor == "mp" else [])]
+        serves = [
+            self._create_serve(name, node, node_resource(cfg, node, "baseline-serve"), baseline=key)
+            if node is not cfg.head_node
+            else self._create_serve(name, node, f"{name}-baseline-serve", baseline=key)
+            for node in nodes
+        ]
+
+        def program(parts: list) -> str:
+            served, model, api_key = parts
+            steps = [
+                ("wait_ready.py", ready_params(cfg, served, api_key)),
+                ("node_answers.py", answers_params(cfg, served, api_key)),
+            ]
+            if cfg.benchmark.enabled:
+                steps.append(("node_benchmark.py", benchmark_params(cfg, served, model, api_key)))
+            return script_chain(steps)
+
+        timeout = cfg.vllm.ready_timeout_seconds + 5 * SMOKE_TIMEOUT_SECONDS + 60
+        timeout += cfg.benchmark.timeout_seconds + 360 if cfg.benchmark.enabled else 0
+        return self._head_command(
+            f"{name}-baseline",
+            timeout,
+            pulumi.Output.all(self.served_model_name, self._args.model, self._args.api_key).apply(program),
+            triggers=key,
+            depends_on=serves,
+            secret_outputs=["stdin"],
         )
 
     def _head_command(self, name: str, timeout: int, stdin: pulumi.Input[str], **kwargs) -> command.remote.Command:
@@ -145,7 +208,8 @@ class VllmServer(pulumi.ComponentResource):
 
     def _before_serve(self) -> list[pulumi.Resource]:
         waits = [self.cluster_ready] if self.cluster_ready is not None else list(self._args.depends_on)
-        return [*waits, *self.page_cache_dropped]
+        baseline = getattr(self, "baseline", None)  # the start without speculation goes first
+        return [*waits, *self.page_cache_dropped, *([baseline] if baseline is not None else [])]
 
     def _create_page_cache_drops(self, argv_fingerprint: pulumi.Output[str]) -> list[command.remote.Command]:
         """memory.dropPageCache: on every node, just before vLLM (re)starts, the kernel drops clean
@@ -183,34 +247,46 @@ class VllmServer(pulumi.ComponentResource):
         cfg = self._args.config
         return [self._create_serve("", node, node_resource(cfg, node, "serve")) for node in cfg.workers]
 
-    def _create_serve(self, name: str, node: NodeConfig, resource_name: str) -> command.remote.Command:
+    def _create_serve(
+        self, name: str, node: NodeConfig, resource_name: str, baseline: Optional[list] = None
+    ) -> command.remote.Command:
+        """The handover of `vllm serve`'s settings to `node`'s supervisor; `baseline` (its triggers): the
+        settings without speculation, with no delete (what stops vLLM is the real serve step's)."""
         args = self._args
         cfg = args.config
         container = args.containers[node.name]
         argv = self.argv if node.name == cfg.head_node.name else self._argv(node)
+        if baseline is not None:
+            argv = self._argv(None if node.name == cfg.head_node.name else node, baseline=True)
 
         def program(parts: list) -> str:
             node_argv, api_key = parts
             shared = args.tenancy.get(node.name)
             return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key, shared))
 
-        stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
-        # a stopped head (crashed, stopped by hand) has no vLLM to stop: destroy goes on
-        delete = with_script(if_container_running(container, stop), script("serve_stop.py"))
+        head = node.name == cfg.head_node.name
+        if baseline is not None:  # the start without speculation: no delete (the serve step's stops vLLM)
+            step = {"triggers": baseline}
+        else:
+            stop = ["docker", "exec", "-i", container, "python3", "-", RUN_DIR, str(VLLM_STOP_GRACE_SECONDS)]
+            step = {
+                # a stopped head (crashed, stopped by hand) has no vLLM to stop: destroy goes on
+                "delete": with_script(if_container_running(container, stop), script("serve_stop.py")),
+                "triggers": self._group_triggers() if head else [args.container_ids[node.name]],
+                # Stop the old server before starting the new one: they would share GPUs and the port.
+                "delete_before_replace": True,
+            }
         return self._node_command(
             node,
             resource_name,
             SERVE_HANDOVER_SECONDS + 60,
             # the API key only where vLLM's API server runs: a headless rank (mp) never reads it, and a
             # worker that has it leaves it in its compile cache's metadata (see the supervisor's redaction)
-            pulumi.Output.all(argv, args.api_key if node.name == cfg.head_node.name else None).apply(program),
-            delete=delete,
-            triggers=self._group_triggers() if node.name == cfg.head_node.name else [args.container_ids[node.name]],
+            pulumi.Output.all(argv, args.api_key if head else None).apply(program),
             depends_on=self._before_serve(),
-            # Stop the old server before starting the new one: they would share GPUs and the port.
-            delete_before_replace=True,
             # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
             secret_outputs=SECRET_IO,
+            **step,
         )
 
     def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
@@ -236,13 +312,20 @@ class VllmServer(pulumi.ComponentResource):
         cfg = self._args.config
 
         def program(parts: list) -> str:
-            served, api_key = parts
-            return script_program("smoke.py", smoke_params(cfg, served, api_key))
+            served, api_key, engine, baseline = parts
+            smoke = smoke_params(cfg, served, api_key)
+            if not (engine or {}).get("speculative"):
+                return script_program("smoke.py", smoke)  # as it always was: no release without it changes
+            # with speculation: the validation's answers, held against those without it (none kept: all differ)
+            answers = answers_params(cfg, served, api_key, list((baseline or {}).get("answers") or []))
+            return script_chain([("smoke.py", smoke), ("node_answers.py", answers)])
 
         return self._head_command(
             f"{name}-smoke",
             SMOKE_TIMEOUT_SECONDS + 60,
-            pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
+            pulumi.Output.all(
+                self.served_model_name, self._args.api_key, self._args.engine, self.baseline_result
+            ).apply(program),
             triggers=[self.ready.id, argv_fingerprint],
             depends_on=[self.ready],
         )
@@ -266,6 +349,22 @@ class VllmServer(pulumi.ComponentResource):
             depends_on=[after],
             secret_outputs=["stdin"],
         )
+
+
+def baseline_summary(stdout: str) -> dict[str, Any]:
+    """The start without speculation, as the release keeps it: its answers and benchmark figures."""
+    chain = last_json_line(stdout).get("chain") or {}
+    answers = (chain.get("node_answers.py") or {}).get("answers") or []
+    return {"answers": answers, "benchmark": chain.get("node_benchmark.py"), "source": "a start without speculation"}
+
+
+def validation_summary(stdout: str) -> Optional[dict[str, Any]]:
+    """With speculation, how the validation's answers compared ({"compared", "agreed"}); else None."""
+    chain = last_json_line(stdout).get("chain")
+    if not chain:
+        return None
+    found = (chain.get("node_answers.py") or {}).get("agreement") or {}
+    return {"compared": found.get("compared"), "agreed": found.get("agreed")}
 
 
 def log_follow_command(cfg: ClusterConfig, node_name: str, container: str, vllm: bool) -> str:

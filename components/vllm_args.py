@@ -6,6 +6,8 @@ argument before argparse sees it:
 * a `--` argument has `_` turned into `-` in its name, from after the `--` up to the first `.` and
   before any `=` (`--max_num_seqs=8` is `--max-num-seqs=8`);
 * `-O3`, `-O=3` and `-O 3` become `--optimization-level 3`;
+* a name with a `.` sets one key of a JSON flag (`--speculative-config.method mtp`,
+  `-sc.num_speculative_tokens=3`, `--x.key+ a,b` for a list): the flag is the part before the first `.`;
 * `--config FILE` splices the YAML file's keys in as flags (the program cannot see that file);
 
 then Python's argparse, with `allow_abbrev` left on, takes any unique prefix of a long flag as the
@@ -52,6 +54,13 @@ MANAGED_FLAGS: dict[str, str] = {
     "--master-port": "vllm.masterPort",
     "--headless": "executor",
     "--model": "model",
+    # speculative decoding: the JSON flag, its short form, and the three flags vLLM 0.25 merges into it
+    # (vllm/engine/arg_utils.py add_cli_args, create_speculative_config)
+    "--speculative-config": "vllm.speculative",
+    "-sc": "vllm.speculative",
+    "--spec-method": "vllm.speculative",
+    "--spec-model": "vllm.speculative",
+    "--spec-tokens": "vllm.speculative",
 }
 # Flags whose value is a secret: in extraArgs it would sit in plain text in the stack file, in
 # `ps` on the node and in the release record. Each maps to the secret that carries it instead.
@@ -125,6 +134,7 @@ def resolve(name: str) -> str:
 def candidates(name: str) -> list[str]:
     """The protected flags argparse could read `name` as: itself, or every one it is a prefix of
     (argparse refuses an ambiguous prefix at start, which is a late failure too)."""
+    name = json_flag(name)
     if name in _PROTECTED or name in REFUSED_FLAGS:
         return [name]
     if name.startswith("--"):
@@ -136,6 +146,12 @@ def candidates(name: str) -> list[str]:
     found = {flag for flag in _PROTECTED if not flag.startswith("--") and flag.startswith(name)}
     found |= {flag for flag in _PROTECTED if len(flag) == 2 and not flag.startswith("--") and name.startswith(flag)}
     return sorted(found)
+
+
+def json_flag(name: str) -> str:
+    """The flag a dotted name sets a key of (`--speculative-config.method` is `--speculative-config`):
+    FlexibleArgumentParser.parse_args gathers every `FLAG.key[.key…][+]` into one JSON value of FLAG."""
+    return name.split(".", 1)[0] if "." in name else name
 
 
 def _is_option(arg: str) -> bool:

@@ -43,6 +43,7 @@ from components.config.sections import (
     RecoveryConfig,
     ReleaseConfig,
     SecurityConfig,
+    SpeculativeConfig,
     SshConfig,
     UlimitsConfig,
     VllmConfig,
@@ -53,7 +54,7 @@ __all__ = [
     "EPHEMERAL_KEY", "EPHEMERAL_RANGE", "NAMESPACE", "RAY_CLIENT_KEY", "RAY_CLIENT_PORT", "SECRET_KEYS",
     "BenchmarkConfig", "ClusterConfig", "ConfigError", "ContainerConfig", "FabricConfig", "FabricCopyConfig",
     "ImageTransferConfig", "Listener", "MemoryConfig", "MetricsConfig", "ModelSyncConfig", "NcclConfig",
-    "NetworkConfig", "NodeConfig", "RayConfig", "RecoveryConfig", "ReleaseConfig", "SecurityConfig", "SshConfig",
-    "UlimitsConfig", "VllmConfig", "auto_executor", "config_keys", "load_cluster_config", "namespace_problems",
-    "near_namespace", "node_listeners",
+    "NetworkConfig", "NodeConfig", "RayConfig", "RecoveryConfig", "ReleaseConfig", "SecurityConfig",
+    "SpeculativeConfig", "SshConfig", "UlimitsConfig", "VllmConfig", "auto_executor", "config_keys",
+    "load_cluster_config", "namespace_problems", "near_namespace", "node_listeners",
 ]  # fmt: skip

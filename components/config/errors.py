@@ -5,6 +5,7 @@ their key paths in key_paths.py."""
 from __future__ import annotations
 
 import re
+import types
 import typing
 from typing import Any, Optional
 
@@ -34,7 +35,11 @@ def shown(value: Any) -> Any:
 
 
 def submodel(annotation: Any) -> tuple[Optional[type[BaseModel]], bool]:
-    """The model a field holds (and whether as a list), or (None, False) for a plain value."""
+    """The model a field holds (and whether as a list), or (None, False) for a plain value. An optional
+    section (`Optional[Model]`, unset: off) is its model."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        annotation = next(arg for arg in args if arg is not type(None))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation, False
     if typing.get_origin(annotation) is list:

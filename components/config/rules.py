@@ -203,6 +203,48 @@ def extra_args_as_vllm_reads_them(cfg: Any) -> list[str]:
     return problems
 
 
+@rule(
+    "vllm.speculative",
+    "vllm.speculative.method",
+    "vllm.speculative.promptLookupMin",
+    "vllm.speculative.promptLookupMax",
+    "promoteFrom",
+)
+def speculation_is_whole(cfg: Any) -> list[str]:
+    """Speculation is part of a release (a promotion takes the release's); the prompt-lookup window is
+    ngram's (vLLM ignores it for the others), and a window."""
+    spec = cfg.vllm.speculative
+    if spec is None:
+        return []
+    if cfg.promote_from is not None:
+        return [
+            problem(
+                "vllm.speculative",
+                spec.method,
+                f"no value: promoteFrom {cfg.promote_from!r} decides it (its release runs with or without speculation, "
+                "and was validated so)",
+            )
+        ]
+    problems = []
+    if spec.method != "ngram":
+        for key, value in (("promptLookupMin", spec.prompt_lookup_min), ("promptLookupMax", spec.prompt_lookup_max)):
+            if value is not None:
+                problems.append(
+                    problem(f"vllm.speculative.{key}", value, f"no value with method {spec.method} (ngram's only)")
+                )
+    elif (
+        None not in (spec.prompt_lookup_min, spec.prompt_lookup_max) and spec.prompt_lookup_min > spec.prompt_lookup_max
+    ):
+        problems.append(
+            problem(
+                "vllm.speculative.promptLookupMax",
+                spec.prompt_lookup_max,
+                f"at least promptLookupMin ({spec.prompt_lookup_min}): vLLM refuses a window ending before it starts",
+            )
+        )
+    return problems
+
+
 # --- how it runs -------------------------------------------------------------------------------------
 
 

@@ -64,6 +64,28 @@ class NodeConfig(_Model):
     )
 
 
+class SpeculativeConfig(_Model):
+    """vllm.speculative: speculative decoding, rendered into vLLM 0.25's `--speculative-config`
+    (vllm/config/speculative.py SpeculativeConfig)."""
+
+    method: Literal["mtp", "ngram"] = Field(
+        description="mtp: the model's own multi-token-prediction layers propose the tokens (Qwen3.5/3.6, Qwen3-Next, "
+        "DeepSeek-V3, GLM-4.5…: config.json has mtp_num_hidden_layers or num_nextn_predict_layers; no other "
+        "weights); ngram: tokens looked up in the prompt (any model, no weights, helps where answers repeat it)."
+    )
+    tokens: PositiveInt = Field(
+        description="Tokens proposed a step (num_speculative_tokens). With mtp, more than the model's MTP layers "
+        "must be a multiple of them (vLLM refuses the rest); each token is one more state block a sequence for a "
+        "hybrid model (the memory plan counts it). Two-Spark recipes use 3 for Qwen3.5."
+    )
+    prompt_lookup_min: Optional[PositiveInt] = Field(
+        None, description="ngram only: the shortest n-gram matched in the prompt (vLLM's default: 5)."
+    )
+    prompt_lookup_max: Optional[PositiveInt] = Field(
+        None, description="ngram only: the longest n-gram matched in the prompt (vLLM's default: 5)."
+    )
+
+
 class VllmConfig(_Model):
     host: ipaddress.IPv4Address = Field(
         ipaddress.IPv4Address("0.0.0.0"), description="Address vLLM binds on the head node (`--host`)."
@@ -105,6 +127,12 @@ class VllmConfig(_Model):
     )
     master_port: Port = Field(
         29501, description="executor mp: the port rank 0 listens on for the other nodes (`--master-port`)."
+    )
+    speculative: Optional[SpeculativeConfig] = Field(
+        None,
+        description="Speculative decoding (`--speculative-config`): a vLLM-only change, part of the release. With it "
+        "on, validation compares greedy answers with the same model's without it, and the benchmark reports the "
+        "acceptance and the speed-up over a start without it. Unset: off.",
     )
 
 
@@ -348,6 +376,18 @@ class ReleaseConfig(_Model):
         None, gt=0, description="With promoteFrom: refuse a release whose benchmark's p99 time to first token was "
         "higher (ms).",
     )  # fmt: skip
+    min_acceptance_length: Optional[float] = Field(
+        None,
+        ge=1,
+        description="With promoteFrom: refuse a release with vllm.speculative whose benchmark accepted fewer tokens a "
+        "step on average (1 + accepted drafts / drafts, from vLLM's spec_decode counters), or that has no such figure.",
+    )
+    min_speculative_speedup: Optional[float] = Field(
+        None,
+        gt=0,
+        description="With promoteFrom: refuse a release with vllm.speculative whose benchmark made fewer output "
+        "tokens/s than this multiple of the same load without speculation (e.g. 1.2), or that has no such figure.",
+    )
 
 
 class MetricsConfig(_Model):

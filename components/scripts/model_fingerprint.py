@@ -77,6 +77,10 @@ CONFIG_KEYS = (
     "linear_conv_kernel_dim",
     "architectures",
     "model_type",
+    "vocab_size",  # with speculative decoding: the rejection sampler's warm-up (components/memory.py)
+    "mtp_num_hidden_layers",  # the MTP layers a checkpoint ships (components/speculation.py)
+    "num_nextn_predict_layers",
+    "num_mtp_modules",
 )
 
 

@@ -3,7 +3,8 @@
 # the time to first token is real: the image's `vllm bench serve` (random dataset) when PARAMS["tool"]
 # says so (or "auto" finds it), else a load of its own (threads, standard library). Prints one JSON line
 # of figures (they become the `benchmark` stack output and part of the release) and exits 1 when more
-# requests failed than PARAMS["max_errors"].
+# requests failed than PARAMS["max_errors"]. With speculative decoding on, vLLM's spec_decode counters
+# (/metrics) before and after the load give its acceptance: rate, mean acceptance length, per position.
 import json
 import os
 import random
@@ -35,8 +36,67 @@ def ms(value):
     return None if value is None else round(value * 1000, 2)
 
 
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draftTokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "acceptedTokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def spec_counters():
+    """vLLM's speculative-decoding counters now, summed over their series ({} without speculation, or where
+    /metrics cannot be read); per position keyed by its `position` label."""
+    request = urllib.request.Request(P.base_url + "/metrics")
+    if P.api_key:
+        request.add_header("Authorization", f"Bearer {P.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_"):
+            continue
+        series, _, number = line.rpartition(" ")
+        name, _, rest = series.partition("{")
+        try:
+            value = float(number)
+        except ValueError:
+            continue
+        if name in SPEC_COUNTERS:
+            found[SPEC_COUNTERS[name]] = found.get(SPEC_COUNTERS[name], 0.0) + value
+        elif name == PER_POSITION:
+            position = rest.split('position="', 1)[1].split('"', 1)[0] if 'position="' in rest else "?"
+            positions = found.setdefault("perPosition", {})
+            positions[position] = positions.get(position, 0.0) + value
+    return found
+
+
+def acceptance(before, after):
+    """The load's acceptance from two readings of the counters (None when nothing was drafted)."""
+    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in SPEC_COUNTERS.values()}
+    if delta["drafts"] <= 0 or delta["draftTokens"] <= 0:
+        return None
+    positions = after.get("perPosition") or {}
+    per_position = [
+        round((positions[key] - (before.get("perPosition") or {}).get(key, 0.0)) / delta["drafts"], 4)
+        for key in sorted(positions, key=lambda k: int(k) if k.isdigit() else 1 << 30)
+    ]
+    return {
+        "drafts": int(delta["drafts"]),
+        "draftTokens": int(delta["draftTokens"]),
+        "acceptedTokens": int(delta["acceptedTokens"]),
+        "acceptanceRate": round(delta["acceptedTokens"] / delta["draftTokens"], 4),
+        "meanAcceptanceLength": round(1 + delta["acceptedTokens"] / delta["drafts"], 3),
+        "acceptedPerPosition": per_position,
+    }
+
+
 def one_request(index):
-    """One streamed completion: (ttft, [inter-token gaps], output tokens, error or None)."""
+    """One streamed completion: (ttft, [inter-token gaps], output tokens, error or None, time per output
+    token after the first)."""
     rng = random.Random(index)
     body = {
         "model": P.model,
@@ -69,12 +129,15 @@ def one_request(index):
                 elif chunk.get("usage"):
                     tokens = chunk["usage"].get("completion_tokens") or 0
     except urllib.error.HTTPError as error:
-        return None, [], 0, f"HTTP {error.code}: {error.read()[:300].decode(errors='replace')}"
+        return None, [], 0, f"HTTP {error.code}: {error.read()[:300].decode(errors='replace')}", None
     except (OSError, ValueError) as error:
-        return None, [], 0, f"{type(error).__name__}: {error}"
+        return None, [], 0, f"{type(error).__name__}: {error}", None
     if ttft is None:
-        return None, [], 0, "the stream carried no token"
-    return ttft, gaps, tokens, None
+        return None, [], 0, "the stream carried no token", None
+    # `vllm bench serve`'s TPOT: the time after the first token over the tokens after it (with speculation
+    # a chunk carries several tokens, so the gaps between chunks are not the time per token)
+    tpot = (last - start - ttft) / (tokens - 1) if tokens > 1 else None
+    return ttft, gaps, tokens, None, tpot
 
 
 def own_load():
@@ -103,6 +166,7 @@ def own_load():
     done = [r for r in results if r[3] is None]
     ttfts = [r[0] for r in done]
     gaps = [gap for r in done for gap in r[1]]
+    tpots = [r[4] for r in done if r[4] is not None]
     return {
         "tool": "spark-vllm",
         "warmup": warmup[3] or "ok",
@@ -115,6 +179,7 @@ def own_load():
         "requestsPerSecond": round(len(done) / duration, 3),
         "ttftMs": {"p50": ms(percentile(ttfts, 50)), "p99": ms(percentile(ttfts, 99))},
         "itlMs": {"p50": ms(percentile(gaps, 50)), "p99": ms(percentile(gaps, 99))},
+        "tpotMs": {"p50": ms(percentile(tpots, 50)), "p99": ms(percentile(tpots, 99))},
     }
 
 
@@ -124,7 +189,7 @@ def vllm_bench_argv(result_dir):
         "--model", P.model_path, "--served-model-name", P.model, "--dataset-name", "random",
         "--random-input-len", str(P.prompt_tokens), "--random-output-len", str(P.output_tokens),
         "--num-prompts", str(P.requests), "--max-concurrency", str(P.concurrency), "--ignore-eos",
-        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--save-result",
+        "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result",
         "--result-dir", result_dir, "--result-filename", "result.json", "--disable-tqdm",
         *(["--trust-remote-code"] if P.trust_remote_code else []),
     ]  # fmt: skip
@@ -159,7 +224,12 @@ def vllm_bench():
         "requestsPerSecond": round(result["request_throughput"], 3),
         "ttftMs": {"p50": round(result["p50_ttft_ms"], 2), "p99": round(result["p99_ttft_ms"], 2)},
         "itlMs": {"p50": round(result["p50_itl_ms"], 2), "p99": round(result["p99_itl_ms"], 2)},
+        "tpotMs": {"p50": _rounded(result.get("p50_tpot_ms")), "p99": _rounded(result.get("p99_tpot_ms"))},
     }
+
+
+def _rounded(value):
+    return None if value is None else round(value, 2)
 
 
 def has_vllm_bench():
@@ -175,7 +245,11 @@ def has_vllm_bench():
 tool = P.tool
 if tool == "auto":
     tool = "vllm" if has_vllm_bench() else "spark-vllm"
+counters_before = spec_counters()
 figures = vllm_bench() if tool == "vllm" else own_load()
+speculative = acceptance(counters_before, spec_counters())
+if speculative is not None:
+    figures["speculative"] = speculative
 figures["settings"] = {"concurrency": P.concurrency, "requests": P.requests, "promptTokens": P.prompt_tokens,
                        "outputTokens": P.output_tokens}  # fmt: skip
 print(json.dumps(figures))

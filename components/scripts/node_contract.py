@@ -152,6 +152,21 @@ class SmokeParams:
 
 
 @dataclass(frozen=True)
+class AnswersParams:
+    """node_answers.py on the API node: greedy answers to a fixed set of conversations (each a list of
+    user turns, later turns sent with the earlier turns and answers: a cached prefix), and, with
+    `baseline`, whether they agree with those answers (the same model and engine without speculation)."""
+
+    base_url: str
+    model: str
+    conversations: list  # [{"id": str, "turns": [str, ...]}]
+    max_tokens: int
+    timeout_seconds: float
+    api_key: Optional[str] = None
+    baseline: Optional[list] = None  # [{"id", "tokenIds", "text"}] as an earlier run printed them
+
+
+@dataclass(frozen=True)
 class ClusterWaitParams:
     """ray_join.py on the Ray head: every node alive in Ray and the GPUs TP × PP needs."""
 

@@ -42,6 +42,7 @@ from components.config import load_cluster_config  # noqa: E402
 from components.names import RUN_DIR  # noqa: E402
 from components.preflight import memory_plan, node_memory  # noqa: E402
 from components.render import (  # noqa: E402
+    answers_params,
     benchmark_params,
     cluster_wait_params,
     engine_settings,
@@ -365,6 +366,9 @@ def run_lane(args) -> dict:
         raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
     if args.max_num_seqs is not None:
         raw["vllm"]["maxNumSeqs"] = args.max_num_seqs
+    if args.speculative:
+        method, _, tokens = args.speculative.partition(":")
+        raw["vllm"]["speculative"] = {"method": method, "tokens": int(tokens or 1)}
     cfg = load_cluster_config(raw)
     api_key = raw["apiKey"]
     served = cfg.vllm.served_model_name or model_dir
@@ -442,6 +446,8 @@ def run_lane(args) -> dict:
             report["answer"] = chat_answer(base, api_key, served)
         except (OSError, ValueError, KeyError) as error:
             report["answer"] = {"error": str(error)}
+        if "answers" in args.phases:
+            answers_phase(node, cfg, served, api_key, report, step, args)
         if "router" in args.phases:
             router_phase(raw, node, served, api_key, report, step)
         if "bench" in args.phases:
@@ -462,6 +468,30 @@ def run_lane(args) -> dict:
         report["total_seconds"] = round(time.monotonic() - started, 1)
         (out / "vllm.log").write_text(node.vllm_log())
     return report
+
+
+def answers_phase(node: Node, cfg, served: str, api_key: str, report: dict, step, args) -> None:
+    """The validation's greedy answers (node_answers.py, as the program renders it), kept in --answers-save;
+    with --answers-baseline (an earlier run's file: the same model without speculation) compared with them.
+    A disagreement is recorded, not a failed lane: the lane measures how often it happens."""
+    baseline = None
+    if args.answers_baseline and Path(args.answers_baseline).exists():
+        baseline = json.loads(Path(args.answers_baseline).read_text())
+    params = answers_params(cfg, served, api_key, baseline)
+    code, output, seconds = node.exec_python("node_answers.py", params, 600)
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {"error": output.strip()[-2000:]}
+    step("answers", 0 if lines else 1, output, seconds)
+    report["answers"] = result
+    report["answers_exit"] = code
+    if args.answers_save and "answers" in result:
+        Path(args.answers_save).write_text(json.dumps(result["answers"]))
+    # the same questions again: is a model's greedy answer stable from one request to the next here?
+    if baseline is None and "answers" in result:
+        again = answers_params(cfg, served, api_key, result["answers"])
+        code, output, _ = node.exec_python("node_answers.py", again, 600)
+        lines = [line for line in output.splitlines() if line.startswith("{")]
+        report["answers_repeat_agreement"] = json.loads(lines[-1]).get("agreement") if lines else output[-1000:]
 
 
 def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report: dict, step) -> None:
@@ -550,7 +580,7 @@ def summary(report: dict) -> str:
         lines.append(f"  KV cache: vLLM {kv.get('available_kv_cache_gib')} GiB, plan {room} GiB{share}; {kv}")
     for tool, figures in (report.get("benchmark") or {}).items():
         shown = {key: figures.get(key) for key in ("outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs",
-                                                  "errors", "error")}  # fmt: skip
+                                                  "tpotMs", "speculative", "errors", "error")}  # fmt: skip
         lines.append(f"  benchmark {tool}: {json.dumps(shown)[:600]}")
     for key in sorted(key for key in report if key.startswith("after_kill")):
         after = {name: value for name, value in report[key].items() if name != "timeline"}
@@ -567,6 +597,14 @@ def summary(report: dict) -> str:
             f"max_num_seqs wanted {seqs.get('wanted')}, set {seqs.get('set')}; concurrency vLLM "
             f"{kv.get('max_concurrency')} / plan {next(iter(plan.get('nodes', {}).values()), {}).get('max_sequences')}"
         )
+    if "answers" in report:
+        answers = report["answers"]
+        lines.append(
+            f"  answers: {len(answers.get('answers') or [])}, agreement {json.dumps(answers.get('agreement'))[:600]}; "
+            f"repeat {json.dumps(report.get('answers_repeat_agreement'))[:300]}"
+        )
+    if plan.get("speculative"):
+        lines.append(f"  plan speculative: {json.dumps(plan['speculative'])}")
     if report.get("supervisor_at_failure"):
         lines.append(
             f"  supervisor: {json.dumps(report['supervisor_at_failure'])[:500]}; starts {report.get('vllm_starts')}"
@@ -589,6 +627,11 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm.maxNumSeqs by hand (default auto): the plan's verdict is recorded, and vLLM runs with it anyway",
     )
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--speculative", default=None, help="vllm.speculative as METHOD:TOKENS, e.g. mtp:3")
+    parser.add_argument("--answers-save", default=None, help="with 'answers': keep this run's answers in FILE")
+    parser.add_argument(
+        "--answers-baseline", default=None, help="with 'answers': compare with FILE (a run without speculation)"
+    )
     parser.add_argument("--utilization", type=float, default=0.9)
     parser.add_argument(
         "--extra-args",
@@ -599,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phases",
         default="kill",
-        help="after ready and smoke, comma-separated: 'router' (the stack's router in front: tests/gpu/lane_router.py), "
+        help="after ready and smoke, comma-separated: 'answers' (the validation's greedy answers), 'router' (the stack's router in front: tests/gpu/lane_router.py), "
         "'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), 'kill' (and recover); "
         "a stop ends every run",
     )

@@ -140,6 +140,14 @@ def _qwen35_moe(quantized: bool) -> dict:
 # two, block scales and the vision tower besides: about 36.5 GB.
 SHAPES["qwen3.5-35b-a3b"] = (_qwen35_moe(False), 71_900_000_000)
 SHAPES["qwen3.5-35b-a3b-fp8"] = (_qwen35_moe(True), 36_500_000_000)
+# The same with the multi-token-prediction head Qwen3.5/3.6 checkpoints ship (their config.json's
+# `mtp_num_hidden_layers: 1`): vLLM 0.25 serves it as the drafter of `--speculative-config
+# '{"method":"mtp",…}'` (Qwen3_5MoeMTP). The checkpoint size above already holds its weights.
+SHAPES["qwen3.5-35b-a3b-mtp"] = (
+    {**_qwen35_moe(False), "text_config": {**_qwen35_moe(False)["text_config"], "mtp_num_hidden_layers": 1,
+                                           "mtp_use_dedicated_embeddings": False}},
+    71_900_000_000,
+)  # fmt: skip
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import random
 import socket
 import threading
 import time
@@ -213,6 +215,9 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
         text, reasoning, words, thinking = "", None, call["function"]["arguments"].split(), []
         finish = "tool_calls" if body.get("tool_choice") == "required" else "stop"
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+    extra = {}
+    if body.get("return_token_ids"):  # vLLM 0.25: the generated ids beside the text
+        extra["token_ids"] = word_token_ids(" ".join(thinking + words), cfg.vocab_size)
     return 200, {
         "id": f"chatcmpl-{digest}",
         "object": "chat.completion",
@@ -230,6 +235,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
+                **extra,
             }
         ],
         "usage": {
@@ -322,6 +328,48 @@ def completion_stream_chunks(result: dict, include_usage: bool) -> list[dict]:
     if include_usage:
         chunks.append(dict(base, choices=[], usage=result["usage"]))
     return chunks
+
+
+# Speculative decoding (--speculative-config): the stand-in's model of acceptance, so that the metrics, the
+# benchmark's acceptance and speed-up and the release's floors have something to read. Each decode step
+# drafts k tokens; draft position i is accepted (with all before it) with the unconditional rate
+# ACCEPTANCE[i] (STANDIN_SPEC_ACCEPTANCE, comma-separated, overrides), and the step emits 1 + the accepted.
+# A step with k drafts takes (1 + VERIFY_COST × k) plain steps: the drafter's passes and the wider verify.
+# Greedy answers are what they are without speculation (vLLM's rejection sampling keeps the target's
+# distribution; the stand-in's answers do not depend on it at all).
+DEFAULT_ACCEPTANCE = (0.8, 0.6, 0.45, 0.3, 0.2)
+VERIFY_COST = 0.1
+
+
+def acceptance_rates(environ=os.environ) -> tuple[float, ...]:
+    raw = environ.get("STANDIN_SPEC_ACCEPTANCE")
+    return tuple(float(part) for part in raw.split(",")) if raw else DEFAULT_ACCEPTANCE
+
+
+def speculative_steps(tokens: int, drafts: int, rates: tuple[float, ...], seed: str) -> list[int]:
+    """The tokens each decode step emits (1 + accepted drafts) until `tokens` are out; seeded by the request."""
+    rng = random.Random(seed)
+    steps, left = [], tokens
+    while left > 0:
+        draw = rng.random()
+        accepted = sum(1 for i in range(drafts) if draw < rates[min(i, len(rates) - 1)])
+        steps.append(min(left, 1 + accepted))
+        left -= steps[-1]
+    return steps
+
+
+def speculative_delays(delays: list[float], steps: list[int], step_seconds: float, drafts: int) -> list[float]:
+    """`delays` (one decode step per token after the first) regrouped into `steps` of the tokens after the
+    first (which comes from the prefill): the first token of a step after the step, the others with it."""
+    starts, at = set(), 0
+    for size in steps:
+        starts.add(at)
+        at += size
+    timed = [index for index, delay in enumerate(delays) if delay]
+    found = list(delays)
+    for token, index in enumerate(timed[1:]):
+        found[index] = step_seconds * (1 + VERIFY_COST * drafts) if token in starts else 0.0
+    return found
 
 
 def token_delays(chunks: list[dict], prompt_tokens: int, pace: Pace) -> list[float]:
@@ -426,6 +474,29 @@ class ServerState:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        # speculative decoding's counters (vllm/v1/spec_decode/metrics.py SpecDecodingProm)
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
+        self.spec_accepted_per_pos = [0] * ((cfg.speculative or {}).get("num_speculative_tokens") or 0)
+
+    def speculate(self, delays: list[float], seed: str) -> list[float]:
+        """With --speculative-config: the request's tokens after the first in decode steps of 1 + accepted
+        drafts, counted as vLLM counts them, and its delays regrouped; without: `delays` as they are."""
+        spec = self.cfg.speculative
+        if not spec:
+            return delays
+        drafts = spec["num_speculative_tokens"]
+        tokens = max(0, sum(1 for delay in delays if delay) - 1)
+        steps = speculative_steps(tokens, drafts, acceptance_rates(), seed)
+        with self.lock:
+            self.spec_drafts += len(steps)
+            self.spec_draft_tokens += drafts * len(steps)
+            self.spec_accepted += sum(size - 1 for size in steps)
+            for size in steps:
+                for position in range(size - 1):
+                    self.spec_accepted_per_pos[position] += 1
+        return speculative_delays(delays, steps, self.pace.step_seconds, drafts)
 
     def finished(self, usage: dict, finish: str, ttft: float, itls: list[float], e2e: float) -> None:
         with self.lock:
@@ -469,6 +540,18 @@ class ServerState:
             ):
                 head(metric, "histogram", help_)
                 out.extend(hist.lines(metric, name))
+            if self.cfg.speculative:
+                for metric, value, help_ in (
+                    ("vllm:spec_decode_num_drafts_total", self.spec_drafts, "Number of spec decoding drafts."),
+                    ("vllm:spec_decode_num_draft_tokens_total", self.spec_draft_tokens, "Number of draft tokens."),
+                    ("vllm:spec_decode_num_accepted_tokens_total", self.spec_accepted, "Number of accepted tokens."),
+                ):
+                    head(metric, "counter", help_)
+                    out.append(f"{metric}{lbl} {float(value)}")
+                metric = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                head(metric, "counter", "Accepted tokens per draft position.")
+                for position, value in enumerate(self.spec_accepted_per_pos):
+                    out.append(f'{metric}{{engine="0",model_name="{name}",position="{position}"}} {float(value)}')
         return "\n".join(out) + "\n"
 
 
@@ -599,6 +682,7 @@ def make_handler(state: ServerState):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = (stream_chunks if chat else completion_stream_chunks)(result, include_usage)
             delays = token_delays(chunks, result["usage"]["prompt_tokens"], state.pace)
+            delays = state.speculate(delays, hashlib.sha256(raw).hexdigest())
             began = time.monotonic()
             held = result["usage"]["total_tokens"]
             done = []

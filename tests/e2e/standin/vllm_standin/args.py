@@ -130,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-config", default="auto")
     p.add_argument("--hf-overrides", default=None)
     p.add_argument("--compilation-config", "-O", default=None)
-    p.add_argument("--speculative-config", default=None)
+    # vllm/engine/arg_utils.py: the JSON is read at parse time (optional_type(json.loads)), so malformed
+    # JSON is argparse's error (exit 2); `-sc` is its short form
+    p.add_argument("--speculative-config", "-sc", type=json.loads, default=None)
     p.add_argument("--limit-mm-per-prompt", default=None)
     _bool_flag(p, "--trust-remote-code", False, "trust remote code from the hub")
     _bool_flag(p, "--enforce-eager", False, "disable CUDA graphs")
@@ -199,6 +201,7 @@ class ServeConfig:
     auto_tool_choice: bool = False  # --enable-auto-tool-choice (with its --tool-call-parser)
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
+    speculative: dict | None = None  # --speculative-config as vLLM resolved it: {"method", "num_speculative_tokens"}
 
     @property
     def world_size(self) -> int:
@@ -305,7 +308,9 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
             f"Total number of attention heads ({heads}) must be divisible by "
             f"tensor parallel size ({ns.tensor_parallel_size})."
         )
+    speculative = speculative_config(ns.speculative_config, hf_config)
     return ServeConfig(
+        speculative=speculative,
         model=model,
         served_model_names=tuple(ns.served_model_name or [model]),
         max_model_len=resolve_max_model_len(ns.max_model_len),
@@ -328,6 +333,46 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         reasoning_parser=ns.reasoning_parser,
         vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )
+
+
+# vllm/config/speculative.py SpeculativeMethod (the methods the stand-in takes; vLLM 0.25 has more)
+SPECULATIVE_METHODS = ("mtp", "ngram")
+# vllm/config/speculative.py hf_config_override: where each MTP family keeps its layer count (n_predict)
+MTP_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_modules")
+
+
+def speculative_config(given: object, hf_config: dict) -> dict | None:
+    """--speculative-config as vLLM 0.25 checks it before loading (vllm/config/speculative.py
+    SpeculativeConfig: `num_speculative_tokens` Field(gt=0); `method` one of SpeculativeMethod; for mtp the
+    draft is the target's own MTP layers, n_predict from the config, and "num_speculative_tokens:N must be
+    divisible by n_predict=M" when N > M; a model without MTP layers has no draft architecture to resolve)."""
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise StandinError(f"speculative_config: Input should be a valid dictionary, got {given!r}")
+    method = given.get("method")
+    tokens = given.get("num_speculative_tokens")
+    if method not in SPECULATIVE_METHODS:
+        raise StandinError(f"stand-in: speculative method {method!r} is not simulated (only {SPECULATIVE_METHODS})")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0):
+        raise StandinError(f"num_speculative_tokens: Input should be greater than 0, got {tokens!r}")
+    if method == "mtp":
+        text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else {}
+        n_predict = next((where[key] for where in (text, hf_config) for key in MTP_LAYER_KEYS
+                          if isinstance(where.get(key), int) and where[key] > 0), None)  # fmt: skip
+        if n_predict is None:
+            architectures = hf_config.get("architectures") or ["?"]
+            raise StandinError(
+                f"Model architectures ['{architectures[0]}MTP'] are not supported for now (the model has no MTP "
+                "layers to draft with)"
+            )
+        if tokens is None:
+            tokens = n_predict
+        elif tokens > n_predict and tokens % n_predict != 0:
+            raise StandinError(f"num_speculative_tokens:{tokens} must be divisible by n_predict={n_predict}")
+    elif tokens is None:
+        raise StandinError("num_speculative_tokens was provided but without speculative model.")
+    return {"method": method, "num_speculative_tokens": tokens}
 
 
 def weights_gib(model: str) -> float:
