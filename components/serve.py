@@ -107,11 +107,20 @@ class VllmServer(pulumi.ComponentResource):
         argv_fingerprint = self.argv.apply(fingerprint)
         self.cluster_ready = self._create_cluster_wait(name) if cfg.executor == "ray" else None
         self.page_cache_dropped = self._create_page_cache_drops(argv_fingerprint) if cfg.memory.drop_page_cache else []
-        self.worker_serves = self._create_worker_serves() if cfg.executor == "mp" else []
         # vllm.speculative from this stack's config: first a start without it, whose answers (and benchmark)
         # the validation holds the speculative start against; kept in state until the rest changes
         speculative = cfg.vllm.speculative is not None and cfg.promote_from is None and cfg.smoke_test
         self.baseline = self._create_baseline(name) if speculative else None
+        if cfg.vllm.speculative is not None:
+            spec = cfg.vllm.speculative
+            pulumi.log.info(
+                f"{cfg.name_prefix + ': ' if cfg.name_prefix else ''}vllm.speculative: {spec.method}, {spec.tokens} "
+                "tokens: a vLLM-only change (vLLM restarts with --speculative-config, no container is replaced); "
+                "its validation holds the greedy answers to those of a start without it "
+                + ("(spark-vllm-baseline, kept until the model, image or other settings change)" if speculative
+                   else "(smokeTest is off: no validation)")
+            )  # fmt: skip
+        self.worker_serves = self._create_worker_serves() if cfg.executor == "mp" else []
         self.serve = self._create_serve(name, cfg.head_node, f"{name}-serve")
         self.ready = self._create_ready_wait(name, argv_fingerprint)
         self.smoke = self._create_smoke_test(name, argv_fingerprint) if cfg.smoke_test else None

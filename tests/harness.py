@@ -180,7 +180,11 @@ class FakeCloud(pulumi.runtime.Mocks):
             elif args.name.endswith("-fabric-nccl") and "create" in args.inputs:
                 stdout = json.dumps(self.nccl_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-smoke"):
-                stdout = json.dumps({"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7})
+                stdout = self.smoke_stdout(args.inputs.get("stdin", ""))
+            elif args.name.endswith("-baseline"):
+                stdout = json.dumps({"chain": {"wait_ready.py": {"ready_seconds": 3.0},
+                                               "node_answers.py": {"answers": self.answers},
+                                               "node_benchmark.py": self.baseline_figures}})  # fmt: skip
             elif args.name.endswith("-benchmark"):
                 stdout = json.dumps(self.benchmark_figures(args.inputs.get("stdin", "")))
             outputs.update(stdout=stdout, stderr="")
@@ -190,6 +194,18 @@ class FakeCloud(pulumi.runtime.Mocks):
         return f"{args.name}-id", outputs
 
     benchmark_output_tokens_per_second = 412.5
+    # what node_answers.py prints of a start without speculation, and node_benchmark.py of its load
+    answers = [{"id": "capital#1", "tokenIds": [11, 12, 13], "text": "Paris.", "finishReason": "stop"}]
+    baseline_figures = {"tool": "spark-vllm", "outputTokensPerSecond": 206.25, "tpotMs": {"p50": 19.4, "p99": 21.0}}
+
+    def smoke_stdout(self, stdin: str) -> str:
+        """smoke.py's line; with speculation the chain's, the answers agreeing with those the program passed."""
+        smoke = {"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7}
+        if "node_answers.py" not in stdin:
+            return json.dumps(smoke)
+        agreement = {"compared": len(self.answers), "agreed": len(self.answers), "differing": []}
+        answers = {"answers": self.answers, "agreement": agreement}
+        return json.dumps({"chain": {"smoke.py": smoke, "node_answers.py": answers}})
 
     def benchmark_figures(self, stdin: str) -> dict[str, Any]:
         """What node_benchmark.py prints for its PARAMS (the program's, read back from the command's stdin)."""
@@ -303,6 +319,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                     "full_attention_interval": 4,
                     "max_position_embeddings": 262144,
                     "torch_dtype": "bfloat16",
+                    "vocab_size": 248320,
+                    "mtp_num_hidden_layers": 1,
                 }  # fmt: skip
             },
         }
