@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_fabric_copy.py",  # 169 s
     "tests/e2e/test_guard.py",  # 145 s
     "tests/e2e/test_hf_sync.py",  # 123 s
+    "tests/e2e/test_speculative.py",  # 105 s alone (2026-12-04)
     "tests/unit/test_supervisor.py",  # 85 s
     "tests/e2e/image/test_image.py",  # 60 s
 )

@@ -55,11 +55,12 @@ MODEL_CONFIG = {
 BENCHMARK = {"enabled": True, "concurrency": 2, "requests": 8, "promptTokens": 32, "outputTokens": 16}
 
 
-def make_model(workdir: Path, name: str = "tiny-chat") -> Path:
-    """A model directory like a real one (config.json, tokenizer files), minus the weights."""
+def make_model(workdir: Path, name: str = "tiny-chat", **config: Any) -> Path:
+    """A model directory like a real one (config.json, tokenizer files), minus the weights; `config`: keys
+    of its config.json besides MODEL_CONFIG's (mtp_num_hidden_layers=1: a checkpoint with its MTP head)."""
     model = workdir / "models" / name
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    (model / "config.json").write_text(json.dumps({**MODEL_CONFIG, **config}))
     (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8192}))
     return model
 

@@ -122,3 +122,18 @@ def test_a_promoted_release_without_speculation_renders_no_flag_even_where_the_s
     assert "--speculative-config" not in argv_of(run, "spark-vllm-serve")
     assert "STEPS = " not in run.named("spark-vllm-smoke").inputs["stdin"]  # smoke.py alone, as always
     assert "speculative" not in run.exports["release"]
+
+
+def test_the_two_spark_mtp_stack_file_serves_the_seed_model_with_mtp_and_fits():
+    from tests.program.test_program import HOST_KEY, stack_file
+
+    cfg = stack_file("staging-mtp")
+    for node in cfg["nodes"]:
+        node["hostKey"] = HOST_KEY
+    run = run_program(cfg, SECRETS, stack="staging-mtp")
+    assert [node["name"] for node in cfg["nodes"]] == ["spark-11", "spark-12"] and cfg["tensorParallelSize"] == 2
+    spec = argv_of(run, "spark-vllm-serve")
+    assert spec[2] == "/models/Qwen3.5-122B-A10B-FP8"
+    assert spec[spec.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":3}'
+    assert run.exports["memoryPlan"]["fits"] is True and run.exports["memoryPlan"]["speculative"]["tokens"] == 3
+    assert run.exports["release"]["speculative"]["answers"] == {"compared": 1, "agreed": 1}

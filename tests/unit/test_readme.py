@@ -49,7 +49,7 @@ def test_every_config_key_of_the_design_is_documented():
 def test_the_commands_the_readme_names_exist():
     for command in ("rehearse", "run-tests", "scripts/setup.sh", ".ci/run"):
         assert (ROOT / command).exists(), command
-    for stack in re.findall(r"`(Pulumi\.\w+\.yaml)`", ALL):
+    for stack in re.findall(r"`(Pulumi\.[\w-]+\.yaml)`", ALL):
         assert (ROOT / stack).exists(), stack
 
 
