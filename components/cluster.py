@@ -88,6 +88,7 @@ class VllmCluster(pulumi.ComponentResource):
             r.name: create_gate(
                 self, r.config, releases[r.deployment], self.hosts, transfer, fabric_verdict,
                 co_tenants={node: [o.name for o in others] for node, others in sharing[r.name].items()},
+                key=f"deployments[{r.deployment_index}].vllm" if r.deployment is not None else "vllm",
             )
             for r in replicas
         }  # fmt: skip

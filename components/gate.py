@@ -124,6 +124,7 @@ def create_gate(
     transfer: Transfer,
     shared_fabric: Optional[FabricVerdict] = None,
     co_tenants: Optional[dict[str, list[str]]] = None,
+    key: str = "vllm",
 ) -> Gate:
     """Every node's checks, and the gate the head's Ray container waits for: it exists only once
     every node passed its checks and all agree on the image and the model.
@@ -133,15 +134,11 @@ def create_gate(
     known and the preview shows the head as it will be, untouched.
     """
     networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
-    source = cfg.copy_source
-    syncing = cfg.model_sync.enabled and transfer.depot is not None
     images = transfer.images
     names = [node.name for node in cfg.nodes]
     same_image_id = pulumi.Output.all(*[images[n].image_id for n in names]).apply(
         lambda ids: same_image(dict(zip(names, ids, strict=True)))
     )
-    checks: dict[str, NodeChecks] = {}
-    source_model = None
     # What the checks read on each node: the model, or a downloaded repo id's snapshot directory
     # (the same path on every node once synced), so it is fingerprinted and compared like a directory.
     local_model = release.model
@@ -152,63 +149,20 @@ def create_gate(
     else:  # with deployments: the stack's fabric, checked once for every replica
         figures, fabric_passed = shared_fabric.figures, shared_fabric.passed
     prefix = cfg.name_prefix
-    ordered = [source, *(n for n in cfg.nodes if n.name != source.name)] if source in cfg.nodes else list(cfg.nodes)
-    for node in ordered:
-        after: list[pulumi.Resource] = list(networks)  # peers must have their fabric address before we ping them
-        if fabric_passed is not None:
-            after.append(fabric_passed)  # nothing else runs on a node (no check container) on a bad fabric
-        reread: list[pulumi.Input] = []
-        if node is source and transfer.download is not None:
-            after.append(transfer.download)
-        if syncing and source_model is not None:
-            after.append(
-                sync_model(
-                    node.name,
-                    cfg,
-                    node,
-                    transfer.depot,
-                    transfer.synced_model,
-                    source_model,
-                    hosts[node.name].connection,
-                    parent=parent,
-                )
-            )
-            reread.append(source_model)  # a new copy: check and fingerprint it again
-        checks[node.name] = NodeChecks(
-            f"{prefix}-{node.name}" if prefix else node.name,
-            NodeChecksArgs(
-                config=cfg,
-                node=node,
-                connection=hosts[node.name].connection,
-                image_id=images[node.name].image_id,
-                model=local_model,
-                after=after,
-                reread=reread,
-            ),
-            opts=pulumi.ResourceOptions(parent=parent),
-        )
-        if syncing and node is source and checks[node.name].fingerprint is not None:
-            source_model = checks[node.name].fingerprint.apply(
-                lambda out: parse_fingerprint(out).get("fingerprint", "")
-            )
-    checks = {node.name: checks[node.name] for node in cfg.nodes}
+    # peers must have their fabric address before we ping them; nothing runs on a node on a bad fabric
+    before = [*networks, *([fabric_passed] if fabric_passed is not None else [])]
+    checks = _node_checks(parent, cfg, hosts, transfer, local_model, before)
     gates = [each.passed for each in checks.values()]
     fingerprints = {name: c.fingerprint for name, c in checks.items() if c.fingerprint is not None}
-    model_id = pulumi.Output.from_input("")
-    if fingerprints:
-        names = list(fingerprints)
-        model_id = pulumi.Output.all(*fingerprints.values()).apply(
-            lambda outs: same_model(dict(zip(names, outs, strict=True)))
-        )
-    plan = _memory_plan(cfg, release, checks, fingerprints, co_tenants or {})
+    model_id = _same_model_id(fingerprints)
+    plan = _memory_plan(cfg, release, checks, fingerprints, co_tenants or {}, key)
     nccl_passed = pulumi.Output.from_input(True)
     if shared_fabric is not None:
         nccl_passed = shared_fabric.nccl_passed
     elif fabric.nccl_test(cfg):
         figures, nccl_passed = _nccl_test(parent, cfg, hosts, checks, images, local_model, figures)
-    node_names = [node.name for node in cfg.nodes]
-    images_fit = pulumi.Output.all(*[checks[n].image_facts for n in node_names]).apply(
-        lambda outs: image_fit(cfg, dict(zip(node_names, outs, strict=True)))
+    images_fit = pulumi.Output.all(*[checks[n].image_facts for n in names]).apply(
+        lambda outs: image_fit(cfg, dict(zip(names, outs, strict=True)))
     )
     # The plan only has to have passed (it raises when it does not fit): a bool joins the gate, not
     # the plan, whose per-node dict Output.all would unwrap into an Output per key.
@@ -222,6 +176,63 @@ def create_gate(
         opts=pulumi.ResourceOptions(parent=parent),
     )
     return Gate(passed=passed, checks=checks, fabric=figures, memory_plan=plan, image_id=same_image_id)
+
+
+def _same_model_id(fingerprints: dict[str, pulumi.Output[str]]) -> pulumi.Output[str]:
+    """The model every node holds ("" when none was fingerprinted: a repo id not downloaded yet)."""
+    if not fingerprints:
+        return pulumi.Output.from_input("")
+    names = list(fingerprints)
+    return pulumi.Output.all(*fingerprints.values()).apply(lambda outs: same_model(dict(zip(names, outs, strict=True))))
+
+
+def _node_checks(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    hosts: dict[str, NodeHost],
+    transfer: Transfer,
+    local_model: pulumi.Input[str],
+    before: list,
+) -> dict[str, NodeChecks]:
+    """Every node's checks (after `before`), the copy source's first; with modelSync each other node's
+    copy of the model from the source first, and checked again once a new copy arrived."""
+    source = cfg.copy_source
+    syncing = cfg.model_sync.enabled and transfer.depot is not None
+    prefix = cfg.name_prefix
+    checks: dict[str, NodeChecks] = {}
+    source_model = None
+    ordered = [source, *(n for n in cfg.nodes if n.name != source.name)] if source in cfg.nodes else list(cfg.nodes)
+    for node in ordered:
+        after: list[pulumi.Resource] = list(before)
+        reread: list[pulumi.Input] = []
+        if node is source and transfer.download is not None:
+            after.append(transfer.download)
+        if syncing and source_model is not None:
+            connection = hosts[node.name].connection
+            after.append(
+                sync_model(
+                    node.name, cfg, node, transfer.depot, transfer.synced_model, source_model, connection, parent=parent
+                )
+            )
+            reread.append(source_model)  # a new copy: check and fingerprint it again
+        checks[node.name] = NodeChecks(
+            f"{prefix}-{node.name}" if prefix else node.name,
+            NodeChecksArgs(
+                config=cfg,
+                node=node,
+                connection=hosts[node.name].connection,
+                image_id=transfer.images[node.name].image_id,
+                model=local_model,
+                after=after,
+                reread=reread,
+            ),
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+        if syncing and node is source and checks[node.name].fingerprint is not None:
+            source_model = checks[node.name].fingerprint.apply(
+                lambda out: parse_fingerprint(out).get("fingerprint", "")
+            )
+    return {node.name: checks[node.name] for node in cfg.nodes}
 
 
 def _fabric_gate(
@@ -315,13 +326,12 @@ def _nccl_test(
     return merged, merged.apply(lambda _: True)
 
 
-def _speculation_checked(cfg: ClusterConfig, fingerprint: str, engine: dict) -> bool:
+def _speculation_checked(fingerprint: str, engine: dict, key: str) -> bool:
     """The release's vllm.speculative against the model's config.json (any memoryCheck): SpeculationError,
-    before any container, where vLLM would refuse it at start."""
-    problems = speculation_problems(
-        parse_fingerprint(fingerprint).get("config") or {}, engine.get("speculative"), "vllm.speculative"
-    )
-    problems = [f"deployment {cfg.name_prefix}: {line}" for line in problems] if cfg.name_prefix else problems
+    before any container, where vLLM would refuse it at start; `key`: where that vllm section is
+    (`deployments[2].vllm`)."""
+    config = parse_fingerprint(fingerprint).get("config") or {}
+    problems = speculation_problems(config, engine.get("speculative"), f"{key}.speculative")
     if problems:
         raise SpeculationError(speculation_message(problems))
     return True
@@ -333,6 +343,7 @@ def _memory_plan(
     checks: dict[str, NodeChecks],
     fingerprints: dict,
     co_tenants: dict[str, list[str]],
+    key: str = "vllm",
 ) -> pulumi.Output:
     """The memory plan from the head's model fingerprint and every node's memory; with
     memoryCheck enforce, an error (before any container) when it does not fit. A replica with `co_tenants`
@@ -343,13 +354,13 @@ def _memory_plan(
         )
     if cfg.memory_check == "off":
         return pulumi.Output.all(fingerprints[cfg.head_node.name], release.engine).apply(
-            lambda parts: _speculation_checked(cfg, *parts) and {"checked": False, "reason": "memoryCheck: off"}
+            lambda parts: _speculation_checked(*parts, key) and {"checked": False, "reason": "memoryCheck: off"}
         )
     memories = [each.memory for each in checks.values()]
 
     def judge(parts: list) -> dict:
         fingerprint, engine, *found = parts
-        _speculation_checked(cfg, fingerprint, engine)
+        _speculation_checked(fingerprint, engine, key)
         plan = memory_plan(cfg, fingerprint, found, engine, pin_kv_cache=bool(co_tenants))
         for note in plan.notes():
             pulumi.log.info(f"{cfg.name_prefix}: {note}" if cfg.name_prefix else note)

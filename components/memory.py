@@ -321,6 +321,115 @@ class _Cost:
         return max(0, spare // cache.attention_groups) * cache.block_tokens
 
 
+def _rank_cost(
+    shape: ModelShape, knobs: EngineKnobs, tensor_parallel: int, pipeline_parallel: int, drafting: SpeculationCost
+) -> _Cost:
+    """What a sequence costs on the rank that holds the most layers: per token, or a hybrid model's blocks."""
+    # the MTP head's layers sit on the last rank: counted on every rank, the most any rank holds
+    kv_layers_per_rank = math.ceil(shape.kv_layers / pipeline_parallel) + drafting.attention_layers
+    kv_heads_per_rank = max(1, shape.kv_heads // tensor_parallel)
+    layer_token = 2 * kv_heads_per_rank * shape.head_dim * shape.dtype_bytes  # one layer's K and V, one token
+    cache = None
+    if shape.linear is not None and kv_layers_per_rank > 0:
+        cache = hybrid_cache(
+            shape.linear,
+            kv_layers_per_rank,
+            math.ceil(shape.linear_layers / pipeline_parallel),
+            layer_token,
+            tensor_parallel,
+            block_tokens=knobs.block_size or DEFAULT_BLOCK_TOKENS,
+            # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM picks
+            # where the model supports it, is counted the same: the plan's figure is then approximate)
+            prefix_caching=bool(knobs.prefix_caching) or knobs.mamba_cache_mode in ("align", "all"),
+            drafts=knobs.drafts,
+        )
+    return _Cost(layer_token * kv_layers_per_rank, cache)
+
+
+def _node_plan(
+    node: NodeMemory,
+    weights: float,
+    allowance_bytes: int,
+    cost: _Cost,
+    length: int,
+    gpu_memory_utilization: float,
+    os_reserve_bytes: int,
+) -> tuple[NodePlan, list[str]]:
+    """One node's plan and what of it stops the deploy."""
+    one_sequence = cost.one_sequence(length)
+    budget = node.memory_bytes * gpu_memory_utilization
+    room = budget - weights - allowance_bytes
+    headroom = room - one_sequence
+    os_left = node.memory_bytes * node.gpus * (1 - gpu_memory_utilization) if node.unified else None
+    starved = os_left is not None and os_left < os_reserve_bytes
+    # vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): free memory at start must
+    # be at least gpuMemoryUtilization × total, or it exits ("Free memory on device … on startup …").
+    busy = node.free_bytes is not None and node.free_bytes < budget
+    plan = NodePlan(
+        node=node.name,
+        memory_gib=_gib(node.memory_bytes),
+        budget_gib=_gib(budget),
+        weights_gib=_gib(weights),
+        kv_per_token_mib=round(cost.per_token / MIB, 6),
+        kv_one_sequence_gib=_gib(one_sequence),
+        allowance_gib=_gib(allowance_bytes),
+        kv_room_gib=_gib(room),
+        max_sequences=cost.sequences(room, length),
+        headroom_gib=_gib(headroom),
+        os_left_gib=None if os_left is None else _gib(os_left),
+        fits=headroom >= 0 and not starved and not busy,
+        free_gib=None if node.free_bytes is None else _gib(node.free_bytes),
+        cache_blocks=None if cost.hybrid is None else cost.hybrid.blocks(room),
+    )
+    need = _gib(weights + one_sequence + allowance_bytes)
+    flags = (headroom < 0, busy, starved)
+    return plan, _node_problems(node, plan, need, length, gpu_memory_utilization, os_reserve_bytes, *flags)
+
+
+def _node_problems(
+    node: NodeMemory,
+    plan: NodePlan,
+    need_gib: float,
+    length: int,
+    gpu_memory_utilization: float,
+    os_reserve_bytes: int,
+    short: bool,
+    busy: bool,
+    starved: bool,
+) -> list[str]:
+    """What of a node's plan stops the deploy: too little memory, memory held by something else, an OS
+    starved of its unified memory."""
+    problems = []
+    if short:
+        problems.append(
+            f"{node.name}: needs {need_gib} GiB per GPU (weights {plan.weights_gib} + KV for one {length}-token "
+            f"sequence {plan.kv_one_sequence_gib} + allowance {plan.allowance_gib}), has {plan.budget_gib} GiB "
+            f"({plan.memory_gib} GiB × gpuMemoryUtilization {gpu_memory_utilization})"
+        )
+    if busy:
+        where = "of its unified memory (MemAvailable)" if node.unified else "of GPU memory"
+        problems.append(
+            f"{node.name}: {plan.free_gib} GiB {where} is free now, and vLLM's start-up check needs "
+            f"gpuMemoryUtilization {gpu_memory_utilization} × {plan.memory_gib} GiB = {plan.budget_gib} GiB "
+            "free (something else holds it: `nvidia-smi` on the node shows what; stop it, or lower "
+            "vllm.gpuMemoryUtilization)"
+        )
+    if starved and os_reserve_bytes >= node.memory_bytes * node.gpus:
+        problems.append(
+            f"{node.name}: memory.osReserveGib {_gib(os_reserve_bytes):g} is the whole of its "
+            f"{_gib(node.memory_bytes * node.gpus):g} GiB of unified memory or more: nothing would be left for "
+            "vLLM at any gpuMemoryUtilization or maxModelLen; set it to what the operating system needs (the "
+            "default is 8 GiB)"
+        )
+    elif starved:
+        problems.append(
+            f"{node.name}: gpuMemoryUtilization {gpu_memory_utilization} leaves the operating system "
+            f"{plan.os_left_gib} GiB of its {plan.memory_gib} GiB unified memory, less than "
+            f"memory.osReserveGib {_gib(os_reserve_bytes)} (the box would swap and freeze)"
+        )
+    return problems
+
+
 def plan_memory(
     nodes: list[NodeMemory],
     weight_bytes: int,
@@ -347,82 +456,13 @@ def plan_memory(
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
     weights = weight_bytes / ranks
-    # the MTP head's layers sit on the last rank: counted on every rank, the most any rank holds
-    kv_layers_per_rank = math.ceil(shape.kv_layers / pipeline_parallel) + drafting.attention_layers
-    kv_heads_per_rank = max(1, shape.kv_heads // tensor_parallel)
-    layer_token = 2 * kv_heads_per_rank * shape.head_dim * shape.dtype_bytes  # one layer's K and V, one token
-    per_token = layer_token * kv_layers_per_rank
-    cache = None
-    if shape.linear is not None and kv_layers_per_rank > 0:
-        cache = hybrid_cache(
-            shape.linear,
-            kv_layers_per_rank,
-            math.ceil(shape.linear_layers / pipeline_parallel),
-            layer_token,
-            tensor_parallel,
-            block_tokens=knobs.block_size or DEFAULT_BLOCK_TOKENS,
-            # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM picks
-            # where the model supports it, is counted the same: the plan's figure is then approximate)
-            prefix_caching=bool(knobs.prefix_caching) or knobs.mamba_cache_mode in ("align", "all"),
-            drafts=knobs.drafts,
-        )
-    cost = _Cost(per_token, cache)
-    one_sequence = cost.one_sequence(length)
+    cost = _rank_cost(shape, knobs, tensor_parallel, pipeline_parallel, drafting)
+    cache = cost.hybrid
     plans, problems = [], []
     for node in nodes:
-        budget = node.memory_bytes * gpu_memory_utilization
-        room = budget - weights - allowance_bytes
-        headroom = room - one_sequence
-        os_left = node.memory_bytes * node.gpus * (1 - gpu_memory_utilization) if node.unified else None
-        starved = os_left is not None and os_left < os_reserve_bytes
-        # vLLM's own start-up check (vllm/v1/worker/utils.py request_memory): free memory at start must
-        # be at least gpuMemoryUtilization × total, or it exits ("Free memory on device … on startup …").
-        busy = node.free_bytes is not None and node.free_bytes < budget
-        plan = NodePlan(
-            node=node.name,
-            memory_gib=_gib(node.memory_bytes),
-            budget_gib=_gib(budget),
-            weights_gib=_gib(weights),
-            kv_per_token_mib=round(per_token / MIB, 6),
-            kv_one_sequence_gib=_gib(one_sequence),
-            allowance_gib=_gib(allowance_bytes),
-            kv_room_gib=_gib(room),
-            max_sequences=cost.sequences(room, length),
-            headroom_gib=_gib(headroom),
-            os_left_gib=None if os_left is None else _gib(os_left),
-            fits=headroom >= 0 and not starved and not busy,
-            free_gib=None if node.free_bytes is None else _gib(node.free_bytes),
-            cache_blocks=None if cache is None else cache.blocks(room),
-        )
+        plan, found = _node_plan(node, weights, allowance_bytes, cost, length, gpu_memory_utilization, os_reserve_bytes)
         plans.append(plan)
-        need = weights + one_sequence + allowance_bytes
-        if headroom < 0:
-            problems.append(
-                f"{node.name}: needs {_gib(need)} GiB per GPU (weights {plan.weights_gib} + KV for one "
-                f"{length}-token sequence {plan.kv_one_sequence_gib} + allowance {plan.allowance_gib}), "
-                f"has {plan.budget_gib} GiB ({plan.memory_gib} GiB × gpuMemoryUtilization {gpu_memory_utilization})"
-            )
-        if busy:
-            where = "of its unified memory (MemAvailable)" if node.unified else "of GPU memory"
-            problems.append(
-                f"{node.name}: {plan.free_gib} GiB {where} is free now, and vLLM's start-up check needs "
-                f"gpuMemoryUtilization {gpu_memory_utilization} × {plan.memory_gib} GiB = {plan.budget_gib} GiB "
-                "free (something else holds it: `nvidia-smi` on the node shows what; stop it, or lower "
-                "vllm.gpuMemoryUtilization)"
-            )
-        if starved and os_reserve_bytes >= node.memory_bytes * node.gpus:
-            problems.append(
-                f"{node.name}: memory.osReserveGib {_gib(os_reserve_bytes):g} is the whole of its "
-                f"{_gib(node.memory_bytes * node.gpus):g} GiB of unified memory or more: nothing would be left for "
-                "vLLM at any gpuMemoryUtilization or maxModelLen; set it to what the operating system needs (the "
-                "default is 8 GiB)"
-            )
-        elif starved:
-            problems.append(
-                f"{node.name}: gpuMemoryUtilization {gpu_memory_utilization} leaves the operating system "
-                f"{plan.os_left_gib} GiB of its {plan.memory_gib} GiB unified memory, less than "
-                f"memory.osReserveGib {_gib(os_reserve_bytes)} (the box would swap and freeze)"
-            )
+        problems += found
     seqs, set_seqs = None, None
     if cache is not None and not problems:
         seqs, set_seqs, problem = _max_num_seqs(plans, nodes, knobs, max_num_seqs)

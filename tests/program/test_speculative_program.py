@@ -4,6 +4,7 @@ and a model without MTP layers stops before any vLLM starts."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -137,3 +138,37 @@ def test_the_two_spark_mtp_stack_file_serves_the_seed_model_with_mtp_and_fits():
     assert spec[spec.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":3}'
     assert run.exports["memoryPlan"]["fits"] is True and run.exports["memoryPlan"]["speculative"]["tokens"] == 3
     assert run.exports["release"]["speculative"]["answers"] == {"compared": 1, "agreed": 1}
+
+
+def test_one_deployment_with_mtp_gets_its_own_start_without_it_and_the_others_are_untouched():
+    from tests.program.test_deployments_program import Models, fleet, run_fleet
+
+    plain = fleet()
+    spec = fleet()
+    spec["deployments"][0]["vllm"]["speculative"] = MTP
+    before, after = run_fleet(plain), run_fleet(spec)
+    result = changed_inputs(before, after)
+    assert result["big-baseline"] == result["big-baseline-serve"] == "create"
+    assert result["big-serve"] == {"stdin"}
+    assert not any(name.startswith(("coder", "small")) for name in result)
+    assert not any(r.name in result for r in after.of_type(CONTAINER))
+    assert "--speculative-config" in argv_of(after, "big-serve")
+    assert "--speculative-config" not in argv_of(after, "big-baseline-serve")
+    assert after.exports["release"]["deployments"]["big"]["speculative"]["tokens"] == 3
+    assert "speculative" not in after.exports["release"]["deployments"]["coder"]
+    # the small model has no MTP layers: refused before its vLLM starts, naming the deployment
+    spec["deployments"][2]["vllm"]["speculative"] = MTP
+
+    class NoMtp(Models):
+        def fingerprint(self, node):
+            found = super().fingerprint(node)
+            if not node.startswith("big-"):
+                found = copy.deepcopy(found)
+                found["config"]["text_config"].pop("mtp_num_hidden_layers", None)
+            return found
+
+    with pytest.raises(Exception) as caught:
+        run_fleet(spec, mocks=NoMtp())
+    assert "deployments[2].vllm.speculative.method: 'mtp' — a model whose config.json has MTP layers" in str(
+        caught.value
+    )
