@@ -117,22 +117,23 @@ class VllmCluster(pulumi.ComponentResource):
                 steps = self.router.undrain(replica, steps, server.smoke or server.ready)
                 last_undrain[replica.deployment] = steps.undrain
             self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
-        self.router_smoke = None
-        if self.router is not None:
-            count = len(self.runs)
-            workers = pulumi.Output.all(
-                *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
-            ).apply(
-                lambda found: [
-                    worker(run.replica, served, root)
-                    for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
-                ]
-            )
-            _, self.router_smoke = self.router.declare(
-                workers, [run.router_steps.undrain for run in self.runs], api_key
-            )
+        self.router_smoke = self._declare_workers(api_key) if self.router is not None else None
         self.dashboard = dashboard(cfg, pulumi.get_stack())
         self._outputs(name, cfg, transfer, fabric_verdict, api_key, secrets.get("grafanaAdminPassword"))
+
+    def _declare_workers(self, api_key: Optional[pulumi.Output[str]]) -> pulumi.Resource:
+        """Every replica's served name and model, declared to the router; its smoke test through it."""
+        count = len(self.runs)
+        workers = pulumi.Output.all(
+            *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
+        ).apply(
+            lambda found: [
+                worker(run.replica, served, root)
+                for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
+            ]
+        )
+        _, smoke = self.router.declare(workers, [run.router_steps.undrain for run in self.runs], api_key)
+        return smoke
 
     def _outputs(
         self,

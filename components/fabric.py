@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
 from components.fabric_nccl import (  # the NCCL test's half, where callers have always found it
@@ -227,60 +227,74 @@ def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]])
         )
     floor = floor_gbps(cfg, facts_by_node)
     for node in cfg.nodes:
-        facts = facts_by_node[node.name]
-        where = f"fabric gate {node.name} ({node.fabric_interface})"
-        mtu = mtus[node.name]
-        for peer, seen in (facts.get("peers") or {}).items():
-            other = nodes.get(peer)
-            label = f"{peer} ({seen.get('address')})"
-            if seen.get("route_dev") is None:
-                problems.append(
-                    f"{where}: no route to {label}: {seen.get('route_error', '?')} — every fabric address in one "
-                    "subnet (network.prefixLength) on the fabric interfaces"
-                )
-                continue
-            if seen["route_dev"] != node.fabric_interface:
-                problems.append(
-                    f"{where}: the route to {label} goes through {seen['route_dev']}, not the fabric — every fabric "
-                    "address in one subnet (network.prefixLength) on the fabric interfaces, and no other interface "
-                    "in that subnet"
-                )
-                continue
-            if seen.get("reach") is False:
-                problems.append(
-                    f"{where}: {label} does not answer a ping over the fabric — check the cable, that "
-                    f"{other.fabric_interface if other else 'its interface'} is up on {peer} and its fabricAddress "
-                    "(or a firewall dropping ICMP)"
-                )
-            elif seen.get("full_size") is False:
-                problems.append(
-                    f"{where}: a full-size packet ({mtu} bytes, don't fragment) does not reach {label} "
-                    f"({seen.get('full_size_said', '')}) — {peer} or a switch port in between has a smaller MTU: set "
-                    "the same MTU everywhere on the path"
-                )
-        for peer, result in (facts.get("bandwidth") or {}).items():
-            if "skipped" in result:
-                continue  # the peer did not answer: said above
-            if "error" in result:
-                problems.append(
-                    f"{where}: the bandwidth test to {peer} failed: {result['error']} — the gate runs on every node at "
-                    "once: check that fabric.testPort is free and not filtered on the fabric"
-                )
-            elif floor is not None and result["gbps"] < floor:
-                source = "fabric.minBandwidthGbps" if cfg.fabric.min_bandwidth_gbps is not None else (
-                    f"{DEFAULT_FLOOR_FRACTION:.0%} of the link speed")  # fmt: skip
-                problems.append(
-                    f"{where}: {result['gbps']:g} Gb/s to {peer} over the fabric, below the floor of {floor:g} Gb/s "
-                    f"({source}) — a throttled or degraded link: `ethtool {node.fabric_interface}` (speed, errors), "
-                    f"`tc qdisc show dev {node.fabric_interface}`, the cable"
-                )
-        for peer in facts.get("not_served") or []:
-            if not (facts_by_node.get(peer, {}).get("bandwidth") or {}).get(node.name):
-                problems.append(
-                    f"{where}: {peer} never measured towards this node within {cfg.fabric.peer_wait_seconds:g} s "
-                    "(fabric.peerWaitSeconds) — its gate did not run at the same time (pulumi up --parallel below the "
-                    "node count?)"
-                )
+        problems += _reach_problems(node, facts_by_node[node.name], nodes, mtus[node.name])
+        problems += _bandwidth_problems(cfg, node, facts_by_node, floor)
+    return problems
+
+
+def _reach_problems(node: NodeConfig, facts: dict[str, Any], nodes: dict[str, NodeConfig], mtu: Any) -> list[str]:
+    """What `node` said of reaching each peer over the fabric: the route, a ping, a full-size packet."""
+    where = f"fabric gate {node.name} ({node.fabric_interface})"
+    problems = []
+    for peer, seen in (facts.get("peers") or {}).items():
+        other = nodes.get(peer)
+        label = f"{peer} ({seen.get('address')})"
+        if seen.get("route_dev") is None:
+            problems.append(
+                f"{where}: no route to {label}: {seen.get('route_error', '?')} — every fabric address in one "
+                "subnet (network.prefixLength) on the fabric interfaces"
+            )
+        elif seen["route_dev"] != node.fabric_interface:
+            problems.append(
+                f"{where}: the route to {label} goes through {seen['route_dev']}, not the fabric — every fabric "
+                "address in one subnet (network.prefixLength) on the fabric interfaces, and no other interface "
+                "in that subnet"
+            )
+        elif seen.get("reach") is False:
+            problems.append(
+                f"{where}: {label} does not answer a ping over the fabric — check the cable, that "
+                f"{other.fabric_interface if other else 'its interface'} is up on {peer} and its fabricAddress "
+                "(or a firewall dropping ICMP)"
+            )
+        elif seen.get("full_size") is False:
+            problems.append(
+                f"{where}: a full-size packet ({mtu} bytes, don't fragment) does not reach {label} "
+                f"({seen.get('full_size_said', '')}) — {peer} or a switch port in between has a smaller MTU: set "
+                "the same MTU everywhere on the path"
+            )
+    return problems
+
+
+def _bandwidth_problems(
+    cfg: ClusterConfig, node: NodeConfig, facts_by_node: dict[str, dict[str, Any]], floor: Optional[float]
+) -> list[str]:
+    """What `node`'s bandwidth tests said: a failed test, a pair under the floor, a peer that never measured."""
+    facts = facts_by_node[node.name]
+    where = f"fabric gate {node.name} ({node.fabric_interface})"
+    problems = []
+    for peer, result in (facts.get("bandwidth") or {}).items():
+        if "skipped" in result:
+            continue  # the peer did not answer: said with the reach problems
+        if "error" in result:
+            problems.append(
+                f"{where}: the bandwidth test to {peer} failed: {result['error']} — the gate runs on every node at "
+                "once: check that fabric.testPort is free and not filtered on the fabric"
+            )
+        elif floor is not None and result["gbps"] < floor:
+            source = "fabric.minBandwidthGbps" if cfg.fabric.min_bandwidth_gbps is not None else (
+                f"{DEFAULT_FLOOR_FRACTION:.0%} of the link speed")  # fmt: skip
+            problems.append(
+                f"{where}: {result['gbps']:g} Gb/s to {peer} over the fabric, below the floor of {floor:g} Gb/s "
+                f"({source}) — a throttled or degraded link: `ethtool {node.fabric_interface}` (speed, errors), "
+                f"`tc qdisc show dev {node.fabric_interface}`, the cable"
+            )
+    for peer in facts.get("not_served") or []:
+        if not (facts_by_node.get(peer, {}).get("bandwidth") or {}).get(node.name):
+            problems.append(
+                f"{where}: {peer} never measured towards this node within {cfg.fabric.peer_wait_seconds:g} s "
+                "(fabric.peerWaitSeconds) — its gate did not run at the same time (pulumi up --parallel below the "
+                "node count?)"
+            )
     return problems
 
 

@@ -85,6 +85,29 @@ def hf_cache_mount(cfg: ClusterConfig) -> docker.ContainerMountArgs:
     return docker.ContainerMountArgs(type="volume", source=HF_CACHE_VOLUME, target=HF_CACHE_IN_CONTAINER)
 
 
+def _mounts(cfg: ClusterConfig, model: pulumi.Input[str]) -> pulumi.Output[list]:
+    """The container's mounts: the model, the Hugging Face cache, the compile caches, the guard's marker."""
+    guard = (
+        [docker.ContainerMountArgs(type="volume", source=GUARD_VOLUME, target=GUARD_MARKER_DIR_IN_NODE, read_only=True)]
+        if cfg.network.guard
+        else []
+    )
+    return pulumi.Output.from_input(model).apply(
+        lambda path: [*model_mounts(path), hf_cache_mount(cfg), *compile_cache_mounts(cfg), *guard]
+    )
+
+
+def _labels(cfg: ClusterConfig, node: NodeConfig, is_head: bool) -> list:
+    labels = [
+        docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
+        docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if is_head else "worker"),
+        docker.ContainerLabelArgs(label="spark-vllm.executor", value=cfg.executor),
+    ]
+    if cfg.name_prefix:  # with deployments: which replica (a single-model stack's containers keep their labels)
+        labels.append(docker.ContainerLabelArgs(label="spark-vllm.replica", value=cfg.name_prefix))
+    return labels
+
+
 class NodeContainer(pulumi.ComponentResource):
     container: docker.Container
     container_name: str
@@ -120,18 +143,7 @@ class NodeContainer(pulumi.ComponentResource):
     def _create_container(self, name: str, args: NodeContainerArgs) -> docker.Container:
         cfg, node = args.config, args.node
         rdma = rdma_in_container(cfg, node)
-        guard = (
-            [
-                docker.ContainerMountArgs(
-                    type="volume", source=GUARD_VOLUME, target=GUARD_MARKER_DIR_IN_NODE, read_only=True
-                )
-            ]
-            if cfg.network.guard
-            else []
-        )
-        mounts = pulumi.Output.from_input(args.model).apply(
-            lambda model: [*model_mounts(model), hf_cache_mount(cfg), *compile_cache_mounts(cfg), *guard]
-        )
+        mounts = _mounts(cfg, args.model)
         env = node_env(cfg, node)
         envs = pulumi.Output.from_input(args.secret_env).apply(lambda secret: [*env, *secret])
         return docker.Container(
@@ -157,17 +169,7 @@ class NodeContainer(pulumi.ComponentResource):
             devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband")]
             if rdma and not cfg.container.privileged
             else None,
-            labels=[
-                docker.ContainerLabelArgs(label="spark-vllm.node", value=node.name),
-                docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if self.is_head else "worker"),
-                docker.ContainerLabelArgs(label="spark-vllm.executor", value=cfg.executor),
-                # with deployments: which replica (a single-model stack's containers keep their labels)
-                *(
-                    [docker.ContainerLabelArgs(label="spark-vllm.replica", value=cfg.name_prefix)]
-                    if cfg.name_prefix
-                    else []
-                ),
-            ],
+            labels=_labels(cfg, node, self.is_head),
             must_run=True,
             destroy_grace_seconds=30,
             # Fixed name and host network: a second container cannot exist beside the old one.

@@ -46,6 +46,42 @@ class Transfer:
     synced_model: pulumi.Input[str]  # what the depot serves and every other node's sync writes
 
 
+def _source_depot(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    hosts: dict[str, NodeHost],
+    hf_token: Optional[pulumi.Output[str]],
+    image: NodeImage,
+    guarded: list,
+) -> tuple[Depot, Optional[command.remote.Command], pulumi.Output]:
+    """The copy source's depot (what the other nodes copy from over the fabric), after its guard (`guarded`):
+    a repo id downloaded there first; with modelSync the model directory it serves."""
+    source = cfg.copy_source
+    networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
+    download, synced = None, release.model
+    if cfg.downloads_once:
+        # A repo id: fetched once here, then served like a directory (the depot mounts it).
+        download = download_model(
+            source.name, cfg, source, image.image_id, release.model, hf_token, hosts[source.name].connection,
+            after=guarded, parent=parent,
+        )  # fmt: skip
+    if cfg.model_sync.enabled:
+        synced = release.model.apply(lambda model: model_directory(cfg, model))
+    depot = Depot(
+        "spark-vllm-copy",
+        DepotArgs(
+            config=cfg,
+            image_id=image.image_id,
+            model=synced,
+            provider=hosts[source.name].provider,
+            start_after=(*networks, *guarded, *([download] if download else [])),
+        ),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return depot, download, synced
+
+
 def create_transfer(
     parent: pulumi.Resource,
     cfg: ClusterConfig,
@@ -88,34 +124,8 @@ def create_transfer(
     guard(source, images[source.name])
     depot, download, synced = None, None, release.model
     if cfg.uses_depot:
-        networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
         guarded = [guards[source.name].ready] if source.name in guards else []
-        if cfg.downloads_once:
-            # A repo id: fetched once here, then served like a directory (the depot mounts it).
-            download = download_model(
-                source.name,
-                cfg,
-                source,
-                images[source.name].image_id,
-                release.model,
-                hf_token,
-                hosts[source.name].connection,
-                after=guarded,
-                parent=parent,
-            )
-        if cfg.model_sync.enabled:
-            synced = release.model.apply(lambda model: model_directory(cfg, model))
-        depot = Depot(
-            "spark-vllm-copy",
-            DepotArgs(
-                config=cfg,
-                image_id=images[source.name].image_id,
-                model=synced,
-                provider=hosts[source.name].provider,
-                start_after=(*networks, *guarded, *([download] if download else [])),
-            ),
-            opts=opts,
-        )
+        depot, download, synced = _source_depot(parent, cfg, release, hosts, hf_token, images[source.name], guarded)
     copy_from = None
     if depot is not None and cfg.image_transfer.method == "copy":
         copy_from = CopyFrom(config=cfg, depot=depot, image_id=images[source.name].image_id)

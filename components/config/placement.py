@@ -193,36 +193,19 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
     for index, deployment in enumerate(deployments):
         if not _valid(deployment):
             continue  # its own fields' problems are listed already
-        at = f"deployments[{index}]"
         if deployment.name in names:
             problems.append(
-                problem(f"{at}.name", deployment.name, f"a unique name (deployments[{names[deployment.name]}] has it)")
+                problem(
+                    f"deployments[{index}].name",
+                    deployment.name,
+                    f"a unique name (deployments[{names[deployment.name]}] has it)",
+                )
             )
             continue
         names[deployment.name] = index
-        missing = [name for name in deployment.nodes if name not in node_index]
-        twice = sorted({name for name in deployment.nodes if deployment.nodes.count(name) > 1})
-        if missing:
-            problems.append(
-                problem(
-                    f"{at}.nodes",
-                    list(deployment.nodes),
-                    f"names from nodes ({sorted(node_index)}): {missing} is not one",
-                )
-            )
-        if twice:
-            problems.append(problem(f"{at}.nodes", list(deployment.nodes), f"each node once ({twice} twice)"))
-        count = len(deployment.nodes)
-        if count > 1 and count % deployment.replicas:
-            problems.append(
-                problem(
-                    f"{at}.replicas",
-                    deployment.replicas,
-                    f"a number that divides its {count} nodes into equal groups, one a replica (or list one node "
-                    "for all of its replicas)",
-                )
-            )
-        elif not missing and not twice:
+        found = _placement_problems(index, deployment, node_index)
+        problems += found
+        if not found:
             usable.append((index, deployment))
     problems += _replica_names_clash(deployments, names)
     if nodes:
@@ -230,6 +213,39 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
         problems += _shared_node_problems(cfg, usable)
         keys = {line.split(": ")[0] for line in problems}
         problems += [line for line in fleet_problems(cfg, usable, _valid) if line.split(": ")[0] not in keys]
+    return problems + _whole_stack_problems(cfg)
+
+
+def _placement_problems(index: int, deployment: Any, node_index: dict[str, int]) -> list[str]:
+    """A deployment's nodes (known, each once) and replicas (dividing them into equal groups)."""
+    at = f"deployments[{index}]"
+    problems = []
+    missing = [name for name in deployment.nodes if name not in node_index]
+    twice = sorted({name for name in deployment.nodes if deployment.nodes.count(name) > 1})
+    if missing:
+        problems.append(
+            problem(
+                f"{at}.nodes", list(deployment.nodes), f"names from nodes ({sorted(node_index)}): {missing} is not one"
+            )
+        )
+    if twice:
+        problems.append(problem(f"{at}.nodes", list(deployment.nodes), f"each node once ({twice} twice)"))
+    count = len(deployment.nodes)
+    if count > 1 and count % deployment.replicas:
+        problems.append(
+            problem(
+                f"{at}.replicas",
+                deployment.replicas,
+                f"a number that divides its {count} nodes into equal groups, one a replica (or list one node "
+                "for all of its replicas)",
+            )
+        )
+    return problems
+
+
+def _whole_stack_problems(cfg: Any) -> list[str]:
+    """Stack-wide settings that deployments cannot have: the NCCL fabric test, modelSync."""
+    problems = []
     if _valid(cfg.fabric) and cfg.fabric.bandwidth_test == "nccl" and cfg.fabric.gate != "off":
         problems.append(
             problem(

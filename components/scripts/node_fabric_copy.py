@@ -345,6 +345,18 @@ def fetch_file(channel, root, relative, entry, progress, finisher):
     finisher.put(handle, partial, final, header["mtime_ns"])
 
 
+def place_link(path, target):
+    """A symbolic link at `path` to `target`, put in place whole (a link made aside, then renamed over)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{PARTIAL}")
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    os.replace(temporary, path)
+
+
 def sync_model():
     model_dir = P["model_dir"].rstrip("/") or "/"
     started = time.monotonic()
@@ -389,15 +401,7 @@ def sync_model():
         raise
     finisher.close()
     for relative in links:
-        path = os.path.join(root, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{PARTIAL}")
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
-        os.symlink(entries[relative]["target"], temporary)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        os.replace(temporary, path)
+        place_link(os.path.join(root, relative), entries[relative]["target"])
     say(progress.line() + f" — {len(fetch)} file(s), {len(links)} link(s), {len(extra)} removed")
     print(
         json.dumps(
