@@ -362,3 +362,9 @@ def test_the_benchmark_reads_the_acceptance_from_vllms_counters_and_a_faster_tpo
     assert accepted["acceptedPerPosition"][0] >= accepted["acceptedPerPosition"][2]
     assert figures["mtp"]["tpotMs"]["p50"] < 0.6 * figures["plain"]["tpotMs"]["p50"]
     assert figures["mtp"]["outputTokensPerSecond"] > 1.5 * figures["plain"]["outputTokensPerSecond"]
+
+
+def test_flags_that_only_look_alike_stay_allowed():
+    # vLLM 0.25 has --specialize-active-lora beside the --spec-* flags (tests/gpu/results/2026-12-03's flags)
+    cfg = load_cluster_config(config(extraArgs=["--specialize-active-lora", "--speci", "--max-num-seqs", "8"]))
+    assert serve_argv(cfg, "/m")[-4:] == ["--specialize-active-lora", "--speci", "--max-num-seqs", "8"]
