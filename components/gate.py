@@ -15,6 +15,7 @@ from components import fabric
 from components.checks import NodeChecks, NodeChecksArgs, fabric_gate_probe
 from components.config import ClusterConfig
 from components.depot import snapshot_of, sync_model
+from components.engine import EngineSettings
 from components.memory import MemoryPlanError
 from components.memory import message as memory_message
 from components.node import NodeHost
@@ -326,12 +327,12 @@ def _nccl_test(
     return merged, merged.apply(lambda _: True)
 
 
-def _speculation_checked(fingerprint: str, engine: dict, key: str) -> bool:
+def _speculation_checked(fingerprint: str, engine: EngineSettings, key: str) -> bool:
     """The release's vllm.speculative against the model's config.json (any memoryCheck): SpeculationError,
     before any container, where vLLM would refuse it at start; `key`: where that vllm section is
     (`deployments[2].vllm`)."""
     config = parse_fingerprint(fingerprint).get("config") or {}
-    problems = speculation_problems(config, engine.get("speculative"), f"{key}.speculative")
+    problems = speculation_problems(config, engine.speculative, f"{key}.speculative")
     if problems:
         raise SpeculationError(speculation_message(problems))
     return True

@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from components.engine import Speculation
 from components.hybrid_cache import (
     DEFAULT_BLOCK_TOKENS,
     HybridCache,
@@ -100,7 +101,7 @@ class EngineKnobs:
         return self.speculative_tokens if self.speculative_method else 0
 
 
-def engine_knobs(extra_args: list[str], speculative: Optional[dict[str, Any]] = None) -> EngineKnobs:
+def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = None) -> EngineKnobs:
     """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`), and the release's
     vllm.speculative settings."""
     read = read_extra_args(extra_args)
@@ -123,8 +124,8 @@ def engine_knobs(extra_args: list[str], speculative: Optional[dict[str, Any]] = 
         enforce_eager=read.has("--enforce-eager"),
         max_num_seqs=number("--max-num-seqs"),
         throughput=value("--performance-mode") == "throughput",
-        speculative_method=(speculative or {}).get("method"),
-        speculative_tokens=int((speculative or {}).get("tokens") or 0),
+        speculative_method=None if speculative is None else speculative.method,
+        speculative_tokens=0 if speculative is None else speculative.tokens,
     )
 
 

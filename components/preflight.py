@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
+from components.engine import EngineSettings
 from components.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
 from components.render import container_name
 
@@ -216,13 +217,13 @@ def memory_plan(
     cfg: ClusterConfig,
     fingerprint_stdout: str,
     memories: list[NodeMemory],
-    engine: dict[str, Any],
+    engine: EngineSettings,
     pin_kv_cache: bool = False,
 ) -> Plan:
     """The memory plan for this stack from what the nodes reported: the model's weight sizes and
     config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
     fingerprint = parse_fingerprint(fingerprint_stdout)
-    knobs = engine_knobs(list(engine.get("extraArgs") or []), engine.get("speculative"))
+    knobs = engine_knobs(list(engine.extra_args), engine.speculative)
     shape = model_shape(fingerprint.get("config") or {}, knobs=knobs)
     return plan_memory(
         memories,
@@ -230,7 +231,7 @@ def memory_plan(
         shape,
         cfg.tensor_parallel_size,
         cfg.pipeline_parallel_size,
-        engine.get("maxModelLen"),
+        engine.max_model_len,
         cfg.vllm.gpu_memory_utilization,
         int(cfg.memory.os_reserve_gib * GIB),
         knobs=knobs,

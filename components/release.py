@@ -12,11 +12,11 @@ from typing import Any, Optional
 import pulumi
 
 from components.config import ClusterConfig, ReleaseConfig
+from components.engine import EngineSettings
 from components.fabric import describe as describe_fabric
-from components.render import engine_settings, fingerprint
+from components.render import fingerprint
 
 REQUIRED_FIELDS = ("image", "validated")  # and a model: the release's own, or each deployment's
-RELEASE_ONLY = ("speculative",)  # engine settings a promotion takes from the release or not at all
 BENCHMARK_FIELDS = ("tool", "outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs", "errors", "completed",
                     "durationSeconds", "settings")  # fmt: skip
 
@@ -29,7 +29,7 @@ class ReleaseError(Exception):
 class ReleaseSource:
     image: pulumi.Output[str]
     model: pulumi.Output[str]
-    engine: pulumi.Output[dict]
+    engine: pulumi.Output[EngineSettings]
     origin: str  # "config" or the promoted-from stack
     # a promoted release with speculation: the answers (and benchmark) without it that its validation kept
     baseline: Optional[pulumi.Output[Optional[dict]]] = None
@@ -176,7 +176,7 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
         return ReleaseSource(
             image=pulumi.Output.from_input(cfg.image),
             model=pulumi.Output.from_input(cfg.model),
-            engine=pulumi.Output.from_input(engine_settings(cfg)),
+            engine=pulumi.Output.from_input(EngineSettings.of(cfg)),
             origin="config",
         )
     stack = cfg.promote_from
@@ -189,11 +189,11 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
             lambda r: _announce(stack, check_promotable(_single_model(r, stack), stack, pinned, copies, cfg.release))
         )
     )
-    defaults = engine_settings(cfg)
+    defaults = EngineSettings.of(cfg)
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),
         model=release.apply(lambda r: r["model"]),
-        engine=release.apply(lambda r: _engine(defaults, r.get("engine") or {})),
+        engine=release.apply(lambda r: defaults.promoted(r.get("engine") or {})),
         origin=stack,
         baseline=release.apply(kept_baseline),
     )
@@ -218,11 +218,11 @@ def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
             lambda r: check_promotable_deployment(r, stack, deployment, cfg.promote_fingerprint, copies, cfg.release)
         )
     )
-    defaults = engine_settings(cfg)
+    defaults = EngineSettings.of(cfg)
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),
         model=release.apply(lambda r: r["deployments"][deployment]["model"]),
-        engine=release.apply(lambda r: _engine(defaults, r["deployments"][deployment].get("engine") or {})),
+        engine=release.apply(lambda r: defaults.promoted(r["deployments"][deployment].get("engine") or {})),
         origin=stack,
         baseline=release.apply(lambda r: kept_baseline(r["deployments"][deployment])),
     )
@@ -270,19 +270,10 @@ def _announce(stack: str, release: dict[str, Any]) -> dict[str, Any]:
     return release
 
 
-def _engine(defaults: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
-    """The promoted engine settings over this stack's; numbers come back from state as floats."""
-    # what the promoted release did not run with, this stack does not add: speculation is the release's alone
-    engine = {**{key: value for key, value in defaults.items() if key not in RELEASE_ONLY}, **promoted}
-    if isinstance(engine.get("maxModelLen"), float) and engine["maxModelLen"].is_integer():
-        engine["maxModelLen"] = int(engine["maxModelLen"])
-    return engine
-
-
 def release_record(
     image: str,
     model: str,
-    engine: dict,
+    engine: EngineSettings,
     validated: bool,
     origin: str,
     fabric: dict | None = None,
@@ -293,7 +284,7 @@ def release_record(
     stack's nodes, `benchmark`: how fast it served there, with the settings that produced it (what the
     release ran on and did; not part of the fingerprint, which is what it is); `speculation`: with
     vllm.speculative, how its answers compared and what it gained (speculation_record)."""
-    body = {"image": image, "model": model, "engine": engine}
+    body = {"image": image, "model": model, "engine": engine.release()}
     record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
     if fabric is not None:
         record["fabric"] = {key: fabric.get(key) for key in ("checked", "links", "bandwidthGbps", "floorGbps")}
@@ -309,16 +300,16 @@ def release_record(
 
 
 def speculation_record(
-    engine: dict[str, Any], validation: dict | None, baseline: dict | None, benchmark: dict | None
+    engine: EngineSettings, validation: dict | None, baseline: dict | None, benchmark: dict | None
 ) -> dict[str, Any] | None:
     """A release with vllm.speculative: its method and tokens, how its validation's greedy answers agreed
     with those without speculation (`validation`), what they were held against (`baseline`: kept for the
     next stack's validation), the acceptance vLLM counted in its benchmark, and the speed-up over the
     same load without speculation (the baseline's benchmark). None for a release without it."""
-    spec = engine.get("speculative")
-    if not spec:
+    spec = engine.speculative
+    if spec is None:
         return None
-    record: dict[str, Any] = {"method": spec.get("method"), "tokens": _number(spec.get("tokens"))}
+    record: dict[str, Any] = {"method": spec.method, "tokens": spec.tokens}
     if validation:
         record["answers"] = validation
     if baseline:

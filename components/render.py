@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
+from components.engine import EngineSettings
 from components.names import (
     CONTAINER_PREFIX,
     GUARD_MARKER_IN_NODE,
@@ -179,7 +180,7 @@ def ray_start_args(cfg: ClusterConfig, node: NodeConfig) -> list[str]:
 def serve_argv(
     cfg: ClusterConfig,
     model: str,
-    engine: dict[str, Any] | None = None,
+    engine: EngineSettings | None = None,
     node: NodeConfig | None = None,
     max_num_seqs: int | None = None,
     kv_cache_bytes: int | None = None,
@@ -188,7 +189,7 @@ def serve_argv(
     promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless.
     `max_num_seqs`: what the memory plan set for vllm.maxNumSeqs auto (a hybrid model's cache blocks);
     `kv_cache_bytes`: the KV cache the plan pinned for a replica that shares its GPU."""
-    settings = engine_settings(cfg) if engine is None else engine
+    settings = EngineSettings.of(cfg) if engine is None else engine
     argv = [
         "vllm",
         "serve",
@@ -211,21 +212,21 @@ def serve_argv(
         ]
         if rank > 0:
             argv.append("--headless")
-    if settings.get("maxModelLen") is not None:
-        argv.append(f"--max-model-len={settings['maxModelLen']}")
+    if settings.max_model_len is not None:
+        argv.append(f"--max-model-len={settings.max_model_len}")
     argv += [
         f"--gpu-memory-utilization={cfg.vllm.gpu_memory_utilization}",
         f"--host={cfg.vllm.host}",
         f"--port={cfg.vllm.port}",
         f"--served-model-name={cfg.vllm.served_model_name or model}",
     ]
-    if settings.get("trustRemoteCode"):
+    if settings.trust_remote_code:
         argv.append("--trust-remote-code")
-    if settings.get("reasoningParser"):
-        argv.append(f"--reasoning-parser={settings['reasoningParser']}")
-    if settings.get("toolCallParser"):
-        argv.append(f"--tool-call-parser={settings['toolCallParser']}")
-    if settings.get("enableAutoToolChoice"):
+    if settings.reasoning_parser:
+        argv.append(f"--reasoning-parser={settings.reasoning_parser}")
+    if settings.tool_call_parser:
+        argv.append(f"--tool-call-parser={settings.tool_call_parser}")
+    if settings.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
     seqs = cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else max_num_seqs
     if seqs is not None:
@@ -233,9 +234,9 @@ def serve_argv(
     if kv_cache_bytes is not None:
         # in bytes, not profiled: a neighbour on the GPU starting or stopping meanwhile cannot change it
         argv.append(f"--kv-cache-memory-bytes={kv_cache_bytes}")
-    if settings.get("speculative"):
-        argv += ["--speculative-config", speculative_config_json(settings["speculative"])]
-    return argv + list(settings.get("extraArgs", []))
+    if settings.speculative is not None:
+        argv += ["--speculative-config", settings.speculative.flag_value()]
+    return argv + list(settings.extra_args)
 
 
 def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
@@ -373,40 +374,6 @@ def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str |
     )
 
 
-def engine_settings(cfg: ClusterConfig) -> dict[str, Any]:
-    """The settings that change what the model answers: part of a release, promoted as a whole."""
-    return {
-        "maxModelLen": cfg.max_model_len,
-        "trustRemoteCode": cfg.vllm.trust_remote_code,
-        "reasoningParser": cfg.vllm.reasoning_parser,
-        "toolCallParser": cfg.vllm.tool_call_parser,
-        "enableAutoToolChoice": cfg.vllm.enable_auto_tool_choice,
-        "extraArgs": list(cfg.vllm.extra_args),
-        # only when on: the fingerprint of every release without it stays what it was
-        **({"speculative": speculative_settings(cfg.vllm.speculative)} if cfg.vllm.speculative else {}),
-    }
-
-
-def speculative_settings(spec: Any) -> dict[str, Any]:
-    """vllm.speculative as the release keeps it (camelCase, unset keys left out)."""
-    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def speculative_config_json(settings: dict[str, Any]) -> str:
-    """The value of `--speculative-config` for a release's `speculative` settings: the JSON vLLM 0.25 reads
-    into SpeculativeConfig (vllm/config/speculative.py: method, num_speculative_tokens, prompt_lookup_*),
-    compact, one argv element (the supervisor execs argv as a list: no shell reads it)."""
-    names = {"method": "method", "tokens": "num_speculative_tokens", "promptLookupMin": "prompt_lookup_min",
-             "promptLookupMax": "prompt_lookup_max"}  # fmt: skip
-    body = {names[key]: value for key, value in settings.items() if key in names and value is not None}
-    if isinstance(body.get("num_speculative_tokens"), float):  # numbers come back from state as floats
-        body["num_speculative_tokens"] = int(body["num_speculative_tokens"])
-    for key in ("prompt_lookup_min", "prompt_lookup_max"):
-        if isinstance(body.get(key), float):
-            body[key] = int(body[key])
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
 def local_http_host(cfg: ClusterConfig) -> str:
     """Where the head node itself reaches vLLM: loopback unless vLLM is bound to one address."""
     return "127.0.0.1" if str(cfg.vllm.host) == "0.0.0.0" else str(cfg.vllm.host)
@@ -483,11 +450,6 @@ def script_chain(steps: list[tuple[str, dict[str, Any]]]) -> str:
         "    results[name] = json.loads(lines[-1]) if lines else None\n"
         "print(json.dumps({'chain': results}))\n"
     )
-
-
-def baseline_engine(engine: dict[str, Any]) -> dict[str, Any]:
-    """A release's engine settings without speculation: what its answers are held against."""
-    return {key: value for key, value in engine.items() if key != "speculative"}
 
 
 def exec_python(container: str, timeout_seconds: int | None = None) -> list[str]:

@@ -57,7 +57,7 @@ def _replica_triggers(cfg: ClusterConfig, release: ReleaseSource, transfer: Any)
     return [
         *[transfer.images[node.name].image_id for node in cfg.nodes],
         release.model,
-        release.engine.apply(fingerprint),
+        release.engine.apply(lambda engine: fingerprint(engine.release())),
         fingerprint(made_of),
     ]
 

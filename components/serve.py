@@ -31,7 +31,6 @@ from components.names import (
 )
 from components.render import (
     answers_params,
-    baseline_engine,
     benchmark_params,
     cluster_wait_params,
     exec_python,
@@ -140,7 +139,7 @@ class VllmServer(pulumi.ComponentResource):
             lambda p: serve_argv(
                 args.config,
                 p[0],
-                baseline_engine(p[1]) if baseline else p[1],
+                p[1].without_speculation() if baseline else p[1],
                 node,
                 max_num_seqs=p[2],
                 kv_cache_bytes=p[3],
@@ -323,7 +322,7 @@ class VllmServer(pulumi.ComponentResource):
         def program(parts: list) -> str:
             served, api_key, engine, baseline = parts
             smoke = smoke_params(cfg, served, api_key)
-            if not (engine or {}).get("speculative"):
+            if engine.speculative is None:
                 return script_program("smoke.py", smoke)  # as it always was: no release without it changes
             # with speculation: the validation's answers, held against those without it (none kept: all differ)
             answers = answers_params(cfg, served, api_key, list((baseline or {}).get("answers") or []))

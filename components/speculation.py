@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from components.engine import Speculation
+
 # config.json's keys for the MTP layers a checkpoint ships, in the order vLLM 0.25 reads them
 MTP_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_modules")
 
@@ -31,12 +33,12 @@ def mtp_layers(config: dict[str, Any]) -> int:
     return 0
 
 
-def speculation_problems(config: dict[str, Any], speculative: Optional[dict[str, Any]], key: str) -> list[str]:
+def speculation_problems(config: dict[str, Any], speculative: Optional[Speculation], key: str) -> list[str]:
     """What vLLM would refuse of `speculative` (the release's settings) on the model of `config`, each
     with `key` (vllm.speculative, or a deployment's) and the fix."""
-    if not speculative or speculative.get("method") != "mtp":
+    if speculative is None or speculative.method != "mtp":
         return []
-    tokens = int(speculative.get("tokens") or 0)
+    tokens = speculative.tokens
     layers = mtp_layers(config)
     architecture = ", ".join(config.get("architectures") or []) or "this model"
     if layers == 0:

@@ -39,13 +39,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from components.config import load_cluster_config  # noqa: E402
+from components.engine import EngineSettings  # noqa: E402
 from components.names import RUN_DIR  # noqa: E402
 from components.preflight import memory_plan, node_memory  # noqa: E402
 from components.render import (  # noqa: E402
     answers_params,
     benchmark_params,
     cluster_wait_params,
-    engine_settings,
     handover_params,
     node_env,
     ready_params,
@@ -408,7 +408,7 @@ def run_lane(args) -> dict:
         return code == 0
 
     fingerprint = fingerprint_stdout(model_dir)
-    plan = memory_plan(cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line())], engine_settings(cfg))
+    plan = memory_plan(cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line())], EngineSettings.of(cfg))
     report["memory_plan"] = {**plan.output(), "problems": plan.problems, "notes": plan.notes()}
     started = time.monotonic()
     node.start()

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from components.config import load_cluster_config
 from components.config.placement import co_tenants, replicas_of
+from components.engine import EngineSettings  # noqa: E402
 from components.preflight import memory_plan, node_memory
 from components.render import (
-    engine_settings,
     handover_params,
     ready_params,
     serve_argv,
@@ -126,7 +126,7 @@ def run_cotenants(args, lane) -> dict:
         others = co_tenants(cfg, replica)[view.head_node.name] if not args.cotenants_unpinned else []
         model = view.model
         plan = memory_plan(view, lane.fingerprint_stdout(model), [node_memory(view.head_node, memory)],
-                           engine_settings(view), pin_kv_cache=bool(others))  # fmt: skip
+                           EngineSettings.of(view), pin_kv_cache=bool(others))  # fmt: skip
         argv = serve_argv(view, model, max_num_seqs=plan.set_max_num_seqs, kv_cache_bytes=plan.kv_cache_bytes)
         env = dict(item.split("=", 1) for item in args.env)
         if args.cotenants_unpinned:  # as before: no turn to share (each supervisor a turn of its own)

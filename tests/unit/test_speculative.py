@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from components.config import ConfigError, ReleaseConfig, load_cluster_config
+from components.engine import EngineSettings, Speculation
 from components.memory import GIB, NodeMemory, engine_knobs, model_shape, plan_memory
-from components.release import _engine, check_promotable, floor_problems, release_record, speculation_record
-from components.render import answers_params, engine_settings, script_program, serve_argv, speculative_config_json
+from components.release import check_promotable, floor_problems, release_record, speculation_record
+from components.render import answers_params, script_program, serve_argv
 from components.speculation import mtp_layers, speculation_problems
 from tests.gpu.model import SHAPES
 
@@ -107,7 +108,8 @@ def test_the_setting_renders_one_json_argument_that_survives_the_shell_and_reads
     assert json.loads(serve_argv(ngram, "/m")[-1]) == {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}  # fmt: skip
     # numbers come back from a promoted release's state as floats
-    assert speculative_config_json({"method": "mtp", "tokens": 3.0}) == '{"method":"mtp","num_speculative_tokens":3}'
+    kept = Speculation.from_release({"method": "mtp", "tokens": 3.0})
+    assert kept.flag_value() == '{"method":"mtp","num_speculative_tokens":3}'
 
 
 HOSTILE = [
@@ -137,14 +139,19 @@ def test_a_promoted_stack_takes_speculation_from_the_release_and_may_not_set_its
     del raw["image"], raw["model"]
     raw["promoteFrom"] = "dev"
     assert problems_of(raw)[0].startswith("vllm.speculative: 'mtp' — no value: promoteFrom 'dev' decides it")
-    defaults = {"maxModelLen": 8192, "extraArgs": [], "speculative": MTP}
-    assert "speculative" not in _engine(defaults, {"maxModelLen": 8192, "extraArgs": []})
-    assert _engine({"extraArgs": []}, {"extraArgs": [], "speculative": MTP})["speculative"] == MTP
+    mine = EngineSettings.from_release({"maxModelLen": 8192, "extraArgs": [], "speculative": MTP})
+    assert mine.promoted({"maxModelLen": 8192.0, "extraArgs": []}).speculative is None
+    assert mine.promoted({"maxModelLen": 8192.0, "extraArgs": []}).max_model_len == 8192
+    assert EngineSettings().promoted({"extraArgs": [], "speculative": MTP}).release()["speculative"] == MTP
 
 
 def test_a_release_without_speculation_keeps_its_engine_settings_and_so_its_fingerprint():
-    assert "speculative" not in engine_settings(load_cluster_config(config()))
-    assert engine_settings(load_cluster_config(config(speculative=MTP)))["speculative"] == MTP
+    plain = EngineSettings.of(load_cluster_config(config())).release()
+    assert plain == {"maxModelLen": None, "trustRemoteCode": False, "reasoningParser": None, "toolCallParser": None,
+                     "enableAutoToolChoice": False, "extraArgs": []}  # the record every release had  # fmt: skip
+    on = EngineSettings.of(load_cluster_config(config(speculative=MTP)))
+    assert on.release()["speculative"] == MTP and EngineSettings.from_release(on.release()) == on
+    assert on.without_speculation().release() == plain
 
 
 # --- the model ---------------------------------------------------------------------------------------------
@@ -154,16 +161,16 @@ def test_mtp_needs_a_model_with_mtp_layers_and_tokens_vllm_takes():
     qwen35 = copy.deepcopy(SHAPES["qwen3.5-35b-a3b-mtp"][0])
     assert mtp_layers(qwen35) == 1 and mtp_layers(SHAPES["qwen3.5-35b-a3b"][0]) == 0
     assert mtp_layers({"num_nextn_predict_layers": 1}) == 1 and mtp_layers({"num_mtp_modules": 2}) == 2
-    assert speculation_problems(qwen35, {"method": "mtp", "tokens": 7}, "vllm.speculative") == []
-    dense = speculation_problems(SHAPES["qwen3-8b"][0], MTP, "vllm.speculative")
+    assert speculation_problems(qwen35, Speculation("mtp", 7), "vllm.speculative") == []
+    dense = speculation_problems(SHAPES["qwen3-8b"][0], Speculation("mtp", 3), "vllm.speculative")
     assert dense[0].startswith("vllm.speculative.method: 'mtp' — a model whose config.json has MTP layers")
     assert "Qwen3ForCausalLM's has none" in dense[0] and "use method ngram" in dense[0]
     two = {"num_nextn_predict_layers": 2, "architectures": ["Glm4MoeForCausalLM"]}
-    assert speculation_problems(two, {"method": "mtp", "tokens": 4}, "k") == []
-    assert speculation_problems(two, {"method": "mtp", "tokens": 1}, "k") == []
-    refused = speculation_problems(two, {"method": "mtp", "tokens": 3}, "k")
+    assert speculation_problems(two, Speculation("mtp", 4), "k") == []
+    assert speculation_problems(two, Speculation("mtp", 1), "k") == []
+    refused = speculation_problems(two, Speculation("mtp", 3), "k")
     assert refused[0].startswith("k.tokens: 3 — at most 2 or a multiple of 2") and "2 or 4" in refused[0]
-    assert speculation_problems(SHAPES["qwen3-8b"][0], {"method": "ngram", "tokens": 3}, "k") == []
+    assert speculation_problems(SHAPES["qwen3-8b"][0], Speculation("ngram", 3), "k") == []
 
 
 def test_the_standin_refuses_what_vllm_refuses():
@@ -188,8 +195,7 @@ def h200_plan(report: dict):
     config, weights = SHAPES[report["model"]]
     extra = ["--load-format", "dummy", "--language-model-only", "--enforce-eager"]
     extra += ["--enable-prefix-caching"] if "prefix" in report["_name"] else []
-    engine = {"speculative": MTP} if "mtp3" in report["_name"] else {}
-    knobs = engine_knobs(extra, engine.get("speculative"))
+    knobs = engine_knobs(extra, Speculation("mtp", 3) if "mtp3" in report["_name"] else None)
     seqs = (report.get("memory_plan", {}).get("maxNumSeqs") or {}).get("wanted")
     return plan_memory(
         [NodeMemory("gpu-1", 1, 143_771 * 2**20, False)], weights, model_shape(config, knobs=knobs), 1, 1,
@@ -251,21 +257,21 @@ BENCH = {
 
 
 def test_the_release_keeps_agreement_acceptance_speedup_and_the_baseline():
-    engine = {"extraArgs": [], "speculative": MTP}
+    engine = EngineSettings(speculative=Speculation("mtp", 3))
     spec = speculation_record(engine, {"compared": 5, "agreed": 5}, BASELINE, BENCH)
     assert spec["speedup"] == 2.0 and spec["acceptance"]["meanAcceptanceLength"] == 2.8
     assert spec["answers"] == {"compared": 5, "agreed": 5} and spec["baseline"] == BASELINE
     assert spec["withoutSpeculation"]["tpotMs"] == {"p50": 25.0}
     record = release_record("img@sha256:" + "a" * 64, "/m", engine, True, "config", benchmark=BENCH, speculation=spec)
     assert record["speculative"]["tokens"] == 3 and record["benchmark"]["speculative"]["acceptanceRate"] == 0.6
-    plain = release_record("img@sha256:" + "a" * 64, "/m", {"extraArgs": []}, True, "config",
+    plain = release_record("img@sha256:" + "a" * 64, "/m", EngineSettings(), True, "config",
                            benchmark={"outputTokensPerSecond": 1.0})  # fmt: skip
     assert "speculative" not in plain and "tpotMs" not in plain["benchmark"]  # older records read as they did
-    assert speculation_record({"extraArgs": []}, None, None, BENCH) is None
+    assert speculation_record(EngineSettings(), None, None, BENCH) is None
 
 
 def test_promotion_floors_hold_acceptance_and_speedup():
-    engine = {"extraArgs": [], "speculative": MTP}
+    engine = EngineSettings(speculative=Speculation("mtp", 3))
     release = release_record(
         "img@sha256:" + "a" * 64,
         "/m",
@@ -283,7 +289,7 @@ def test_promotion_floors_hold_acceptance_and_speedup():
         "promoteFrom 'dev': release.minSpeculativeSpeedup: its release's speed-up over the same load without it "
         "was 2, below the floor 2.5 (mtp, 3 tokens)",
     ]
-    without = release_record("img@sha256:" + "a" * 64, "/m", {"extraArgs": []}, True, "config", benchmark=BENCH)
+    without = release_record("img@sha256:" + "a" * 64, "/m", EngineSettings(), True, "config", benchmark=BENCH)
     assert (
         "runs without speculative decoding" in floor_problems(without, "dev", ReleaseConfig(minAcceptanceLength=2))[0]
     )
