@@ -29,9 +29,9 @@ SPECULATIVE_KEYS = {
 }
 
 
-def _whole(value: Any) -> Any:
-    """A number as it was set: whole numbers come back from state as floats."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+def whole(value: Any) -> Any:
+    """A number as it was set or measured: whole numbers come back from state as floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Speculation:
 
     @classmethod
     def from_release(cls, record: dict[str, Any]) -> Speculation:
-        return cls(**{field: _whole(record.get(key)) for field, (key, _) in SPECULATIVE_KEYS.items()})
+        return cls(**{field: whole(record.get(key)) for field, (key, _) in SPECULATIVE_KEYS.items()})
 
     def flag_value(self) -> str:
         """`--speculative-config`'s JSON: compact, one argv element (the supervisor execs argv as a list)."""
@@ -99,7 +99,7 @@ class EngineSettings:
     @classmethod
     def from_release(cls, record: dict[str, Any]) -> EngineSettings:
         spec = record.get("speculative")
-        given = {field: _whole(record[key]) for field, key in RECORD_KEYS.items() if key in record}
+        given = {field: whole(record[key]) for field, key in RECORD_KEYS.items() if key in record}
         given.pop("extra_args", None)
         return cls(
             **given,

@@ -92,13 +92,12 @@ class EngineKnobs:
     enforce_eager: bool = False
     max_num_seqs: Optional[int] = None
     throughput: bool = False
-    speculative_method: Optional[str] = None  # vllm.speculative (the release's), not extraArgs
-    speculative_tokens: int = 0
+    speculative: Optional[Speculation] = None  # vllm.speculative (the release's), not extraArgs
 
     @property
     def drafts(self) -> int:
         """Tokens proposed a step: vLLM gives each its own state block a sequence (any method)."""
-        return self.speculative_tokens if self.speculative_method else 0
+        return self.speculative.tokens if self.speculative is not None else 0
 
 
 def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = None) -> EngineKnobs:
@@ -124,8 +123,7 @@ def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = Non
         enforce_eager=read.has("--enforce-eager"),
         max_num_seqs=number("--max-num-seqs"),
         throughput=value("--performance-mode") == "throughput",
-        speculative_method=None if speculative is None else speculative.method,
-        speculative_tokens=0 if speculative is None else speculative.tokens,
+        speculative=speculative,
     )
 
 
@@ -452,7 +450,7 @@ def plan_memory(
     knobs = knobs or EngineKnobs()
     if pin_kv_cache:
         allowance_bytes += PINNED_OUTSIDE_BYTES
-    drafting = speculation_cost(shape, knobs, _seqs_wanted(nodes, knobs, max_num_seqs))
+    drafting = speculation_cost(shape, knobs, _seqs_wanted(nodes, knobs, max_num_seqs)[0])
     allowance_bytes += drafting.sampler_bytes
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0
@@ -523,21 +521,24 @@ def speculation_cost(shape: ModelShape, knobs: EngineKnobs, sequences: int) -> S
     if not knobs.drafts:
         return SpeculationCost()
     return SpeculationCost(
-        method=knobs.speculative_method,
+        method=knobs.speculative.method,
         tokens=knobs.drafts,
-        attention_layers=shape.mtp_layers if knobs.speculative_method == "mtp" else 0,
+        attention_layers=shape.mtp_layers if knobs.speculative.method == "mtp" else 0,
         sampler_bytes=SPECULATIVE_SAMPLER_BYTES * shape.vocab_size * sequences,
         sequences=sequences,
     )
 
 
-def _seqs_wanted(nodes: list[NodeMemory], knobs: EngineKnobs, configured: Optional[int]) -> int:
-    """The max_num_seqs vLLM profiles with: vllm.maxNumSeqs, extraArgs', or its default on the smallest GPU."""
+def _seqs_wanted(nodes: list[NodeMemory], knobs: EngineKnobs, configured: Optional[int]) -> tuple[int, str]:
+    """The max_num_seqs vLLM runs (and profiles) with, and where it comes from: vllm.maxNumSeqs, extraArgs', or
+    vLLM's default on the smallest GPU."""
     if configured is not None:
-        return configured
+        return configured, "vllm.maxNumSeqs"
     if knobs.max_num_seqs is not None:
-        return knobs.max_num_seqs
-    return default_max_num_seqs(min((node.memory_bytes for node in nodes), default=0), knobs.throughput)
+        return knobs.max_num_seqs, "--max-num-seqs in vllm.extraArgs"
+    wanted = default_max_num_seqs(min((node.memory_bytes for node in nodes), default=0), knobs.throughput)
+    source = "vLLM's default max_num_seqs"
+    return wanted, source + (" (doubled by --performance-mode throughput)" if knobs.throughput else "")
 
 
 def _max_num_seqs(
@@ -546,15 +547,7 @@ def _max_num_seqs(
     """max_num_seqs against the hybrid cache's blocks on the smallest node: (the verdict, what auto sets,
     the problem when a number set by hand does not fit)."""
     smallest = min(plans, key=lambda p: p.cache_blocks or 0)
-    gpu_bytes = min(node.memory_bytes for node in nodes)
-    if configured is not None:
-        wanted, source = configured, "vllm.maxNumSeqs"
-    elif knobs.max_num_seqs is not None:
-        wanted, source = knobs.max_num_seqs, "--max-num-seqs in vllm.extraArgs"
-    else:
-        wanted = default_max_num_seqs(gpu_bytes, knobs.throughput)
-        source = "vLLM's default max_num_seqs"
-        source += " (doubled by --performance-mode throughput)" if knobs.throughput else ""
+    wanted, source = _seqs_wanted(nodes, knobs, configured)
     verdict = seqs_verdict(wanted, source, smallest.cache_blocks or 0, checked=not knobs.enforce_eager)
     if verdict.fits:
         return verdict, None, None

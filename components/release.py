@@ -13,6 +13,7 @@ import pulumi
 
 from components.config import ClusterConfig, ReleaseConfig
 from components.engine import EngineSettings
+from components.engine import whole as _number
 from components.fabric import describe as describe_fabric
 from components.render import fingerprint
 
@@ -97,11 +98,6 @@ def _speculation_floor_problems(release: dict[str, Any], stack: str, floors: Rel
                 f"{_number(floor)} ({spec.get('method')}, {_number(spec.get('tokens'))} tokens)"
             )
     return problems
-
-
-def _number(value: Any) -> Any:
-    """A figure as it was measured: whole numbers come back from state as floats."""
-    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
 
 
 def describe_benchmark(bench: dict[str, Any] | None) -> str:

@@ -263,16 +263,17 @@ class VllmServer(pulumi.ComponentResource):
         args = self._args
         cfg = args.config
         container = args.containers[node.name]
-        argv = self.argv if node.name == cfg.head_node.name else self._argv(node)
+        head = node.name == cfg.head_node.name
         if baseline is not None:
-            argv = self._argv(None if node.name == cfg.head_node.name else node, baseline=True)
+            argv = self._argv(None if head else node, baseline=True)
+        else:
+            argv = self.argv if head else self._argv(node)
 
         def program(parts: list) -> str:
             node_argv, api_key = parts
             shared = args.tenancy.get(node.name)
             return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key, shared))
 
-        head = node.name == cfg.head_node.name
         if baseline is not None:  # the start without speculation: no delete (the serve step's stops vLLM)
             step = {"triggers": baseline}
         else:
