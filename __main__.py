@@ -3,7 +3,6 @@
 import pulumi
 
 from components.cluster import VllmCluster, VllmClusterArgs, router_smoke_summary
-from components.release import release_source
 from components.ssh import ssh_access
 from components.stack import load_stack_config
 
@@ -12,7 +11,6 @@ cluster = VllmCluster(
     "spark-vllm",
     VllmClusterArgs(
         config=config,
-        release=None if config.deployments else release_source(config),  # deployments: each its own
         ssh_access=ssh_access(config, pulumi.get_project(), pulumi.get_stack()),  # checked before any resource
     ),
 )

@@ -5,7 +5,7 @@
 Two simulated nodes (tests/e2e/nodes.py: network namespaces with their own sshd, joined by the
 fabric bridge). Each run does what `pulumi up` does for the gate: the command the program renders
 for each node (`python3 -` with components/scripts/node_fabric_gate.py and its PARAMS, as
-components/checks.py sends it) over SSH to both nodes at once, then the judge on what they printed.
+components/checks/fabric_gate.py sends it) over SSH to both nodes at once, then the judge on what they printed.
 It prints, per run, the wall time until both answered, each probe's own seconds and the bandwidth it
 measured; then the median. Beside it, the same two SSH sessions running `true` (what any command of
 the deploy costs): the difference is the gate's own share.

@@ -28,7 +28,7 @@ from components.replicas import (
     deployment_releases,
     deployments_output,
     deployments_release,
-    shared_release,
+    stack_release,
     together_check,
 )
 from components.router import ReplicaSteps, Router, worker
@@ -49,7 +49,6 @@ def data_only(value: pulumi.Output) -> pulumi.Output:
 @dataclass(frozen=True)
 class VllmClusterArgs:
     config: ClusterConfig
-    release: Optional[ReleaseSource]  # a single-model stack's; with deployments each has its own
     ssh_access: SshAccess
 
 
@@ -77,22 +76,22 @@ class VllmCluster(pulumi.ComponentResource):
         api_key = secrets.get("apiKey")
         self._identity = args.ssh_access.identity
         self.hosts = create_hosts(self, cfg, args.ssh_access, secrets)
-        releases = deployment_releases(cfg, args.release)
-        shared = args.release if not cfg.deployments else shared_release(cfg, releases)
+        replicas = replicas_of(cfg)  # a single-model stack's one, or every deployment's
+        releases = deployment_releases(replicas)
+        shared = stack_release(releases)
         transfer = create_transfer(self, cfg, shared, self.hosts, secrets.get("hfToken"))
-        # With deployments the fabric is checked once for the stack; a single-model stack's gate does it.
-        fabric_verdict = create_fabric_gate(self, cfg, shared, self.hosts) if cfg.deployments else None
-        replicas = replicas_of(cfg)
+        fabric_verdict = create_fabric_gate(self, cfg, shared, self.hosts, transfer)  # once for the stack
         sharing = {r.name: co_tenants(cfg, r) for r in replicas}  # node -> the other replicas there
         gates = {
             r.name: create_gate(
                 self, r.config, releases[r.deployment], self.hosts, transfer, fabric_verdict,
                 co_tenants={node: [o.name for o in others] for node, others in sharing[r.name].items()},
-                key=f"deployments[{r.deployment_index}].vllm" if r.deployment is not None else "vllm",
+                key=r.key("vllm"),
             )
             for r in replicas
         }  # fmt: skip
-        placed = together_check(self, cfg, replicas, gates) if cfg.deployments else None
+        # the stack file lists deployments: their replicas sharing a node are checked together there
+        placed = None if replicas[0].own else together_check(self, cfg, replicas, gates)
         self.router = create_router(self, cfg, self.hosts, transfer, [placed] if placed else [])
         ray_token = _ray_auth_token(self) if any(_uses_ray_token(r.config) for r in replicas) else None
         self.runs: list[ReplicaRun] = []
@@ -254,7 +253,7 @@ def log_commands(cfg: ClusterConfig, containers: dict[str, str]) -> dict[str, st
 
 def node_resource_name(cfg: ClusterConfig, node: str) -> str:
     """A node's components in `cfg` (a replica's view: prefixed with its name)."""
-    return f"{cfg.name_prefix}-{node}" if cfg.name_prefix else node
+    return cfg.named(node)
 
 
 def create_router(

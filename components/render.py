@@ -55,7 +55,7 @@ def container_name(node: NodeConfig, prefix: str = "") -> str:
 
 def node_resource(cfg: ClusterConfig, node: NodeConfig, suffix: str) -> str:
     """A resource of `node` in `cfg` (a replica's view: prefixed with the replica's name)."""
-    return f"{cfg.name_prefix}-{node.name}-{suffix}" if cfg.name_prefix else f"{node.name}-{suffix}"
+    return cfg.named(f"{node.name}-{suffix}")
 
 
 def node_rank(cfg: ClusterConfig, node: NodeConfig) -> int:

@@ -11,7 +11,7 @@ import pulumi
 import pulumi_command as command
 
 from components.config import ClusterConfig
-from components.config.placement import Replica, replicas_of
+from components.config.placement import Replica
 from components.release import ReleaseSource, release_source, stack_release_record
 from components.render import fingerprint, node_env, shell_line, supervisor_params
 
@@ -22,17 +22,18 @@ class PlacementError(Exception):
     """Replicas that share a node do not fit there together."""
 
 
-def deployment_releases(cfg: ClusterConfig, single: Optional[ReleaseSource]) -> dict[Optional[str], ReleaseSource]:
+def deployment_releases(replicas: list[Replica]) -> dict[Optional[str], ReleaseSource]:
     """Each deployment's release (from its own keys, or with promoteFrom that stack's release of the
-    deployment of the same name); a single-model stack's is `single`."""
-    if not cfg.deployments:
-        return {None: single}
-    firsts = {each.deployment: each for each in replicas_of(cfg) if each.index == 0}
-    return {name: release_source(replica.config, deployment=name) for name, replica in firsts.items()}
+    deployment of the same name), by its name; a single-model stack's (its top-level keys) under None."""
+    return {each.deployment: release_source(each.config, each.deployment) for each in replicas if each.index == 0}
 
 
-def shared_release(cfg: ClusterConfig, releases: dict[Optional[str], ReleaseSource]) -> ReleaseSource:
-    """What the stack as a whole takes: the image (one for every deployment) and no model of its own."""
+def stack_release(releases: dict[Optional[str], ReleaseSource]) -> ReleaseSource:
+    """What the stack as a whole takes: the image (one for every deployment) and the model it copies to
+    every node and checks the fabric with: a single-model stack's own (modelSync moves that one only), none
+    with deployments."""
+    if None in releases:
+        return releases[None]
     first = next(iter(releases.values()))
     return ReleaseSource(
         image=first.image, model=pulumi.Output.from_input(""), engine=pulumi.Output.from_input({}), origin=first.origin

@@ -113,8 +113,8 @@ class VllmServer(pulumi.ComponentResource):
         if cfg.vllm.speculative is not None:
             spec = cfg.vllm.speculative
             pulumi.log.info(
-                f"{cfg.name_prefix + ': ' if cfg.name_prefix else ''}vllm.speculative: {spec.method}, {spec.tokens} "
-                "tokens: a vLLM-only change (vLLM restarts with --speculative-config, no container is replaced); "
+                cfg.said(f"vllm.speculative: {spec.method}, {spec.tokens} tokens")
+                + ": a vLLM-only change (vLLM restarts with --speculative-config, no container is replaced); "
                 "its validation holds the greedy answers to those of a start without it "
                 + ("(spark-vllm-baseline, kept until the model, image or other settings change)" if speculative
                    else "(smokeTest is off: no validation)")

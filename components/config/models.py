@@ -250,6 +250,16 @@ class ClusterConfig(_Model):
         single-model stack (whose resources keep their names)."""
         return self._name_prefix
 
+    def named(self, name: str, alone: Optional[str] = None) -> str:
+        """A name of this replica's (a resource, a container): `<replica>-<name>`; a single-model stack's is
+        `name` as it always was (or `<alone>-<name>`)."""
+        prefix = self._name_prefix or alone
+        return f"{prefix}-{name}" if prefix else name
+
+    def said(self, line: str) -> str:
+        """A log line of this replica's: `<replica>: <line>`; a single-model stack's as it is."""
+        return f"{self._name_prefix}: {line}" if self._name_prefix else line
+
     @property
     def head_node(self) -> NodeConfig:
         name = self.head or self.nodes[0].name

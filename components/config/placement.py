@@ -40,6 +40,15 @@ class Replica:
     index: int  # 0 for the first replica
     config: Any  # a ClusterConfig: the view
 
+    @property
+    def own(self) -> bool:
+        """Whether it serves the stack's own model (a single-model stack's top-level keys), not a listed deployment."""
+        return self.deployment is None
+
+    def key(self, path: str) -> str:
+        """Where `path` (a key of one model's settings: `vllm`, `vllm.speculative`) is in the stack file."""
+        return path if self.deployment_index is None else f"deployments[{self.deployment_index}].{path}"
+
     def resource(self, name: str) -> str:
         """A resource name of this replica: `name` as a single-model stack names it, prefixed."""
         return f"{self.name}-{name}" if self.name else name
