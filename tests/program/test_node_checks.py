@@ -7,7 +7,7 @@ import pytest
 from components import node_checks
 from components.checks import CHECKS, Stage
 from components.checks.protocol import Check
-from tests.harness import CONTAINER, FakeCloud, run_program
+from tests.harness import FakeCloud, run_program
 from tests.program.test_program import SECRETS, prod
 
 
