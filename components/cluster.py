@@ -15,7 +15,7 @@ from components.config import ClusterConfig
 from components.config.placement import Replica, co_tenants, replicas_of
 from components.dashboard import dashboard
 from components.diagnostics import diagnose_command, diagnostics_output
-from components.gate import FabricVerdict, Gate, create_fabric_gate, create_gate
+from components.gate import Gate, create_fabric_gate, create_gate
 from components.grafana import Grafana, grafana_url
 from components.metrics import Prometheus, prometheus_config, prometheus_url, targets
 from components.node import NodeHost, NodeHostArgs
@@ -118,7 +118,7 @@ class VllmCluster(pulumi.ComponentResource):
             self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
         self.router_smoke = self._declare_workers(api_key) if self.router is not None else None
         self.dashboard = dashboard(cfg, pulumi.get_stack())
-        self._outputs(name, cfg, transfer, fabric_verdict, api_key, secrets.get("grafanaAdminPassword"))
+        self._outputs(cfg, transfer, api_key, secrets.get("grafanaAdminPassword"))
 
     def _declare_workers(self, api_key: Optional[pulumi.Output[str]]) -> pulumi.Resource:
         """Every replica's served name and model, declared to the router; its smoke test through it."""
@@ -136,17 +136,19 @@ class VllmCluster(pulumi.ComponentResource):
 
     def _outputs(
         self,
-        name: str,
         cfg: ClusterConfig,
         transfer: Transfer,
-        fabric_verdict: Optional[FabricVerdict],
         api_key: Optional[pulumi.Output[str]],
         grafana_password: Optional[pulumi.Output[str]],
     ) -> None:
-        if not cfg.deployments:
-            self._single_model_outputs(cfg, self.runs[0], transfer, api_key)
+        on_nodes = {node.name: [c for run in self.runs for n, c in run.containers.items() if n == node.name]
+                    for node in cfg.nodes}  # fmt: skip
+        self.fabric = self.runs[0].gate.fabric  # the stack's fabric (the same for every replica)
+        # The edge: a single-model stack's outputs keep the shape they had before deployments.
+        if self.runs[0].replica.own:
+            self._single_model_outputs(cfg, self.runs[0], transfer)
         else:
-            self._deployment_outputs(cfg, transfer, fabric_verdict)
+            self._deployment_outputs(cfg, transfer, on_nodes)
         self.prometheus_config = (
             pulumi.Output.secret(api_key.apply(lambda key: prometheus_config(cfg, key)))
             if api_key
@@ -159,9 +161,6 @@ class VllmCluster(pulumi.ComponentResource):
         )
         if self.grafana is not None:
             self.metrics["grafana"] = grafana_url(cfg)
-        on_nodes = {node.name: [c for run in self.runs for n, c in run.containers.items() if n == node.name]
-                    for node in cfg.nodes}  # fmt: skip
-        self.status_command = status_command(cfg, self.containers if not cfg.deployments else on_nodes)
         self.diagnostics = diagnostics_output(
             cfg,
             pulumi.get_stack(),
@@ -182,11 +181,10 @@ class VllmCluster(pulumi.ComponentResource):
             }
         )
 
-    def _single_model_outputs(
-        self, cfg: ClusterConfig, run: ReplicaRun, transfer: Transfer, api_key: Optional[pulumi.Output[str]]
-    ) -> None:
+    def _single_model_outputs(self, cfg: ClusterConfig, run: ReplicaRun, transfer: Transfer) -> None:
         head = cfg.head_node
         self.containers = run.containers
+        self.status_command = status_command(cfg, self.containers)
         self.endpoint = pulumi.Output.from_input(
             router_endpoint(cfg) if self.router is not None else f"http://{head.host}:{cfg.vllm.port}/v1"
         )
@@ -197,14 +195,14 @@ class VllmCluster(pulumi.ComponentResource):
         self.log_commands = log_commands(cfg, self.containers)
         self.smoke = run.server.smoke_result
         self.benchmark = run.server.benchmark_result
-        self.fabric = run.gate.fabric
         self.release = _release(run.server, run.release, transfer.images[cfg.copy_source.name], run.gate)
         self.memory_plan = run.gate.memory_plan
         self.deployments = None
 
-    def _deployment_outputs(self, cfg: ClusterConfig, transfer: Transfer, fabric_verdict: FabricVerdict) -> None:
+    def _deployment_outputs(self, cfg: ClusterConfig, transfer: Transfer, on_nodes: dict[str, list[str]]) -> None:
         runs = self.runs
         self.containers = {run.replica.name: run.containers for run in runs}
+        self.status_command = status_command(cfg, on_nodes)
         self.endpoint = pulumi.Output.from_input(router_endpoint(cfg) if self.router is not None else None)
         self.served_model_name = pulumi.Output.all(*[run.server.served_model_name for run in runs]).apply(
             lambda names: sorted(set(names))
@@ -219,13 +217,12 @@ class VllmCluster(pulumi.ComponentResource):
         }
         self.smoke = {run.replica.name: run.server.smoke_result for run in runs}
         self.benchmark = {run.replica.name: run.server.benchmark_result for run in runs}
-        self.fabric = fabric_verdict.figures
         self.memory_plan = {run.replica.name: run.gate.memory_plan for run in runs}
         source = transfer.images[cfg.copy_source.name]
         self.release = deployments_release(
             {run.replica.deployment: _release(run.server, run.release, source, run.gate, with_fabric=False)
              for run in runs if run.replica.index == 0},
-            fabric_verdict.figures,
+            self.fabric,
         )  # fmt: skip
         self.deployments = deployments_output(cfg, runs)
 

@@ -37,14 +37,8 @@ def vllm_target(cfg: ClusterConfig) -> str:
 
 
 def _vllm_jobs(cfg: ClusterConfig) -> list[tuple[str, dict[str, str]]]:
-    """(target, labels) of every vLLM API server: a single-model stack's head; each replica's with deployments."""
-    if not cfg.deployments:
-        return [(vllm_target(cfg), {"node": cfg.head_node.name})]
-    return [
-        (vllm_target(each.config), {"node": each.config.head_node.name, "deployment": each.deployment,
-                                    "replica": each.name})
-        for each in replicas_of(cfg)
-    ]  # fmt: skip
+    """(target, labels) of every replica's vLLM API server (its head's)."""
+    return [(vllm_target(each.config), each.labels()) for each in replicas_of(cfg)]
 
 
 def _ray_targets(cfg: ClusterConfig) -> list[tuple[str, str]]:

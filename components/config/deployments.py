@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
+from pydantic.alias_generators import to_camel
 
 from components.config.sections import RayConfig, VllmConfig, _Model
 from components.config.types import DnsLabel, ModelRef, Port, PositiveInt, _pattern
@@ -20,27 +21,53 @@ from components.config.types import DnsLabel, ModelRef, Port, PositiveInt, _patt
 ROUTER_VERSION = "0.1.17"
 RouterVersion = Annotated[str, _pattern(r"[0-9]+\.[0-9]+\.[0-9]+", "a vllm-router version such as 0.1.17")]
 
-# The top-level keys that describe one model: with `deployments` each deployment has its own.
-SINGLE_MODEL_KEYS = (
-    ("model", "model"),
-    ("tensorParallelSize", "tensor_parallel_size"),
-    ("pipelineParallelSize", "pipeline_parallel_size"),
-    ("maxModelLen", "max_model_len"),
-    ("executor", "executor"),
-    ("head", "head"),
-    ("vllm", "vllm"),
-    ("ray", "ray"),
-)
+
+class ModelSettings(_Model):
+    """What one model is served with: a single-model stack's top-level keys, or each deployment's (which then
+    replace them)."""
+
+    model: Optional[ModelRef] = Field(
+        None,
+        description="Model path (mounted read-only at the same path on every node; normalised, not a system or home "
+        "directory) or Hugging Face repo id. With promoteFrom: none (the release names it).",
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size` (of each replica).")
+    pipeline_parallel_size: PositiveInt = Field(
+        1, description="`--pipeline-parallel-size`. TP × PP = the GPUs of the nodes (of a replica's)."
+    )
+    max_model_len: Optional[PositiveInt] = Field(None, description="`--max-model-len`.")
+    executor: Literal["auto", "ray", "mp"] = Field(
+        "auto",
+        description="How vLLM spans the nodes: 'ray' (Ray head and workers, `vllm serve` on the head) or 'mp' "
+        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers). 'auto' picks "
+        "by the image: mp for the stock vllm/vllm-openai image (no Ray in it since v0.19), ray for other images "
+        "(Spark builds carry Ray); a deployment whose replicas have one node each takes mp. The image check on "
+        "every node confirms it before any container starts.",
+    )
+    vllm: VllmConfig = Field(
+        default_factory=VllmConfig,
+        description="`vllm serve` settings (port, gpuMemoryUtilization, servedModelName, parsers, extraArgs…). "
+        "Deployments sharing a node need their own ports there.",
+    )
+    ray: RayConfig = Field(
+        default_factory=RayConfig,
+        description="Ray cluster settings (executor ray): two Ray heads on one node need their own port, "
+        "dashboardPort and worker port range.",
+    )
 
 
-class DeploymentConfig(_Model):
+# The top-level keys that describe one model: with `deployments` each deployment has its own (`head`: its nodes).
+SINGLE_MODEL_KEYS = (*((to_camel(name), name) for name in ModelSettings.model_fields), ("head", "head"))
+
+
+class _Placed(_Model):
+    """A deployment's name and nodes: its first keys (pydantic lists a class's fields after its bases', the
+    last base's first)."""
+
     name: DnsLabel = Field(
         description="Deployment name: a DNS label, unique. Names its resources and containers "
         "(spark-vllm-<name>-<node>); replica k > 1 is <name>-<k>. Replicas that share their one node listen on "
         "vllm.port + k - 1 (and vllm.masterPort + k - 1)."
-    )
-    model: Optional[ModelRef] = Field(
-        None, description="Model path or Hugging Face repo id, as the top-level `model` (with promoteFrom: none)."
     )
     nodes: list[DnsLabel] = Field(
         min_length=1,
@@ -48,28 +75,15 @@ class DeploymentConfig(_Model):
         "(rank 0, the API server). With replicas: N the list splits in N groups of equal size, one a replica; "
         "one node for several replicas runs them all there.",
     )
-    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size` of each replica.")
-    pipeline_parallel_size: PositiveInt = Field(
-        1, description="`--pipeline-parallel-size` of each replica. TP × PP = the GPUs of a replica's nodes."
-    )
-    max_model_len: Optional[PositiveInt] = Field(None, description="`--max-model-len`.")
-    executor: Literal["auto", "ray", "mp"] = Field(
-        "auto", description="As the top-level `executor`: how a replica spans its nodes ('auto': by the image)."
-    )
+
+
+class DeploymentConfig(ModelSettings, _Placed):
+    """One model on some of the nodes, with replicas behind the router."""
+
     replicas: PositiveInt = Field(
         1,
         description="Copies of it behind the router, which balances across them. A change is applied to one "
         "replica at a time: out of the router, changed, ready and smoke-tested, back in; then the next.",
-    )
-    vllm: VllmConfig = Field(
-        default_factory=VllmConfig,
-        description="Its `vllm serve` settings (port, gpuMemoryUtilization, servedModelName, parsers, "
-        "extraArgs…), as the top-level `vllm`. Deployments sharing a node need their own ports there.",
-    )
-    ray: RayConfig = Field(
-        default_factory=RayConfig,
-        description="Its Ray cluster's settings with executor ray, as the top-level `ray`: two Ray heads on one "
-        "node need their own port, dashboardPort and worker port range.",
     )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
-from components.config.deployments import DeploymentConfig, RouterConfig
+from components.config.deployments import DeploymentConfig, ModelSettings, RouterConfig
 from components.config.sections import (
     BenchmarkConfig,
     ContainerConfig,
@@ -21,20 +21,16 @@ from components.config.sections import (
     NcclConfig,
     NetworkConfig,
     NodeConfig,
-    RayConfig,
     RecoveryConfig,
     ReleaseConfig,
     SecurityConfig,
     SshConfig,
-    VllmConfig,
     _Model,
 )
 from components.config.types import (
     DnsLabel,
     ImageRef,
-    ModelRef,
     PasswordSecret,
-    PositiveInt,
     PrivateKeySecret,
     StackName,
     TokenSecret,
@@ -138,8 +134,9 @@ def _is_label(value: Any) -> bool:
     return True
 
 
-class ClusterConfig(_Model):
-    """The whole `spark-vllm:` namespace of a stack."""
+class _Machines(_Model):
+    """The stack's nodes and image: the first keys of ClusterConfig (pydantic lists a class's fields after its
+    bases', the last base's first), so problems and the config reference list them before one model's."""
 
     nodes: list[NodeConfig] = Field(min_length=1, description="The machines, in order.")
     head: Optional[DnsLabel] = Field(
@@ -148,26 +145,13 @@ class ClusterConfig(_Model):
     image: Optional[ImageRef] = Field(
         None, description="Container image with vLLM and Ray; pinned to the pulled image id on every node."
     )
-    model: Optional[ModelRef] = Field(
-        None,
-        description="Model path (mounted read-only at the same path on every node; normalised, not a system or home "
-        "directory) or Hugging Face repo id.",
-    )
-    executor: Literal["auto", "ray", "mp"] = Field(
-        "auto",
-        description="How vLLM spans the nodes: 'ray' (Ray head and workers, `vllm serve` on the head) or 'mp' "
-        "(vLLM's own multi-node executor: `vllm serve` on every node, `--headless` on the workers). 'auto' picks "
-        "by the image: mp for the stock vllm/vllm-openai image (no Ray in it since v0.19), ray for other images "
-        "(Spark builds carry Ray); the image check on every node confirms it before any container starts.",
-    )
-    tensor_parallel_size: PositiveInt = Field(1, description="`--tensor-parallel-size`.")
-    pipeline_parallel_size: PositiveInt = Field(
-        1, description="`--pipeline-parallel-size`. TP × PP = GPUs of all nodes."
-    )
-    max_model_len: Optional[PositiveInt] = Field(None, description="`--max-model-len`.")
+
+
+class ClusterConfig(ModelSettings, _Machines):
+    """The whole `spark-vllm:` namespace of a stack: its machines, one model's settings (or `deployments`), and
+    the rest."""
+
     smoke_test: bool = Field(True, description="Send one chat completion after the server is ready.")
-    vllm: VllmConfig = Field(default_factory=VllmConfig, description="`vllm serve` settings.")
-    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster settings.")
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL settings.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="Fabric network management.")
     fabric: FabricConfig = Field(default_factory=FabricConfig, description="The fabric gate: the link checked first.")

@@ -24,10 +24,10 @@ from components.config.models import ClusterConfig
 from components.config.runner import FAILED
 
 # The rules that read these keys describe one model: with deployments they run on each replica's view.
-DEPLOYMENT_ROOTS = ("model", "tensorParallelSize", "pipelineParallelSize", "maxModelLen", "executor", "head",
-                    "vllm", "ray", "smokeTest", "benchmark")  # fmt: skip
-# What a view's problem path starts with when it is the deployment's (prefixed deployments[i].)
-_VIEW_PATH = re.compile(r"^(model|tensorParallelSize|pipelineParallelSize|maxModelLen|executor|vllm\.|ray\.)")
+DEPLOYMENT_ROOTS = (*(key for key, _ in SINGLE_MODEL_KEYS), "smokeTest", "benchmark")
+# What a view's problem path starts with when it is the deployment's (prefixed deployments[i].): a key of
+# one model's settings (`head` is the deployment's nodes)
+_VIEW_PATH = re.compile(rf"^(?:{'|'.join(key for key, _ in SINGLE_MODEL_KEYS if key != 'head')})(?=[.\[: ]|$)")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class Replica:
     def key(self, path: str) -> str:
         """Where `path` (a key of one model's settings: `vllm`, `vllm.speculative`) is in the stack file."""
         return path if self.deployment_index is None else f"deployments[{self.deployment_index}].{path}"
+
+    def labels(self) -> dict[str, str]:
+        """Its metrics' labels: its head; a listed deployment's also name it and the replica."""
+        head = {"node": self.config.head_node.name}
+        return head if self.own else {**head, "deployment": self.deployment, "replica": self.name}
 
     def resource(self, name: str) -> str:
         """A resource name of this replica: `name` as a single-model stack names it, prefixed."""
