@@ -2,9 +2,9 @@
 
 import pulumi
 
-from components.cluster import VllmCluster, VllmClusterArgs, router_smoke_summary
-from components.ssh import ssh_access
-from components.stack import load_stack_config
+from components.resources.cluster import VllmCluster, VllmClusterArgs, router_smoke_summary
+from components.resources.ssh import ssh_access
+from components.resources.stack import load_stack_config
 
 config = load_stack_config()  # every rule is checked here, before the first resource
 cluster = VllmCluster(

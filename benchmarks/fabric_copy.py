@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from components.render import script_program
+from components.plan.programs import script_program
 from tests.e2e import nodes as simnodes
 from tests.e2e.image.build import ensure_image, load_into
 from tests.e2e.rehearsal import CACHE_DIR

@@ -5,7 +5,8 @@
 Two simulated nodes (tests/e2e/nodes.py: network namespaces with their own sshd, joined by the
 fabric bridge). Each run does what `pulumi up` does for the gate: the command the program renders
 for each node (`python3 -` with components/scripts/node_fabric_gate.py and its PARAMS, as
-components/checks/fabric_gate.py sends it) over SSH to both nodes at once, then the judge on what they printed.
+components/resources/checks/fabric_gate.py sends it) over SSH to both nodes at once, then the judge on what they
+printed.
 It prints, per run, the wall time until both answered, each probe's own seconds and the bandwidth it
 measured; then the median. Beside it, the same two SSH sessions running `true` (what any command of
 the deploy costs): the difference is the gate's own share.
@@ -25,9 +26,10 @@ import threading
 import time
 from pathlib import Path
 
-from components import fabric
 from components.config import load_cluster_config
-from components.render import script_program, shell_line, with_script
+from components.plan import fabric
+from components.plan.programs import script_program
+from components.plan.shell import shell_line, with_script
 from tests.e2e import nodes as simnodes
 
 

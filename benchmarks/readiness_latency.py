@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from components.names import POLL_SECONDS
-from components.render import script_program
+from components.plan.names import POLL_SECONDS
+from components.plan.programs import script_program
 from tests.fake_vllm_http import FakeVllm
 
 TARGET_SECONDS = 2.0

@@ -1,6 +1,6 @@
 """SSH keys of the right shape for tests that never dial: built from fixed bytes, no crypto library.
 
-The config rules parse keys (components/ssh_keys.py), so a test's key must be shaped as a real one:
+The config rules parse keys (components/config/ssh_keys.py), so a test's key must be shaped as a real one:
 an OpenSSH private key (PROTOCOL.key: magic, cipher "none", one ed25519 public key, the private
 section) and a public line whose base64 decodes to a 32-byte ed25519 key.
 """

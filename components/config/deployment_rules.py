@@ -1,7 +1,7 @@
 """Rules that only exist with several deployments: what the router exposes and whether it reaches every
 replica, served model names the router could confuse, names that collide once joined with a node's, and
 replica ports beyond the last port. Each returns its problems, one line each (key path, value found, what
-is expected); components/config/placement.py runs them on the deployments whose own fields are valid
+is expected); components/config/replicas.py runs them on the deployments whose own fields are valid
 (`usable`: (index, deployment) pairs), the config being a ClusterConfig or the partial view of one."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import Any
 
 from components.config.deployments import node_groups, replica_name
 from components.config.errors import problem
+from components.config.vllm_args import read_extra_args
 
 LAST_PORT = 65535
-# Names the stack's own resources and containers take (components/router.py, components/names.py): a deployment
-# named so would read as one of them in `pulumi preview`, the logs and the diagnostics bundle.
+# Names the stack's own resources and containers take (components/resources/router.py, components/plan/names.py):
+# a deployment named so would read as one of them in `pulumi preview`, the logs and the diagnostics bundle.
 RESERVED_NAMES = ("spark-vllm", "router")
 
 
@@ -189,8 +190,6 @@ KV_BYTES_FLAG, KV_BYTES_SHORTEST = "--kv-cache-memory-bytes", "--kv-cache-mem"
 def pinned_kv_cache_is_the_plans(usable: list) -> list[str]:
     """A replica that shares its GPU with another gets its KV cache in bytes from its memory plan: the same flag in
     its extraArgs would take that from the plan (and from the node's other replicas, whose plans assume it)."""
-    from components.vllm_args import read_extra_args
-
     shared = {}
     for index, deployment in usable:
         for group in _groups(deployment):

@@ -3,7 +3,7 @@ parallelism, executor, `vllm` and `ray` settings and replicas) and the `router` 
 
 A stack without `deployments` serves one model from the top-level keys, as it always did (its resources keep
 their names). With `deployments`, those single-model keys move into each deployment; the rules that hold
-for one model hold for each (components/config/placement.py), and the nodes two deployments share must
+for one model hold for each (components/config/replicas.py), and the nodes two deployments share must
 hold both."""
 
 from __future__ import annotations

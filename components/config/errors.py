@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from components.vllm_args import scrub_args
+from components.config.vllm_args import scrub_args
 
 
 def problem(path: str, value: Any, expected: str) -> str:

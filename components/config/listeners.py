@@ -1,6 +1,6 @@
 """The ports each node's listeners take with a config: sshd, vLLM, Ray's (fixed and ranges), the fabric
 gate's test, Prometheus, the copy depot. The port rule (rules.py) refuses two on one port; network.guard
-(components/guard.py) fences exactly these."""
+(components/resources/guard.py) fences exactly these."""
 
 from __future__ import annotations
 

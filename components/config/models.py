@@ -212,7 +212,7 @@ class ClusterConfig(ModelSettings, _Machines):
     )
 
     _executor_reason: Optional[str] = PrivateAttr(None)  # why executor auto chose what it did
-    _name_prefix: str = PrivateAttr("")  # a replica's view: its name (components/config/placement.py)
+    _name_prefix: str = PrivateAttr("")  # a replica's view: its name (components/config/replicas.py)
 
     @model_validator(mode="wrap")
     @classmethod

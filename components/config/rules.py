@@ -10,14 +10,14 @@ from components.config.deployment_rules import single_model_router_problems
 from components.config.errors import problem
 from components.config.listeners import node_listeners
 from components.config.node_rules import names_a_node  # registers the nodes' rules, first
-from components.config.placement import DEPLOYMENT_ROOTS, _valid, deployment_problems
+from components.config.replicas import DEPLOYMENT_ROOTS, _valid, deployment_problems
 from components.config.runner import rule, run
-from components.vllm_args import read_extra_args
+from components.config.vllm_args import read_extra_args
 
 
 def run_rules(source: Any) -> list[str]:
     """Every rule that can run on `source` (a ClusterConfig or a partial view of one). With deployments,
-    the rules of one model run on each replica's view instead (components/config/placement.py)."""
+    the rules of one model run on each replica's view instead (components/config/replicas.py)."""
     if not _has_deployments(source):
         problems = run(source)
         keys = {line.split(": ")[0] for line in problems}
@@ -136,7 +136,7 @@ def router_runs_on_a_node(cfg: Any) -> list[str]:
 @rule("metrics.prometheusNode", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.apiSources")
 def prometheus_reaches_vllm(cfg: Any) -> list[str]:
     """The metrics' Prometheus node reaches vLLM on the head (of each replica, with deployments: a
-    Prometheus on a node the replica does not run on is checked by components/config/placement.py)."""
+    Prometheus on a node the replica does not run on is checked by components/config/replicas.py)."""
     wanted = cfg.metrics.prometheus_node
     nodes = {node.name: node for node in cfg.nodes}
     if wanted is None or wanted not in nodes:

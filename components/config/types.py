@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo
 from pydantic.alias_generators import to_camel
 
-from components.ssh_keys import host_key_problem, private_key_problem
+from components.config.ssh_keys import host_key_problem, private_key_problem
 
 NAMESPACE = "spark-vllm"
 

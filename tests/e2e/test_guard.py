@@ -16,7 +16,7 @@ import time
 import pytest
 
 from components.config import load_cluster_config
-from components.guard import guard_spec
+from components.resources.guard import guard_spec
 from tests.e2e.rehearsal import chat, rehearsal_config
 from tests.waiting import wait_until
 

@@ -1,5 +1,5 @@
 """Every option string of `vllm serve`, read from the installed vLLM's own parser: what
-components/vllm_args.py resolves extraArgs against, and what its property test's argparse oracle uses.
+components/config/vllm_args.py resolves extraArgs against, and what its property test's argparse oracle uses.
 
     python3 -m tests.gpu.flags OUT.json      (on the GPU machine, where vLLM is installed: tests/gpu/device.sh)
 

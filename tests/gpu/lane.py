@@ -39,21 +39,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from components.config import load_cluster_config  # noqa: E402
-from components.engine import EngineSettings  # noqa: E402
-from components.names import RUN_DIR  # noqa: E402
-from components.preflight import memory_plan, node_memory  # noqa: E402
-from components.render import (  # noqa: E402
+from components.plan.container import cluster_wait_params, node_env, supervisor_params  # noqa: E402
+from components.plan.engine import EngineSettings  # noqa: E402
+from components.plan.names import RUN_DIR  # noqa: E402
+from components.plan.preflight import memory_plan, node_memory  # noqa: E402
+from components.plan.programs import script, script_program  # noqa: E402
+from components.plan.serving import (  # noqa: E402
     answers_params,
     benchmark_params,
-    cluster_wait_params,
     handover_params,
-    node_env,
     ready_params,
-    script,
-    script_program,
     serve_argv,
     smoke_params,
-    supervisor_params,
 )
 from tests.gpu.lane_cotenants import run_cotenants  # noqa: E402
 from tests.gpu.lane_cotenants import summary as cotenants_summary  # noqa: E402

@@ -26,17 +26,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from components.config import load_cluster_config
-from components.config.placement import co_tenants, replicas_of
-from components.engine import EngineSettings  # noqa: E402
-from components.preflight import memory_plan, node_memory
-from components.render import (
-    handover_params,
-    ready_params,
-    serve_argv,
-    smoke_params,
-    tenancy,
-)
+from components.config import load_cluster_config  # noqa: E402
+from components.config.replicas import co_tenants, replicas_of  # noqa: E402
+from components.plan.container import tenancy  # noqa: E402
+from components.plan.engine import EngineSettings  # noqa: E402
+from components.plan.preflight import memory_plan, node_memory  # noqa: E402
+from components.plan.serving import handover_params, ready_params, serve_argv, smoke_params  # noqa: E402
 
 KV_LINES = (
     r"reserved ([\d.]+) GiB memory for KV Cache as specified",  # --kv-cache-memory-bytes (gpu_worker.py)

@@ -18,9 +18,10 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from components.config import load_cluster_config
-from components.render import SMOKE_MAX_TOKENS, SMOKE_PROMPT, script_program
-from components.router_params import keeper_params, key_digest
+from components.config import load_cluster_config  # noqa: E402
+from components.plan.names import SMOKE_MAX_TOKENS, SMOKE_PROMPT  # noqa: E402
+from components.plan.programs import script_program  # noqa: E402
+from components.plan.router_params import keeper_params, key_digest  # noqa: E402
 
 HOP_SAMPLES = 100  # each path
 

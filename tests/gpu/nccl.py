@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from components import fabric  # noqa: E402
 from components.config import load_cluster_config  # noqa: E402
-from components.render import script_program  # noqa: E402
+from components.plan import fabric  # noqa: E402
+from components.plan.programs import script_program  # noqa: E402
 from tests.gpu.lane import machine_address  # noqa: E402
 
 

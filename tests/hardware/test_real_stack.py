@@ -48,7 +48,7 @@ def stack():
 def record_figures(outputs: dict) -> Path:
     """What the stack measured on this hardware (the fabric gate's links and bandwidth, the memory plan,
     the smoke test), kept in tests/hardware/results/<date>-<stack>.json and printed."""
-    from components.fabric import describe
+    from components.plan.fabric import describe
 
     fabric = outputs.get("fabric") or {}
     print(f"fabric gate: {describe(fabric)}")

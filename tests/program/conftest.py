@@ -7,4 +7,4 @@ def _isolated_machine(tmp_path, monkeypatch):
     machine's ssh-agent: tests get a stand-in agent holding one key unless they say otherwise."""
     monkeypatch.setenv("SPARK_VLLM_HOME", str(tmp_path / "spark-vllm-home"))
     monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
-    monkeypatch.setattr("components.ssh.agent_key_count", lambda path: 1)
+    monkeypatch.setattr("components.resources.ssh.agent_key_count", lambda path: 1)

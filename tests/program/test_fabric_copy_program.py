@@ -6,7 +6,7 @@ import json
 import pytest
 
 from components.config import ConfigError
-from components.depot import sync_root
+from components.resources.depot import sync_root
 from tests.harness import CONTAINER, HF_CACHE, REMOTE_COMMAND, changed_inputs, run_program, strip_secrets
 from tests.program.test_program import SECRETS, prod
 
@@ -130,7 +130,7 @@ def test_a_hugging_face_snapshot_is_served_with_its_repository():
 
 
 def test_the_scripts_rule_for_the_sync_root_is_the_programs():
-    from components.render import script
+    from components.plan.programs import script
 
     namespace = {}
     source = script("node_fabric_copy.py")

@@ -3,7 +3,7 @@ after every node's checks and before any Ray container; its figures become the f
 
 import pytest
 
-from components import fabric
+from components.plan import fabric
 from tests.harness import CONTAINER, FakeCloud, gate_params_of, run_program
 from tests.program.test_preflight_program import GUARDS_ONLY
 from tests.program.test_program import SECRETS, prod

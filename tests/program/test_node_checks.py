@@ -1,12 +1,12 @@
-"""The node checks as a list (components/checks/): a check is a step on each node and a judge of every node's
+"""The node checks as a list (components/resources/checks/): a check is a step on each node and a judge of every node's
 result; the gate runs whatever the list holds. A check added to the list runs on every node, in its stage, and
 its judge's refusal leaves nothing started."""
 
 import pytest
 
-from components import node_checks
-from components.checks import CHECKS, Stage
-from components.checks.protocol import Check
+from components.resources import node_checks
+from components.resources.checks import CHECKS, Stage
+from components.resources.checks.protocol import Check
 from tests.harness import FakeCloud, run_program
 from tests.program.test_program import SECRETS, prod
 

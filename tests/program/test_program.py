@@ -83,7 +83,7 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
 
 def test_without_spark_vllm_home_the_key_file_is_named_from_home_as_ssh_expands_it(monkeypatch, tmp_path):
     monkeypatch.delenv("SPARK_VLLM_HOME")
-    monkeypatch.setattr("components.ssh.login_home", lambda: tmp_path)
+    monkeypatch.setattr("components.resources.ssh.login_home", lambda: tmp_path)
     run_ = run_program(prod(), SECRETS, stack="prod")
     opts = json.loads(run_.named("spark-01-docker").inputs["sshOpts"])
     assert "IdentityFile=~/.spark-vllm/spark-vllm/prod/id_spark_vllm" in opts
@@ -525,13 +525,13 @@ def test_without_an_ssh_key_secret_both_transports_use_the_agent():
     ids=["no-key-no-agent", "stale-agent-beside-a-key", "empty-agent"],
 )
 def test_ssh_credentials_that_would_fail_half_way_stop_the_program_first(monkeypatch, agent, keys, with_key, expected):
-    from components.ssh import SshAccessError
+    from components.resources.ssh import SshAccessError
 
     if agent is None:
         monkeypatch.delenv("SSH_AUTH_SOCK")
     else:
         monkeypatch.setenv("SSH_AUTH_SOCK", agent)
-    monkeypatch.setattr("components.ssh.agent_key_count", lambda path: keys)
+    monkeypatch.setattr("components.resources.ssh.agent_key_count", lambda path: keys)
     secrets = SECRETS if with_key else {k: v for k, v in SECRETS.items() if k != "sshPrivateKey"}
     cloud = FakeCloud()
     with pytest.raises(SshAccessError) as caught:
@@ -549,12 +549,13 @@ def test_a_key_and_a_live_agent_together_are_fine_and_the_key_wins():
 def test_a_new_version_of_the_supervisor_replaces_no_container_and_is_written_into_them(monkeypatch):
     """An upgrade of this program (here: the supervisor's source edited) changes the install step only:
     the containers, and the models they serve, stay; the new supervisor runs from their next start."""
-    from components import node_container, render
+    from components.plan import programs
+    from components.resources import node_container
 
     before = run_program(prod(), SECRETS, stack="prod")
-    edited = render.script("supervisor.py") + "\n# a comment\n"
+    edited = programs.script("supervisor.py") + "\n# a comment\n"
     monkeypatch.setattr(
-        node_container, "script", lambda name: edited if name == "supervisor.py" else render.script(name)
+        node_container, "script", lambda name: edited if name == "supervisor.py" else programs.script(name)
     )
     after = run_program(prod(), SECRETS, stack="prod")
     result = changed_inputs(before, after)

@@ -73,7 +73,7 @@ def test_a_tiny_run_reports_every_target(capsys, tmp_path, monkeypatch):
 def test_a_whole_figure_reads_the_same_in_the_floor_message_as_in_the_stack_output():
     """180.0 tokens/s comes back from the stack's outputs as 180: the message says 180 too (seen in CI)."""
     from components.config import ReleaseConfig
-    from components.release import describe_benchmark, floor_problems
+    from components.resources.release import describe_benchmark, floor_problems
 
     bench = {"outputTokensPerSecond": 180.0, "requestsPerSecond": 11.25, "ttftMs": {"p50": 16.5, "p99": 27.0},
              "itlMs": {"p50": 10.0, "p99": 13.28}, "errors": 0.0, "tool": "spark-vllm", "settings": {}}  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 
 STANDIN = Path(__file__).resolve().parents[1] / "e2e" / "standin"
 if str(STANDIN) not in sys.path:

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from components.config import ConfigError, load_cluster_config, near_namespace
-from components.ssh_keys import host_key_problem, private_key_problem
-from components.vllm_args import MANAGED_FLAGS, REFUSED_FLAGS, SECRET_FLAGS, normalise, read_extra_args
+from components.config.ssh_keys import host_key_problem, private_key_problem
+from components.config.vllm_args import MANAGED_FLAGS, REFUSED_FLAGS, SECRET_FLAGS, normalise, read_extra_args
 from tests.harness import ROOT
 from tests.keys import ed25519_public_blob, host_key_line, openssh_private_key
 from tests.unit.test_config import config

@@ -10,8 +10,8 @@ import sys
 import urllib.request
 
 from components.config import load_cluster_config
-from components.dashboard import PANELS, dashboard, queries
-from components.render import script
+from components.plan.dashboard import PANELS, dashboard, queries
+from components.plan.programs import script
 from tests.harness import ROOT
 from tests.unit.test_config import config
 from tests.waiting import free_port, wait_for

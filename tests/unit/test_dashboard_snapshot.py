@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from components.config import load_cluster_config
-from components.dashboard import dashboard
+from components.plan.dashboard import dashboard
 from scripts import dashboard_snapshot as snap
 from tests.harness import ROOT
 from tests.unit.test_config import config

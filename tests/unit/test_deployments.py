@@ -1,6 +1,6 @@
 """Several models on one cluster: the `deployments` and `router` config, its rules, the replicas it
-makes (components/config/placement.py), and the check that replicas sharing a node fit there together
-(components/replicas.py)."""
+makes (components/config/replicas.py), and the check that replicas sharing a node fit there together
+(components/resources/placement.py)."""
 
 import copy
 
@@ -8,8 +8,8 @@ import pytest
 
 from components.config import ConfigError, load_cluster_config
 from components.config.deployments import node_groups
-from components.config.placement import replicas_of, stack_listeners
-from components.replicas import together
+from components.config.replicas import replicas_of, stack_listeners
+from components.resources.placement import together
 
 NODES = [
     {"name": f"spark-0{i}", "host": f"10.0.0.{i}", "fabricAddress": f"10.9.0.{i}", "fabricInterface": "enp1s0f1np1"}

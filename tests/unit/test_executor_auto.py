@@ -7,7 +7,7 @@ import json
 import pytest
 
 from components.config import ConfigError, auto_executor, load_cluster_config
-from components.preflight import image_problems
+from components.plan.preflight import image_problems
 from tests.unit.test_config import DELETE, config
 
 STOCK_WITHOUT_RAY = ["vllm/vllm-openai:v0.33.0", "vllm/vllm-openai:v0.19.0", "vllm/vllm-openai", "vllm/vllm-openai:latest",

@@ -1,6 +1,6 @@
 """The fabric gate: its probe (components/scripts/node_fabric_gate.py) run for real on this machine's
 loopback, two "nodes" at once (127.0.0.1 and 127.0.0.2) measuring towards each other, with a fake
-RDMA tree; and the judge (components/fabric.py) on the facts it reports, one rule at a time."""
+RDMA tree; and the judge (components/plan/fabric.py) on the facts it reports, one rule at a time."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from components import fabric
 from components.config import load_cluster_config as parse_config
-from components.render import script_program
+from components.plan import fabric
+from components.plan.programs import script_program
 from tests.fake_sysfs import add_device
 from tests.harness import FakeCloud
 from tests.waiting import free_port
@@ -429,7 +429,7 @@ def test_an_nccl_error_is_one_line_with_the_reason_nccl_gave():
 def test_the_rendered_nccl_command_runs_in_a_shell_with_the_program_on_stdin(tmp_path):
     """The command line `<node>-fabric-nccl` runs on the host, through bash, with a `docker` that records
     its argv and runs the image's `python3 -` here: every word arrives as rendered, the script on stdin."""
-    from components.render import shell_line, with_script
+    from components.plan.shell import shell_line, with_script
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
 

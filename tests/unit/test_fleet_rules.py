@@ -6,9 +6,9 @@ import copy
 import pytest
 
 from components.config import ConfigError, load_cluster_config
-from components.config.placement import replicas_of, stack_listeners
-from components.memory import GIB, ModelShape, NodeMemory, plan_memory
-from components.replicas import together
+from components.config.replicas import replicas_of, stack_listeners
+from components.plan.memory import GIB, ModelShape, NodeMemory, plan_memory
+from components.resources.placement import together
 
 NODES = [
     {"name": f"spark-0{i}", "host": f"10.0.0.{i}", "fabricAddress": f"10.9.0.{i}", "fabricInterface": "enp1s0f1np1"}

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from components.render import script
+from components.plan.programs import script
 from tests.unit.test_supervisor import NodeSim
 from tests.waiting import wait_for
 

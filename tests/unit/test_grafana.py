@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from components import grafana
 from components.config import load_cluster_config
-from components.dashboard import DATASOURCE_UID, dashboard
+from components.plan.dashboard import DATASOURCE_UID, dashboard
+from components.resources import grafana
 from tests.unit.test_config import config, problems_of
 
 PASSWORD = "gr-4f$(touch /tmp/owned)'\"`id`"

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from components import guard
 from components.config import load_cluster_config
-from components.render import script_program
+from components.plan.programs import script_program
+from components.resources import guard
 from tests.unit.test_config import config
 from tests.waiting import wait_for
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 from tests.e2e.hfhub import HubStandIn, Repo
 
 pytest.importorskip("huggingface_hub")  # requirements-dev.txt installs it

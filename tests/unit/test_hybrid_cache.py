@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.hybrid_cache import group_layout
-from components.memory import GIB, MIB, EngineKnobs, NodeMemory, engine_knobs, message, model_shape, plan_memory
+from components.plan.hybrid_cache import group_layout
+from components.plan.memory import GIB, MIB, EngineKnobs, NodeMemory, engine_knobs, message, model_shape, plan_memory
 
 H200 = NodeMemory("h200", 1, 143_771 * MIB, unified=False)  # nvidia-smi's memory.total on the lane's H200
 SPARK = NodeMemory("spark-01", 1, 125_000_000 * 1024, unified=True)
@@ -203,7 +203,7 @@ def test_the_model_fingerprint_carries_what_the_hybrid_plan_reads(tmp_path):
     import subprocess
     import sys
 
-    from components.render import script
+    from components.plan.programs import script
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN35_35B_A3B_REAL))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 64)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 
 LAYER = 40_000_000
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.memory import (
+from components.plan.memory import (
     GIB,
     NodeMemory,
     kv_cache_dtype,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from components import netplan, preflight
 from components.config import load_cluster_config
-from components.render import script
+from components.plan import netplan, preflight
+from components.plan.programs import script
 from tests.unit.test_config import config
 
 NETPLAN = shutil.which("netplan")
@@ -686,7 +686,7 @@ def test_preflight_reports_what_is_free_on_each_gpu_and_whether_this_stack_runs_
 
 def test_a_gpu_held_by_something_else_refuses_the_deploy_with_vllms_own_check():
     from components.config import load_cluster_config
-    from components.memory import GIB, ModelShape, NodeMemory, plan_memory
+    from components.plan.memory import GIB, ModelShape, NodeMemory, plan_memory
     from tests.unit.test_config import config
 
     node = load_cluster_config(config()).nodes[0]

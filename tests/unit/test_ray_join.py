@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 
 FAKE_RAY_MODULE = """
 import json, os

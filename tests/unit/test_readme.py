@@ -81,8 +81,8 @@ def test_the_guard_rules_shown_are_what_the_guard_writes_for_the_prod_head():
     import yaml
 
     from components.config import load_cluster_config
-    from components.guard import guard_params
-    from components.render import script_program
+    from components.plan.programs import script_program
+    from components.resources.guard import guard_params
 
     raw = {k.split(":", 1)[1]: v for k, v in yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"].items()}
     cfg = load_cluster_config({**raw, "apiKey": "x", "security": {}})  # host keys are the user's to add

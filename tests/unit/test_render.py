@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components import render
 from components.config import load_cluster_config, node_listeners
+from components.plan import container, programs, serving, shell
 from tests.harness import ROOT
 from tests.unit.test_config import config
 
@@ -36,7 +36,7 @@ def cfg():
 
 
 def test_serve_argv_golden(cfg):
-    assert render.serve_argv(cfg, cfg.model) == [
+    assert serving.serve_argv(cfg, cfg.model) == [
         "vllm", "serve", "/models/Qwen3-0.6B",
         "--tensor-parallel-size=2", "--pipeline-parallel-size=1",
         "--distributed-executor-backend=ray",
@@ -51,10 +51,10 @@ def test_serve_argv_golden(cfg):
 
 def test_single_node_serve_names_its_executor_and_has_no_optional_flags():
     one = config(nodes=[config()["nodes"][0]], tensorParallelSize=1)
-    argv = render.serve_argv(load_cluster_config(one), "org/model")
+    argv = serving.serve_argv(load_cluster_config(one), "org/model")
     # vLLM would otherwise run its uniprocessor executor beside an unused Ray
     assert "--distributed-executor-backend=ray" in argv
-    mp = render.serve_argv(load_cluster_config({**one, "executor": "mp"}), "org/model")
+    mp = serving.serve_argv(load_cluster_config({**one, "executor": "mp"}), "org/model")
     assert not any(a.startswith(("--distributed-executor-backend", "--nnodes", "--headless")) for a in mp)
     assert not any(a.startswith(("--max-model-len", "--trust", "--reasoning", "--tool", "--enable")) for a in argv)
     assert "--api-key" not in " ".join(argv)
@@ -63,12 +63,12 @@ def test_single_node_serve_names_its_executor_and_has_no_optional_flags():
 def test_ray_start_head_and_worker_golden(cfg):
     head, worker = cfg.nodes
     pinned = ["--min-worker-port=10002", "--max-worker-port=19999"]
-    assert render.ray_start_args(cfg, head) == [
+    assert container.ray_start_args(cfg, head) == [
         "start", "--block", "--node-ip-address=10.9.0.1", "--num-gpus=1", "--disable-usage-stats", *pinned,
         "--head", "--port=6379",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265",
     ]  # fmt: skip
-    assert render.ray_start_args(cfg, worker) == [
+    assert container.ray_start_args(cfg, worker) == [
         "start", "--block", "--node-ip-address=10.9.0.2", "--num-gpus=1", "--disable-usage-stats", *pinned,
         "--address=10.9.0.1:6379",
     ]  # fmt: skip
@@ -77,7 +77,7 @@ def test_ray_start_head_and_worker_golden(cfg):
 def test_every_port_ray_listens_on_is_one_the_config_checks(cfg):
     """The ports pinned in `ray start` are exactly the Ray listeners the config's port rules know."""
     for index, node in enumerate(cfg.nodes):
-        argv = render.ray_start_args(cfg, node)
+        argv = container.ray_start_args(cfg, node)
         pinned = {int(arg.split("=")[1]) for arg in argv if arg.split("=")[0].endswith("port") and "=" in arg}
         known = node_listeners(cfg, index)
         ray_ports = {port for item in known if item.key.startswith("ray.") for port in (item.first, item.last)}
@@ -88,7 +88,7 @@ def test_every_port_ray_listens_on_is_one_the_config_checks(cfg):
 
 
 def test_node_env_binds_everything_to_the_fabric(cfg):
-    env = dict(item.split("=", 1) for item in render.node_env(cfg, cfg.nodes[0]))
+    env = dict(item.split("=", 1) for item in container.node_env(cfg, cfg.nodes[0]))
     assert env == {
         "VLLM_HOST_IP": "10.9.0.1",
         "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
@@ -102,13 +102,13 @@ def test_node_env_binds_everything_to_the_fabric(cfg):
         "NCCL_DEBUG": "INFO",
         "RAY_AUTH_MODE": "token",
     }
-    worker = dict(item.split("=", 1) for item in render.node_env(cfg, cfg.nodes[1]))
+    worker = dict(item.split("=", 1) for item in container.node_env(cfg, cfg.nodes[1]))
     assert worker["VLLM_HOST_IP"] == "10.9.0.2" and "NCCL_IB_HCA" not in worker
 
 
 def test_script_program_carries_params_as_data_not_code():
     hostile = {"argv": ["vllm", "serve", "x", "--chat-template=$(reboot)", "'; rm -rf / #", '"""'], "key": "a\nb"}
-    program = render.script_program("serve_stop.py", hostile)
+    program = programs.script_program("serve_stop.py", hostile)
     namespace: dict = {}
     exec(program.split("\n", 1)[0], namespace)  # only the PARAMS line
     assert json.loads(namespace["PARAMS"]) == hostile
@@ -120,7 +120,7 @@ HOSTILE_WORDS = ["$(touch pwned)", ";touch pwned", "`id`", "a;b", "a&&b", "'quot
 @pytest.mark.parametrize("word", HOSTILE_WORDS)
 def test_shell_line_keeps_each_hostile_word_whole(word):
     argv = ["docker", "exec", "-i", word, "python3", "-"]
-    assert shlex.split(render.shell_line(argv)) == argv
+    assert shlex.split(shell.shell_line(argv)) == argv
 
 
 def _fake_docker(tmp_path: Path) -> Path:
@@ -142,7 +142,7 @@ def test_remote_command_lines_run_hostile_words_as_data(tmp_path, word, cfg):
     """The exact strings given to pulumi-command, run by a real shell: nothing is interpreted."""
     record = tmp_path / "argv.jsonl"
     env = {**os.environ, "PATH": f"{_fake_docker(tmp_path)}:{os.environ['PATH']}", "RECORD": str(record)}
-    line = render.with_log_tail_on_failure(render.exec_python(word, 30), cfg.nodes[0], word)
+    line = shell.with_log_tail_on_failure(shell.exec_python(word, 30), cfg.nodes[0], word)
     result = subprocess.run(["bash", "-c", line], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 3  # the failing exec's code is kept
     calls = [json.loads(x) for x in record.read_text().splitlines()]
@@ -161,7 +161,7 @@ def test_delete_runs_only_in_a_running_container(tmp_path, answer, runs):
         f'#!/bin/sh\necho "$@" >> "$RECORD"\nif [ "$1" = inspect ]; then {answer}; fi\nexit 0\n'
     )
     (bin_dir / "docker").chmod(0o755)
-    line = render.if_container_running("head", ["docker", "exec", "head", "true"])
+    line = shell.if_container_running("head", ["docker", "exec", "head", "true"])
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
     result = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True)
     assert result.returncode == 0
@@ -173,8 +173,8 @@ def test_delete_runs_only_in_a_running_container(tmp_path, answer, runs):
 def test_docker_host_url():
     raw = config(nodes__1__user="aurora", nodes__1__sshPort=2222)
     nodes = load_cluster_config(raw).nodes
-    assert render.docker_host_url(nodes[0]) == "ssh://root@10.0.0.1"
-    assert render.docker_host_url(nodes[1]) == "ssh://aurora@10.0.0.2:2222"
+    assert shell.docker_host_url(nodes[0]) == "ssh://root@10.0.0.1"
+    assert shell.docker_host_url(nodes[1]) == "ssh://aurora@10.0.0.2:2222"
 
 
 @pytest.mark.parametrize(
@@ -196,7 +196,7 @@ def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(
     import ast
     import dataclasses
 
-    from components.render import SCRIPT_HELPERS
+    from components.plan.programs import SCRIPT_HELPERS
     from components.scripts import node_contract
 
     assert "node_contract.py" in SCRIPT_HELPERS[script_name]

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 from tests.waiting import free_port, wait_for
 
 FAKE_ROUTER = """
@@ -273,8 +273,8 @@ def test_without_the_version_in_the_image_it_installs_it_into_the_volume_once(tm
 
 
 def test_the_keeper_installs_where_the_router_container_mounts_its_volume():
-    from components.names import ROUTER_INSTALL_DIR
-    from components.render import script
+    from components.plan.names import ROUTER_INSTALL_DIR
+    from components.plan.programs import script
 
     assert f'INSTALL_DIR = "{ROUTER_INSTALL_DIR}"' in script("router_keeper.py")
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from components.render import script_program
+from components.plan.programs import script_program
 from tests.fake_vllm_http import FakeVllm
 
 PYTHON = sys.executable

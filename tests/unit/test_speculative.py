@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from components.config import ConfigError, ReleaseConfig, load_cluster_config
-from components.engine import EngineSettings, Speculation
-from components.memory import GIB, NodeMemory, engine_knobs, model_shape, plan_memory
-from components.release import check_promotable, floor_problems, release_record, speculation_record
-from components.render import answers_params, script_program, serve_argv
-from components.speculation import mtp_layers, speculation_problems
+from components.plan.engine import EngineSettings, Speculation
+from components.plan.memory import GIB, NodeMemory, engine_knobs, model_shape, plan_memory
+from components.plan.programs import script_program
+from components.plan.serving import answers_params, serve_argv
+from components.plan.speculation import mtp_layers, speculation_problems
+from components.resources.release import check_promotable, floor_problems, release_record, speculation_record
 from tests.gpu.model import SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -350,7 +351,7 @@ def test_the_validation_holds_speculative_answers_against_those_without_and_fail
 
 
 def test_the_benchmark_reads_the_acceptance_from_vllms_counters_and_a_faster_tpot(standin):
-    from components.render import benchmark_params
+    from components.plan.serving import benchmark_params
 
     cfg = load_cluster_config(config())
     figures = {}

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from components.config import load_cluster_config
-from components.ssh import SshAccess, agent_key_count, keyscan_command, ssh_access, ssh_access_problems
-from components.stack import raw_stack_config
+from components.resources.ssh import SshAccess, agent_key_count, keyscan_command, ssh_access, ssh_access_problems
+from components.resources.stack import raw_stack_config
 from tests.keys import host_key_line, openssh_private_key
 from tests.ssh_agent import ssh_agent
 from tests.unit.test_config import config
@@ -126,7 +126,7 @@ def test_a_config_value_that_does_not_decode_becomes_a_problem_naming_its_key(mo
         "spark-vllm:vllm": '{"allowUnauthenticated": true}',
     }
     fake = SimpleNamespace(get_config_env=lambda: given, CONFIG=SimpleNamespace(get=dict))
-    monkeypatch.setattr("components.stack.runtime_config", fake)
+    monkeypatch.setattr("components.resources.stack.runtime_config", fake)
     with pytest.raises(ConfigError) as caught:
         load_cluster_config(raw_stack_config())
     assert [p.split(":")[0] for p in caught.value.problems] == ["nodes"]

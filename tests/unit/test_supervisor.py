@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from components.render import script, script_program
+from components.plan.programs import script, script_program
 from tests.waiting import holds_for, wait_for, wait_until
 
 PYTHON = sys.executable
@@ -484,7 +484,7 @@ def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_p
 def test_the_contract_renders_what_the_container_and_the_supervisor_read():
     """components/scripts/node_contract.py is both sides' one definition: what render.py writes parses back."""
     from components.config import load_cluster_config
-    from components.render import supervisor_params, supervisor_spec
+    from components.plan.container import supervisor_params, supervisor_spec
     from components.scripts.node_contract import SupervisorParams, VllmSpec
     from tests.unit.test_config import config
 
@@ -585,7 +585,7 @@ def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node
     ],
 )
 def test_the_status_line_says_what_a_supervisor_waits_for_or_why_it_gave_up(tmp_path, status, expected):
-    from components.serve import STATUS_SUMMARY
+    from components.resources.serve import STATUS_SUMMARY
 
     path = tmp_path / "status.json"
     path.write_text(json.dumps(status))

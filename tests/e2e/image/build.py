@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config.deployments import ROUTER_VERSION
-from components.names import ROUTER_INSTALL_DIR as INSTALL_DIR
+from components.plan.names import ROUTER_INSTALL_DIR as INSTALL_DIR
 
 log = logging.getLogger("rehearsal.image")
 
@@ -335,7 +335,7 @@ def _pip_ray(rootfs: Path) -> None:
 
 
 def _pip_router(rootfs: Path) -> None:
-    """vllm-router where the router container's volume is mounted (components/router.py INSTALL_DIR): Docker
+    """vllm-router where the router container's volume is mounted (components/resources/router.py INSTALL_DIR): Docker
     fills a new volume from the image, so the keeper finds this version there and installs nothing (the
     simulated nodes reach no index)."""
     target = rootfs / INSTALL_DIR.lstrip("/") / ROUTER_VERSION

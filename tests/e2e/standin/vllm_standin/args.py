@@ -362,7 +362,7 @@ def speculative_config(given: object, hf_config: dict) -> dict | None:
                           if isinstance(where.get(key), int) and where[key] > 0), None)  # fmt: skip
         if n_predict is None:
             # Stricter than what was seen: vLLM 0.25 with mtp on a model without MTP layers was not run (the
-            # program refuses it before any start, components/speculation.py); the stand-in refuses it too, with
+            # program refuses it before any start, components/plan/speculation.py); the stand-in refuses it too, with
             # the wording of vLLM's model registry for an architecture it has no class for.
             architectures = hf_config.get("architectures") or ["?"]
             raise StandinError(

@@ -1,0 +1,240 @@
+"""Checks before anything is deployed: the remote commands and how their answers are judged.
+
+Pure functions, no Pulumi and no I/O: `components/scripts/preflight_node.sh` and
+`components/scripts/model_fingerprint.py` run on the node hosts; what they print is judged here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.config import ClusterConfig, NodeConfig
+from components.plan.container import container_name
+from components.plan.engine import EngineSettings
+from components.plan.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
+
+MAX_DIFFERENCES = 5
+
+
+def model_path(model: str | None) -> str:
+    """The model's host path, or "" when the model is a Hugging Face repo id (or not set)."""
+    return model if model and model.startswith("/") else ""
+
+
+def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> list[str]:
+    """`env … bash -s` running components/scripts/preflight_node.sh (fed on stdin) on `node`'s host.
+
+    Peers go as NAME=ADDRESS so a failure names both nodes of the pair.
+    """
+    peers = " ".join(f"{peer.name}={peer.fabric_address}" for peer in cfg.nodes if peer.name != node.name)
+    return [
+        "env",
+        f"NODE={node.name}",
+        f"FABRIC_IF={node.fabric_interface}",
+        f"FABRIC_ADDR={node.fabric_address}",
+        f"PEERS={peers}",
+        f"MODEL={model_path(model)}",
+        f"CONTAINER={container_name(node, cfg.name_prefix)}",
+        f"FABRIC_CHECKS={0 if cfg.fabric.gate != 'off' else 1}",  # the fabric gate checks the link, in full
+        "bash",
+        "-s",
+    ]
+
+
+def fingerprint_argv(model_dir: str) -> list[str]:
+    """`python3 - MODEL_DIR`: runs components/scripts/model_fingerprint.py (fed on stdin) on a host."""
+    return ["python3", "-", model_dir]
+
+
+def parse_fingerprint(stdout: str) -> dict[str, Any]:
+    """The JSON line model_fingerprint.py printed (its last non-empty line)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("model fingerprint printed nothing")
+    return json.loads(lines[-1])
+
+
+def _differences(node: str, reference: str, mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """What differs between `mine` (node) and `theirs` (reference), sorted by path."""
+    files, ref_files = mine.get("files", {}), theirs.get("files", {})
+    meta, ref_meta = mine.get("metadata", {}), theirs.get("metadata", {})
+    found = []
+    for path in sorted(set(files) | set(ref_files)):
+        if path not in files:
+            found.append(f"missing on {node}: {path}")
+        elif path not in ref_files:
+            found.append(f"missing on {reference}: {path}")
+        elif files[path] != ref_files[path]:
+            found.append(f"{path} size {files[path]} vs {ref_files[path]}")
+        elif meta.get(path) != ref_meta.get(path):
+            found.append(f"{path} hash differs")
+    for path in sorted(set(mine.get("broken", [])) - set(theirs.get("broken", []))):
+        found.append(f"broken symlink on {node}: {path}")
+    for path in sorted(set(theirs.get("broken", [])) - set(mine.get("broken", []))):
+        found.append(f"broken symlink on {reference}: {path}")
+    return found
+
+
+def compare_fingerprints(by_node: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems when the model is not the same on every node; [] when it is.
+
+    `by_node` maps node name to what model_fingerprint.py printed (parsed), the head first: every
+    other node is compared with the first. An entry with "error" reports that node's failure.
+    Each problem names the two nodes and the first differing files, e.g.
+    `model differs: node-2 vs node-1: config.json hash differs; model-00001.safetensors size 123 vs 456`.
+    """
+    problems = []
+    valid = {}
+    for node, result in by_node.items():
+        if "error" in result or "fingerprint" not in result:
+            problems.append(f"model fingerprint failed on {node}: {result.get('error', 'no fingerprint')}")
+        else:
+            valid[node] = result
+    if not valid:
+        return problems
+    reference, *others = valid
+    for node in others:
+        if valid[node]["fingerprint"] == valid[reference]["fingerprint"]:
+            continue
+        found = _differences(node, reference, valid[node], valid[reference]) or ["fingerprint differs"]
+        shown = found[:MAX_DIFFERENCES]
+        if len(found) > MAX_DIFFERENCES:
+            shown.append(f"… and {len(found) - MAX_DIFFERENCES} more")
+        problems.append(f"model differs: {node} vs {reference}: " + "; ".join(shown))
+    return problems
+
+
+def image_check_argv(image_id: str) -> list[str]:
+    """`docker run --rm -i … python3 -` of components/scripts/image_probe.py (fed on stdin) in `image_id`."""
+    return ["docker", "run", "--rm", "-i", "--network=none", "--entrypoint", "python3", image_id, "-"]
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for part in (version or "").split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+RAY_AUTH_SINCE = (2, 52)  # RAY_AUTH_MODE=token (older Ray ignores it and runs without authentication)
+
+
+def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[str]:
+    """What the image on `node` lacks for this config (image_probe.py's facts), one line each with the fix."""
+    try:
+        facts = parse_fingerprint(stdout)
+    except (ValueError, json.JSONDecodeError):
+        return [f"image check {node.name}: the image's python3 said nothing readable ({stdout.strip()[:200]!r})"]
+    where = f"image check {node.name}"
+    problems = []
+    if not facts.get("vllm"):
+        problems.append(f"{where}: the image has no vLLM (no `vllm` package or command) — set image to a vLLM image")
+    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.get("vllm_nnodes") is False:
+        problems.append(
+            f"{where}: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and the image's "
+            f"vLLM {facts['vllm']} has none — use executor: ray, or an image with a newer vLLM"
+        )
+    if cfg.executor == "ray":
+        ray = facts.get("ray")
+        if not ray:
+            chosen = f" ({cfg.executor_reason})" if cfg.executor_reason else ""
+            problems.append(
+                f"{where}: the image has no Ray{chosen} — set executor: mp, or use an image with Ray installed"
+            )
+        else:
+            if cfg.ray.auth == "token" and _release(ray)[:2] < RAY_AUTH_SINCE:
+                problems.append(
+                    f"{where}: ray.auth: token needs Ray 2.52 or later and the image has Ray {ray}, which ignores "
+                    "RAY_AUTH_MODE and would run without authentication — set ray.auth: none (with network.guard: "
+                    "true), or use an image with Ray 2.52 or later"
+                )
+            if cfg.ray.dashboard and facts.get("ray_dashboard") is False:
+                problems.append(
+                    f"{where}: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
+                    f"them ({facts.get('ray_dashboard_error', 'not importable')}): `ray start` would stop with "
+                    "'Cannot include dashboard with missing packages.' — set ray.dashboard: false, or use an image "
+                    "with ray[default]"
+                )
+    return problems
+
+
+def image_warnings(node: NodeConfig, stdout: str) -> list[str]:
+    """What in the image on `node` costs time without stopping anything (image_probe.py's facts): vLLM or
+    torch without bytecode in an image that runs Python with PYTHONDONTWRITEBYTECODE, so that each of
+    vLLM's processes compiles their sources again at every start and restart."""
+    try:
+        facts = parse_fingerprint(stdout)
+    except (ValueError, json.JSONDecodeError):
+        return []  # image_problems reports it
+    missing = [name for name, compiled in (facts.get("bytecode") or {}).items() if compiled is False]
+    if not missing or not facts.get("dont_write_bytecode"):
+        return []  # without PYTHONDONTWRITEBYTECODE the first start writes the bytecode in the container
+    verb = "has" if len(missing) == 1 else "have"
+    return [
+        f"image check {node.name}: {' and '.join(sorted(missing))} in the image {verb} no bytecode and the image runs "
+        "Python with PYTHONDONTWRITEBYTECODE=1, so each of vLLM's processes compiles them again at every start and "
+        "restart (on an H200 `import torch` took 4.6 s instead of 1.4 s, and a Ray recovery 98–104 s instead of "
+        "71–76 s) — compile them in the image: `RUN python3 -m compileall -q $(python3 -c 'import site; "
+        "print(*site.getsitepackages())')` in its Dockerfile"
+    ]
+
+
+def node_memory(node: NodeConfig, stdout: str) -> NodeMemory:
+    """The node's memory per GPU from the preflight's last line (see preflight_node.sh): the GPUs' own
+    memory where nvidia-smi reports it, else the system memory the GPU shares (GB10), split over its GPUs."""
+    facts = parse_fingerprint(stdout)
+
+    def mib(key: str) -> list[float]:
+        return [float(v) for v in facts.get(key) or [] if str(v).replace(".", "", 1).isdigit()]
+
+    # What is free now, for vLLM's start-up check; not judged while this stack's own vLLM holds it.
+    judged = not facts.get("stack_running")
+    gpu_mib, free_mib = mib("gpu_memory_mib"), mib("gpu_free_mib")
+    if gpu_mib:
+        free = int(min(free_mib) * MIB) if free_mib and judged else None
+        return NodeMemory(node.name, node.gpus, int(min(gpu_mib) * MIB), unified=False, free_bytes=free)
+    available = facts.get("mem_available_bytes")
+    free = int(available) // node.gpus if available is not None and judged else None
+    return NodeMemory(node.name, node.gpus, int(facts.get("mem_total_bytes", 0)) // node.gpus, True, free)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
+
+
+def weight_bytes(fingerprint: dict[str, Any]) -> int:
+    """The size of the weight files vLLM loads (the fingerprint's "weights": safetensors when there are
+    any, else .bin, never original/; components/scripts/vllm_weights.py), or of every weight file when
+    the fingerprint predates that list."""
+    files = fingerprint.get("files", {})
+    if "weights" in fingerprint:
+        return sum(files.get(path, 0) for path in fingerprint["weights"])
+    return sum(size for path, size in files.items() if path.lower().endswith(WEIGHT_SUFFIXES))
+
+
+def memory_plan(
+    cfg: ClusterConfig,
+    fingerprint_stdout: str,
+    memories: list[NodeMemory],
+    engine: EngineSettings,
+    pin_kv_cache: bool = False,
+) -> Plan:
+    """The memory plan for this stack from what the nodes reported: the model's weight sizes and
+    config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
+    fingerprint = parse_fingerprint(fingerprint_stdout)
+    knobs = engine_knobs(list(engine.extra_args), engine.speculative)
+    shape = model_shape(fingerprint.get("config") or {}, knobs=knobs)
+    return plan_memory(
+        memories,
+        weight_bytes(fingerprint),
+        shape,
+        cfg.tensor_parallel_size,
+        cfg.pipeline_parallel_size,
+        engine.max_model_len,
+        cfg.vllm.gpu_memory_utilization,
+        int(cfg.memory.os_reserve_gib * GIB),
+        knobs=knobs,
+        max_num_seqs=cfg.vllm.max_num_seqs if isinstance(cfg.vllm.max_num_seqs, int) else None,
+        pin_kv_cache=pin_kv_cache,
+    )

@@ -1,0 +1,270 @@
+"""Copies over the fabric: the depot on the copy source, and what the receiving nodes run.
+
+The depot is a long-lived container on the copy source (`fabricCopy.source`, default the head):
+components/scripts/node_fabric_copy.py in its "serve" role, bound to that node's fabric address. It
+serves the image id the source holds (`imageTransfer.method: copy`) and the model directory
+(`modelSync.enabled`) to clients proving the stack's copy token, and writes nothing. Being a
+container with a restart policy, it is there for a node added later and for a copy retried after a
+failure, and it comes back after a reboot, with no step of the deployment having to start it.
+
+Each receiving node runs the same script over SSH, as a remote command: "image" (stream the image
+into `docker load` when the node lacks that id, check the id) and "model" (make the model directory
+equal to the source's). Both are safe to repeat: a node that has everything copies nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+from components.config import ClusterConfig, NodeConfig
+from components.plan.programs import script_program
+from components.plan.shell import shell_line
+from components.resources.steps import remote_step, service_container
+from components.scripts.node_contract import HfDownloadParams, params_of
+
+DEPOT_CONTAINER = "spark-vllm.depot"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
+DOCKER_SOCKET = "/var/run/docker.sock"
+TOKEN_ENV = "SPARK_VLLM_COPY_TOKEN"
+
+
+def sync_root(model_dir: str) -> str:
+    """What the copy reads and writes: the model directory, or for a Hugging Face snapshot
+    (…/models--org--name/snapshots/REV) its repository, whose blobs/ the snapshot links into.
+    (The same rule as sync_root in components/scripts/node_fabric_copy.py.)"""
+    model_dir = model_dir.rstrip("/") or "/"
+    parent = posixpath.dirname(model_dir)
+    repository = posixpath.dirname(parent)
+    if posixpath.basename(parent) == "snapshots" and posixpath.basename(repository).startswith("models--"):
+        return repository
+    return model_dir
+
+
+def depot_params(cfg: ClusterConfig, image_id: Optional[str], model: Optional[str]) -> dict:
+    source = cfg.copy_source
+    return {
+        "role": "serve",
+        "node": source.name,
+        "source": source.name,
+        "address": str(source.fabric_address),
+        "port": cfg.fabric_copy.port,
+        "image_id": image_id,
+        "model_dir": model,
+    }
+
+
+def receive_image_program(cfg: ClusterConfig, node: NodeConfig, image_id: str, reference: str, token: str) -> str:
+    """node_fabric_copy.py as an image receiver on `node`, for `python3 -` (secret: it holds the token)."""
+    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "image", "image_id": image_id,
+                                             "reference": reference,
+                                             "progress_seconds": cfg.image_transfer.progress_seconds})  # fmt: skip
+
+
+def sync_model_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: str) -> str:
+    """node_fabric_copy.py as a model receiver on `node`, for `python3 -` (secret: it holds the token)."""
+    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "model", "model_dir": model,
+                                             "progress_seconds": cfg.model_sync.progress_seconds})  # fmt: skip
+
+
+def _client(cfg: ClusterConfig, node: NodeConfig, token: str) -> dict:
+    source = cfg.copy_source
+    return {
+        "node": node.name,
+        "source": source.name,
+        "address": str(source.fabric_address),
+        "port": cfg.fabric_copy.port,
+        "token": token.strip(),
+    }
+
+
+def timeout_wrapper(seconds: int) -> str:
+    # pulumi-command has no timeout of its own; SIGTERM, then SIGKILL 10 s later.
+    return f"timeout --kill-after=10 {seconds} python3 -"
+
+
+@dataclass(frozen=True)
+class DepotArgs:
+    config: ClusterConfig
+    image_id: pulumi.Input[str]  # the image on the source: the depot runs it, and serves it with method copy
+    model: pulumi.Input[str]
+    provider: docker.Provider  # the source's Docker
+    start_after: tuple = ()  # the source's fabric network, when managed
+
+
+class Depot(pulumi.ComponentResource):
+    """The copy token (one per stack, a secret) and the depot container on the copy source."""
+
+    token: pulumi.Output[str]
+    container: docker.Container
+
+    def __init__(self, name: str, args: DepotArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:Depot", name, None, opts)
+        cfg = args.config
+        copies_image = cfg.image_transfer.method == "copy"
+        token = command.local.Command(
+            "fabric-copy-token",
+            create="python3 -c 'import secrets; print(secrets.token_hex(32))'",
+            logging=command.local.Logging.NONE,
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["stdout", "stderr"]),
+        )
+        self.token = pulumi.Output.secret(token.stdout.apply(lambda value: value.strip()))
+        model = pulumi.Output.from_input(args.model)
+        params = pulumi.Output.all(args.image_id, model).apply(
+            lambda parts: depot_params(
+                cfg, parts[0] if copies_image else None, parts[1] if cfg.model_sync.enabled else None
+            )
+        )
+        mounts = model.apply(lambda m: self._mounts(cfg, m))
+        self.container = service_container(
+            "spark-vllm-depot",
+            name=DEPOT_CONTAINER,
+            image=args.image_id,  # the source has it: nothing else to fetch
+            entrypoints=params.apply(lambda p: ["python3", "-u", "-c", script_program("node_fabric_copy.py", p)]),
+            envs=pulumi.Output.secret(self.token.apply(lambda value: [f"{TOKEN_ENV}={value}"])),
+            secret_envs=True,
+            mounts=mounts,  # it listens on the fabric address: host network
+            restart="unless-stopped",
+            init=True,
+            role="copy-depot",
+            stop_grace_seconds=5,
+            provider=args.provider,
+            parent=self,
+            depends_on=args.start_after,
+        )
+        self.register_outputs({"container_id": self.container.id})
+
+    @staticmethod
+    def _mounts(cfg: ClusterConfig, model: str) -> list[docker.ContainerMountArgs]:
+        mounts = []
+        if cfg.image_transfer.method == "copy":  # `docker save` through the node's own daemon
+            mounts.append(docker.ContainerMountArgs(type="bind", source=DOCKER_SOCKET, target=DOCKER_SOCKET))
+        if cfg.model_sync.enabled and model.startswith("/"):
+            root = sync_root(model)
+            mounts.append(docker.ContainerMountArgs(type="bind", source=root, target=root, read_only=True))
+        return mounts
+
+
+def receive_image(
+    name: str,
+    cfg: ClusterConfig,
+    node: NodeConfig,
+    depot: Depot,
+    image_id: pulumi.Input[str],
+    reference: pulumi.Input[str],
+    connection: command.remote.ConnectionArgs,
+    parent: pulumi.Resource,
+) -> command.remote.Command:
+    """`<node>-image-copy`: the source's image id on this node, received over the fabric if missing."""
+    stdin = pulumi.Output.all(image_id, reference, depot.token).apply(
+        lambda parts: receive_image_program(cfg, node, parts[0], parts[1], parts[2])
+    )
+    return remote_step(
+        f"{name}-image-copy",
+        connection,
+        timeout_wrapper(cfg.image_transfer.timeout_seconds + 30),
+        stdin=pulumi.Output.secret(stdin),
+        # Copied again only for another image id; reading and loading are safe to repeat.
+        triggers=[image_id],
+        parent=parent,
+        depends_on=[depot.container],
+    )
+
+
+def sync_model(
+    name: str,
+    cfg: ClusterConfig,
+    node: NodeConfig,
+    depot: Depot,
+    model: pulumi.Input[str],
+    source_fingerprint: pulumi.Input[str],
+    connection: command.remote.ConnectionArgs,
+    parent: pulumi.Resource,
+) -> command.remote.Command:
+    """`<node>-model-sync`: this node's model directory made equal to the source's."""
+    stdin = pulumi.Output.all(model, depot.token).apply(lambda parts: sync_model_program(cfg, node, *parts))
+    return remote_step(
+        f"{name}-model-sync",
+        connection,
+        timeout_wrapper(cfg.model_sync.timeout_seconds + 30),
+        stdin=pulumi.Output.secret(stdin),
+        # Again when the model or what the source holds changes (its fingerprint).
+        triggers=[model, source_fingerprint],
+        parent=parent,
+        depends_on=[depot.container],
+    )
+
+
+DOWNLOAD_HF_HOME = "/spark-vllm-hf"  # container.hfCacheDir in the download's container
+
+
+def download_command(cfg: ClusterConfig, node: NodeConfig, image_id: str, model: str) -> str:
+    """On the copy source: the repo id downloaded into container.hfCacheDir by a throwaway container
+    of the node's image, as the SSH user (so the files are theirs, like what modelSync writes); a model
+    that is a directory (a promoted release) has nothing to download and reports itself."""
+    if model.startswith("/"):
+        return shell_line(["echo", json.dumps({"snapshot": model})])
+    cache = cfg.container.hf_cache_dir
+    run = ["docker", "run", "--rm", "-i", "--network", "host"]
+    mount = ["--mount", f"type=bind,source={cache},target={DOWNLOAD_HF_HOME}", "--entrypoint", "python3", image_id, "-"]
+    timeout = ["timeout", "--kill-after=10", str(cfg.model_sync.timeout_seconds + 30)]
+    # $(id -u):$(id -g) is for the node's shell to expand: the only unquoted words in the line.
+    return (
+        f"{shell_line(['mkdir', '-p', cache])} && "
+        f'{shell_line([*timeout, *run])} --user "$(id -u):$(id -g)" {shell_line(mount)}'
+    )
+
+
+def download_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: Optional[str]) -> str:
+    """hf_download.py for `python3 -` (secret when it carries the token); nothing for a directory."""
+    if model.startswith("/"):
+        return ""
+    params = params_of(
+        HfDownloadParams,
+        node=node.name,
+        repo=model,
+        hf_home=DOWNLOAD_HF_HOME,
+        host_cache=cfg.container.hf_cache_dir.rstrip("/"),
+        endpoint=cfg.container.hf_endpoint,
+        token=token,
+        progress_seconds=cfg.model_sync.progress_seconds,
+    )
+    return script_program("hf_download.py", params)
+
+
+def snapshot_of(stdout: str) -> str:
+    """The host path of the downloaded snapshot, from the download's last line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1])["snapshot"]
+
+
+def download_model(
+    name: str,
+    cfg: ClusterConfig,
+    node: NodeConfig,
+    image_id: pulumi.Input[str],
+    model: pulumi.Input[str],
+    token: Optional[pulumi.Input[str]],
+    connection: command.remote.ConnectionArgs,
+    after: Sequence[pulumi.Resource],
+    parent: pulumi.Resource,
+) -> command.remote.Command:
+    """`<source>-model-download`: a Hugging Face repo id fetched once, on the copy source."""
+    create = pulumi.Output.all(image_id, model).apply(lambda p: download_command(cfg, node, p[0], p[1]))
+    stdin = pulumi.Output.all(model, token).apply(lambda p: download_program(cfg, node, p[0], p[1]))
+    return remote_step(
+        f"{name}-model-download",
+        connection,
+        create,
+        stdin=pulumi.Output.secret(stdin),
+        # Again only for another model: a repo already in the cache downloads nothing anyway.
+        triggers=[model],
+        parent=parent,
+        depends_on=after,
+    )

@@ -1,0 +1,133 @@
+"""The steps of the node checks (components/resources/checks/): the stack's fabric stage, each node's NodeChecks
+(its NODE checks, the first one before the others) and a replica's ACROSS stage; and each check's verdict, its judge
+over every node's result."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import pulumi
+import pulumi_command as command
+
+from components.config import ClusterConfig
+from components.plan.shell import shell_line
+from components.resources.checks import CHECKS, NodeCheck, OnNode, Stage
+from components.resources.steps import remote_step
+
+
+def of_stage(stage: Stage, cfg: ClusterConfig) -> list[NodeCheck]:
+    return [check for check in CHECKS if check.stage is stage and check.wanted(cfg)]
+
+
+@dataclass(frozen=True)
+class NodeChecksArgs:
+    on: OnNode
+    connection: command.remote.ConnectionArgs
+    after: Sequence[pulumi.Resource] = ()  # the fabric's verdict and networks; the node's model download or copy
+
+
+class NodeChecks(pulumi.ComponentResource):
+    """One node's NODE checks, `<name>-<check>` each: read-only (nothing to undo, no delete)."""
+
+    steps: dict[str, command.remote.Command]
+
+    def __init__(self, name: str, args: NodeChecksArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:NodeChecks", name, None, opts)
+        self.steps = {}
+        first: list[pulumi.Resource] = []
+        for check in of_stage(Stage.NODE, args.on.cfg):
+            self.steps[check.name] = remote_step(
+                f"{name}-{check.name}",
+                args.connection,
+                check.command(args.on),
+                triggers=check.triggers(args.on),
+                parent=self,
+                depends_on=first or args.after,
+            )
+            first = first or [self.steps[check.name]]
+        self.register_outputs({})
+
+    def stdout(self, check: str) -> Optional[pulumi.Output[str]]:
+        step = self.steps.get(check)
+        return step.stdout if step is not None else None
+
+
+def verdict(check: NodeCheck, cfg: ClusterConfig, outs: dict[str, pulumi.Output[str]], found: dict) -> pulumi.Output:
+    """The check's judge over every node's stdout (and the findings it reads)."""
+    names = list(outs)
+    read = [found[name] for name in check.reads]
+    return pulumi.Output.all(*read, *outs.values()).apply(
+        lambda parts: check.judge(
+            cfg,
+            dict(zip(names, parts[len(read) :], strict=True)),
+            dict(zip(check.reads, parts[: len(read)], strict=True)),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class FabricVerdict:
+    """The stack's fabric stage: its findings by check, the fabric's figures, and what exists once it passed
+    (None with fabric.gate off)."""
+
+    found: dict[str, pulumi.Output] = field(default_factory=dict)
+    figures: pulumi.Output = field(
+        default_factory=lambda: pulumi.Output.from_input({"checked": False, "reason": "fabric.gate: off"})
+    )
+    passed: Optional[command.local.Command] = None
+
+
+def fabric_stage(
+    parent: pulumi.Resource, cfg: ClusterConfig, on: dict[str, OnNode], connections: dict, networks: list
+) -> FabricVerdict:
+    """Every FABRIC check on every node at once as soon as it is reachable (it waits for nothing but the
+    fabric networks), judged together by `spark-vllm-fabric-passed`: with fabric.gate enforce its input fails
+    listing every problem, so it never exists and nothing after it (the checks, the containers) runs."""
+    checks = of_stage(Stage.FABRIC, cfg)
+    if not checks:
+        return FabricVerdict()
+    found: dict[str, pulumi.Output] = {}
+    for check in checks:
+        steps = {
+            name: remote_step(
+                f"{name}-{check.name}", connections[name], check.command(each), triggers=check.triggers(each),
+                parent=parent, depends_on=networks,
+            )
+            for name, each in on.items()
+        }  # fmt: skip
+        found[check.name] = verdict(check, cfg, {name: step.stdout for name, step in steps.items()}, found)
+    lines = pulumi.Output.all(*found.values()).apply(
+        lambda parts: "; ".join(check.summary(part) for check, part in zip(checks, parts, strict=True))
+    )
+    passed = command.local.Command(
+        "spark-vllm-fabric-passed",
+        create=lines.apply(lambda line: shell_line(["echo", line])),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return FabricVerdict(found, found.get("fabric-gate", FabricVerdict().figures), passed)
+
+
+def across_stage(
+    parent: pulumi.Resource, cfg: ClusterConfig, on: dict[str, OnNode], connections: dict,
+    after: list[pulumi.Resource], found: dict[str, pulumi.Output],
+) -> dict[str, pulumi.Output]:  # fmt: skip
+    """A replica's ACROSS checks on every node at once, after `after` (every node's NODE checks): their findings."""
+    found = dict(found)
+    image_ids = tuple(each.image_id for each in on.values())
+    for check in of_stage(Stage.ACROSS, cfg):
+        steps = {}
+        for name, each in on.items():
+            each = replace(each, image_ids=image_ids)
+            steps[name] = remote_step(
+                cfg.named(f"{name}-{check.name}"), connections[name], check.command(each),
+                triggers=check.triggers(each), parent=parent, depends_on=after,
+            )  # fmt: skip
+        found[check.name] = verdict(check, cfg, {name: step.stdout for name, step in steps.items()}, found)
+    return found
+
+
+def checked_fabric(found: dict[str, Any], fabric: pulumi.Output) -> pulumi.Output:
+    """The fabric's figures: with the NCCL test, the test's merged into the gate's."""
+    return found.get("fabric-nccl", fabric)

@@ -1,0 +1,142 @@
+"""How the image and the model reach every node: each node's image (pulled, or copied from the copy
+source's depot over the fabric), network.guard's rules before anything of the stack listens, and with
+modelSync the depot serving the model (a repo id downloaded once on the source first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+
+from components.config import ClusterConfig, NodeConfig
+from components.resources.depot import Depot, DepotArgs, download_model
+from components.resources.guard import NodeGuard, NodeGuardArgs
+from components.resources.image import CopyFrom, NodeImage, NodeImageArgs
+from components.resources.node import NodeHost
+from components.resources.release import ReleaseSource
+
+
+class ModelSyncError(Exception):
+    pass
+
+
+def model_directory(cfg: ClusterConfig, model: str) -> str:
+    """The model as modelSync copies it: a directory, or a repo id's repository in container.hfCacheDir
+    (a promoted release may name a repo id where this stack has no such directory)."""
+    try:
+        return cfg.synced_model_dir(model)
+    except ValueError:
+        raise ModelSyncError(
+            f"modelSync.enabled copies the model, but it is {model!r}, a Hugging Face repo id, and "
+            "container.hfCacheDir is not set: set it to a host directory (the copy source downloads the model "
+            "there once and the other nodes receive it there)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What the transfer left for the checks and the containers."""
+
+    images: dict[str, NodeImage]  # every node's, in config order
+    guards: dict[str, NodeGuard]  # with network.guard: every node's
+    depot: Optional[Depot]  # the copy source's, when something is copied
+    download: Optional[command.remote.Command]  # a repo id fetched once on the copy source
+    synced_model: pulumi.Input[str]  # what the depot serves and every other node's sync writes
+
+
+def _source_depot(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    hosts: dict[str, NodeHost],
+    hf_token: Optional[pulumi.Output[str]],
+    image: NodeImage,
+    guarded: list,
+) -> tuple[Depot, Optional[command.remote.Command], pulumi.Output]:
+    """The copy source's depot (what the other nodes copy from over the fabric), after its guard (`guarded`):
+    a repo id downloaded there first; with modelSync the model directory it serves."""
+    source = cfg.copy_source
+    networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
+    download, synced = None, release.model
+    if cfg.downloads_once:
+        # A repo id: fetched once here, then served like a directory (the depot mounts it).
+        download = download_model(
+            source.name, cfg, source, image.image_id, release.model, hf_token, hosts[source.name].connection,
+            after=guarded, parent=parent,
+        )  # fmt: skip
+    if cfg.model_sync.enabled:
+        synced = release.model.apply(lambda model: model_directory(cfg, model))
+    depot = Depot(
+        "spark-vllm-copy",
+        DepotArgs(
+            config=cfg,
+            image_id=image.image_id,
+            model=synced,
+            provider=hosts[source.name].provider,
+            start_after=(*networks, *guarded, *([download] if download else [])),
+        ),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return depot, download, synced
+
+
+def create_transfer(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    hosts: dict[str, NodeHost],
+    hf_token: Optional[pulumi.Output[str]],
+) -> Transfer:
+    """Every node's image. The copy source's is pulled (or found); with imageTransfer.method copy the
+    others receive that image id from the source's depot over the fabric."""
+    source = cfg.copy_source
+    opts = pulumi.ResourceOptions(parent=parent)
+
+    def node_image(node: NodeConfig, copy_from: Optional[CopyFrom] = None) -> NodeImage:
+        host = hosts[node.name]
+        return NodeImage(
+            node.name,
+            NodeImageArgs(
+                node=node,
+                reference=release.image,
+                keep_locally=cfg.container.keep_image,
+                transfer=cfg.image_transfer,
+                provider=host.provider,
+                connection=host.connection,
+                copy_from=copy_from,
+            ),
+            opts=opts,
+        )
+
+    def guard(node: NodeConfig, image: NodeImage) -> None:
+        """network.guard on `node`: its rules in place before anything of the stack listens there."""
+        if cfg.network.guard:
+            host = hosts[node.name]
+            args = NodeGuardArgs(
+                config=cfg, node=node, image_id=image.image_id, provider=host.provider, connection=host.connection
+            )
+            guards[node.name] = NodeGuard(node.name, args, opts=opts)
+
+    images = {source.name: node_image(source)}
+    guards: dict[str, NodeGuard] = {}
+    guard(source, images[source.name])
+    depot, download, synced = None, None, release.model
+    if cfg.uses_depot:
+        guarded = [guards[source.name].ready] if source.name in guards else []
+        depot, download, synced = _source_depot(parent, cfg, release, hosts, hf_token, images[source.name], guarded)
+    copy_from = None
+    if depot is not None and cfg.image_transfer.method == "copy":
+        copy_from = CopyFrom(config=cfg, depot=depot, image_id=images[source.name].image_id)
+    for node in cfg.nodes:
+        if node.name != source.name:
+            images[node.name] = node_image(node, copy_from)
+            guard(node, images[node.name])
+    return Transfer(
+        images={node.name: images[node.name] for node in cfg.nodes},
+        guards=guards,
+        depot=depot,
+        download=download,
+        synced_model=synced,
+    )
