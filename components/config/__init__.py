@@ -6,7 +6,11 @@ rules run under `pulumi up`, under Pulumi's mocks and in pure unit tests.
 
   types.py      value types, each with its own rule (names, addresses, paths, keys, secrets)
   sections.py   a node, and each object key (vllm, ray, fabric, container, …)
+  ssh_keys.py, vllm_args.py  what an SSH key and extraArgs really are
+  deployments.py  ModelSettings (one model's keys), DeploymentConfig, the router, replica names
   models.py     ClusterConfig, the whole namespace, and what follows from it (head, workers, …)
+  replicas.py   each deployment's replicas as single-model views, and the rules that hold across them
+  node_rules.py, deployment_rules.py  the cross-field rules of the nodes and of the deployments
   listeners.py  the ports each node's listeners take
   runner.py     how the cross-field rules run: each on the keys it declares, where they are valid
   rules.py      the cross-field rules
@@ -17,44 +21,14 @@ rules run under `pulumi up`, under Pulumi's mocks and in pure unit tests.
 
 from components.config.errors import ConfigError
 from components.config.key_paths import config_keys
-from components.config.listeners import (
-    EPHEMERAL_KEY,
-    EPHEMERAL_RANGE,
-    RAY_CLIENT_KEY,
-    RAY_CLIENT_PORT,
-    Listener,
-    node_listeners,
-)
-from components.config.loading import load_cluster_config, namespace_problems, near_namespace
-from components.config.models import SECRET_KEYS, ClusterConfig, auto_executor
-from components.config.sections import (
-    BenchmarkConfig,
-    ContainerConfig,
-    FabricConfig,
-    FabricCopyConfig,
-    ImageTransferConfig,
-    MemoryConfig,
-    MetricsConfig,
-    ModelSyncConfig,
-    NcclConfig,
-    NetworkConfig,
-    NodeConfig,
-    RayConfig,
-    RecoveryConfig,
-    ReleaseConfig,
-    SecurityConfig,
-    SpeculativeConfig,
-    SshConfig,
-    UlimitsConfig,
-    VllmConfig,
-)
+from components.config.listeners import node_listeners
+from components.config.loading import load_cluster_config, near_namespace
+from components.config.models import ClusterConfig, auto_executor
+from components.config.sections import ImageTransferConfig, NetworkConfig, NodeConfig, ReleaseConfig
 from components.config.types import NAMESPACE
 
+# What the rest of the program takes from the config; the other names are read from their own modules.
 __all__ = [
-    "EPHEMERAL_KEY", "EPHEMERAL_RANGE", "NAMESPACE", "RAY_CLIENT_KEY", "RAY_CLIENT_PORT", "SECRET_KEYS",
-    "BenchmarkConfig", "ClusterConfig", "ConfigError", "ContainerConfig", "FabricConfig", "FabricCopyConfig",
-    "ImageTransferConfig", "Listener", "MemoryConfig", "MetricsConfig", "ModelSyncConfig", "NcclConfig",
-    "NetworkConfig", "NodeConfig", "RayConfig", "RecoveryConfig", "ReleaseConfig", "SecurityConfig",
-    "SpeculativeConfig", "SshConfig", "UlimitsConfig", "VllmConfig", "auto_executor", "config_keys",
-    "load_cluster_config", "namespace_problems", "near_namespace", "node_listeners",
+    "NAMESPACE", "ClusterConfig", "ConfigError", "ImageTransferConfig", "NetworkConfig", "NodeConfig",
+    "ReleaseConfig", "auto_executor", "config_keys", "load_cluster_config", "near_namespace", "node_listeners",
 ]  # fmt: skip

@@ -1,8 +1,10 @@
 """Rules that only exist with several deployments: what the router exposes and whether it reaches every
-replica, served model names the router could confuse, names that collide once joined with a node's, and
-replica ports beyond the last port. Each returns its problems, one line each (key path, value found, what
-is expected); components/config/replicas.py runs them on the deployments whose own fields are valid
-(`usable`: (index, deployment) pairs), the config being a ClusterConfig or the partial view of one."""
+replica, served model names the router could confuse, names that collide once joined with a node's,
+replica ports beyond the last port, what a stack with deployments cannot have. Registered rules
+(components/config/runner.py), each declaring the keys it reads (`deployments[].vllm.port`); each judges
+the deployments `placed` gives it (named once, on known nodes, replicas dividing them: the others have
+their own problems, components/config/replicas.py) and returns its problems, one line each (key path,
+value found, what is expected)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,102 @@ from typing import Any
 
 from components.config.deployments import node_groups, replica_name
 from components.config.errors import problem
+from components.config.runner import rule
 from components.config.vllm_args import read_extra_args
 
 LAST_PORT = 65535
 # Names the stack's own resources and containers take (components/resources/router.py, components/plan/names.py):
 # a deployment named so would read as one of them in `pulumi preview`, the logs and the diagnostics bundle.
 RESERVED_NAMES = ("spark-vllm", "router")
+
+
+# What `placed` reads: every rule below that judges deployments declares these too.
+PLACED = ("nodes[].name", "deployments[].name", "deployments[].nodes", "deployments[].replicas")
+
+
+def placed(cfg: Any) -> list[tuple[int, Any]]:
+    """(index, deployment) of the deployments the rules judge: the first of each name, its nodes known and
+    each listed once, its replicas dividing them (components/config/replicas.py names the others)."""
+    known = {node.name for node in cfg.nodes}
+    names: set[str] = set()
+    found = []
+    for deployment in cfg.deployments:
+        nodes = list(deployment.nodes)
+        if deployment.name in names:
+            continue
+        names.add(deployment.name)
+        divides = len(nodes) == 1 or len(nodes) % deployment.replicas == 0
+        if set(nodes) <= known and len(set(nodes)) == len(nodes) and divides:
+            found.append((deployment.index, deployment))
+    return found
+
+
+@rule("deployments[].name")
+def names_unique(cfg: Any) -> list[str]:
+    first: dict[str, int] = {}
+    problems = []
+    for deployment in cfg.deployments:
+        if deployment.name in first:
+            problems.append(
+                problem(
+                    f"deployments[{deployment.index}].name",
+                    deployment.name,
+                    f"a unique name (deployments[{first[deployment.name]}] has it)",
+                )
+            )
+        first.setdefault(deployment.name, deployment.index)
+    return problems
+
+
+@rule(*PLACED)
+def nodes_known_and_divided(cfg: Any) -> list[str]:
+    """A deployment's nodes (known, each once) and replicas (dividing them into equal groups)."""
+    known = sorted(node.name for node in cfg.nodes)
+    problems: list[str] = []
+    names: set[str] = set()
+    for deployment in cfg.deployments:
+        if deployment.name in names:
+            continue  # names_unique names it
+        names.add(deployment.name)
+        at, nodes = f"deployments[{deployment.index}]", list(deployment.nodes)
+        missing = [name for name in nodes if name not in known]
+        twice = sorted({name for name in nodes if nodes.count(name) > 1})
+        if missing:
+            problems.append(problem(f"{at}.nodes", nodes, f"names from nodes ({known}): {missing} is not one"))
+        if twice:
+            problems.append(problem(f"{at}.nodes", nodes, f"each node once ({twice} twice)"))
+        if len(nodes) > 1 and len(nodes) % deployment.replicas:
+            problems.append(
+                problem(
+                    f"{at}.replicas",
+                    deployment.replicas,
+                    f"a number that divides its {len(nodes)} nodes into equal groups, one a replica (or list one "
+                    "node for all of its replicas)",
+                )
+            )
+    return problems
+
+
+@rule("deployments[].name", "deployments[].replicas")
+def replica_names_free(cfg: Any) -> list[str]:
+    """Replica k > 1 of a deployment is <name>-<k>: no deployment may be named so."""
+    first: dict[str, int] = {}
+    for deployment in cfg.deployments:
+        first.setdefault(deployment.name, deployment.index)
+    problems = []
+    for deployment in cfg.deployments:
+        for k in range(1, deployment.replicas):
+            taken = replica_name(deployment.name, k)
+            if taken in first:
+                problems.append(
+                    problem(
+                        f"deployments[{first[taken]}].name",
+                        taken,
+                        f"a name no replica has: deployments[{deployment.index}] ({deployment.name}) names its "
+                        f"replica {k + 1} {taken}",
+                    )
+                )
+    return problems
 
 
 def _groups(deployment: Any) -> list[list[str]]:
@@ -26,10 +118,11 @@ def _replica_name(deployment: Any, k: int) -> str:
     return replica_name(deployment.name, k)
 
 
-def replica_ports_fit(usable: list) -> list[str]:
+@rule(*PLACED, "deployments[].vllm.port", deferred=True)
+def replica_ports_fit(cfg: Any) -> list[str]:
     """Replicas sharing their one node listen on vllm.port + k (k = 0 … replicas − 1): the last must be a port."""
     problems = []
-    for index, deployment in usable:
+    for index, deployment in placed(cfg):
         if len(deployment.nodes) != 1 or deployment.replicas == 1:
             continue
         last = deployment.vllm.port + deployment.replicas - 1
@@ -47,13 +140,14 @@ def replica_ports_fit(usable: list) -> list[str]:
     return problems
 
 
-def served_names_unique(usable: list) -> list[str]:
+@rule(*PLACED, "deployments[].vllm.servedModelName", "deployments[].model", deferred=True)
+def served_names_unique(cfg: Any) -> list[str]:
     """The router sends a request to the replicas of the model it names: two deployments serving one name would
     share requests (a coder's prompt answered by the small model). The name is vllm.servedModelName, else the
     model (none yet with promoteFrom: the promoted release's model decides, checked where it is known)."""
     problems: list[str] = []
     seen: dict[str, int] = {}
-    for index, deployment in usable:
+    for index, deployment in placed(cfg):
         served = deployment.vllm.served_model_name or deployment.model
         if served is None:
             continue
@@ -72,13 +166,14 @@ def served_names_unique(usable: list) -> list[str]:
     return problems
 
 
-def names_apart(cfg: Any, usable: list) -> list[str]:
+@rule(*PLACED, "nodes[*].name", deferred=True)
+def names_apart(cfg: Any) -> list[str]:
     """A replica's resources and containers on a node are named `<replica>-<node>` (spark-vllm-<replica>-<node>):
     two such joins that spell the same (`qwen` on `big-spark`, `qwen-big` on `spark`) would be one container
     name and one resource twice. And the stack's own names are not a deployment's."""
     problems: list[str] = []
     joined: dict[str, tuple[int, str, str]] = {}
-    for index, deployment in usable:
+    for index, deployment in placed(cfg):
         if deployment.name in RESERVED_NAMES or deployment.name.startswith(tuple(f"{n}-" for n in RESERVED_NAMES)):
             problems.append(
                 problem(
@@ -107,6 +202,15 @@ def names_apart(cfg: Any, usable: list) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+@rule(
+    "router.enabled",
+    "router.allowUnauthenticated",
+    "router.host",
+    "router.node",
+    "router.port",
+    "apiKey",
+    deferred=True,
+)
 def router_exposes_nothing(cfg: Any) -> list[str]:
     """The router listens beyond loopback (router.host 0.0.0.0 or the fabric address): without the stack's apiKey
     every model behind it answers anyone who reaches that port, even where each vLLM is only on loopback or
@@ -126,7 +230,11 @@ def router_exposes_nothing(cfg: Any) -> list[str]:
     ]
 
 
-def router_reaches_replicas(cfg: Any, usable: list) -> list[str]:
+REACH = ("nodes[*].fabricAddress", "network.guard", "network.apiSources", "deployments[].vllm.host")
+
+
+@rule(*PLACED, *REACH, "router.enabled", "router.node", deferred=True)
+def router_reaches_replicas(cfg: Any) -> list[str]:
     """The router sends each request to a replica's API server: one listening on loopback of another node, or
     fenced by network.guard from the router node's fabric address, never answers it."""
     router = cfg.router
@@ -135,7 +243,7 @@ def router_reaches_replicas(cfg: Any, usable: list) -> list[str]:
         return []
     sources = cfg.network.api_sources if cfg.network.guard else []
     found = []
-    for index, deployment in usable:
+    for index, deployment in placed(cfg):
         away = [group[0] for group in _groups(deployment) if group[0] != home.name]
         if away:  # a replica on the router's own node is reached on loopback
             found += _unreached(index, deployment, away[0], home, "router.node", "the router that sends it requests",
@@ -143,14 +251,15 @@ def router_reaches_replicas(cfg: Any, usable: list) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def prometheus_reaches_replicas(cfg: Any, usable: list) -> list[str]:
+@rule(*PLACED, *REACH, "metrics.prometheusNode", deferred=True)
+def prometheus_reaches_replicas(cfg: Any) -> list[str]:
     """metrics.prometheusNode on a node a replica does not run on still scrapes that replica's head (on one it
     runs on, the replica view's own rule checks it)."""
     scraper = next((node for node in cfg.nodes if node.name == cfg.metrics.prometheus_node), None)
     if scraper is None:
         return []
     found = []
-    for index, deployment in usable:
+    for index, deployment in placed(cfg):
         if scraper.name not in deployment.nodes:
             found += _unreached(index, deployment, deployment.nodes[0], scraper, "metrics.prometheusNode",
                                 "its Prometheus that scrapes /metrics there", cfg.network.api_sources)  # fmt: skip
@@ -187,9 +296,11 @@ def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: 
 KV_BYTES_FLAG, KV_BYTES_SHORTEST = "--kv-cache-memory-bytes", "--kv-cache-mem"
 
 
-def pinned_kv_cache_is_the_plans(usable: list) -> list[str]:
+@rule(*PLACED, "deployments[].vllm.extraArgs", deferred=True)
+def pinned_kv_cache_is_the_plans(cfg: Any) -> list[str]:
     """A replica that shares its GPU with another gets its KV cache in bytes from its memory plan: the same flag in
     its extraArgs would take that from the plan (and from the node's other replicas, whose plans assume it)."""
+    usable = placed(cfg)
     shared = {}
     for index, deployment in usable:
         for group in _groups(deployment):
@@ -220,7 +331,7 @@ def single_model_router_problems(cfg: Any, valid: Any) -> list[str]:
     router = cfg.router
     if not valid(router) or not router.enabled or not isinstance(cfg.nodes, list):
         return []
-    problems = router_exposes_nothing(cfg) if valid(cfg.api_key) else []
+    problems: list[str] = []
     nodes = {node.name: node for node in cfg.nodes if valid(node)}
     home = nodes.get(router.node)
     head = cfg.head if valid(cfg.head) and cfg.head is not None else (cfg.nodes[0].name if cfg.nodes else None)
@@ -252,14 +363,31 @@ def single_model_router_problems(cfg: Any, valid: Any) -> list[str]:
     return problems
 
 
-def fleet_problems(cfg: Any, usable: list, valid: Any) -> list[str]:
-    """Every rule above whose keys are valid (`valid(value)`: the runner's judgement of a partial view)."""
-    problems = replica_ports_fit(usable) + served_names_unique(usable) + pinned_kv_cache_is_the_plans(usable)
-    if all(valid(node.name) for node in cfg.nodes):
-        problems += names_apart(cfg, usable)
-    if valid(cfg.router) and valid(cfg.api_key):
-        problems += router_exposes_nothing(cfg)
-    if valid(cfg.network) and all(valid(node) for node in cfg.nodes):
-        problems += router_reaches_replicas(cfg, usable) if valid(cfg.router) else []
-        problems += prometheus_reaches_replicas(cfg, usable) if valid(cfg.metrics) else []
-    return problems
+@rule("deployments[].name", "fabric.bandwidthTest", "fabric.gate", deferred=True)
+def fabric_tested_once(cfg: Any) -> list[str]:
+    """With deployments the fabric gate checks the stack's links once; the NCCL test runs in a single-model stack."""
+    if not cfg.deployments or cfg.fabric.bandwidth_test != "nccl" or cfg.fabric.gate == "off":
+        return []
+    return [
+        problem(
+            "fabric.bandwidthTest",
+            "nccl",
+            "tcp with deployments (the fabric gate checks the stack's links once; the NCCL test runs in a "
+            "single-model stack)",
+        )
+    ]
+
+
+@rule("deployments[].name", "modelSync.enabled", deferred=True)
+def models_already_there(cfg: Any) -> list[str]:
+    """modelSync copies one model, a single-model stack's."""
+    if not cfg.deployments or not cfg.model_sync.enabled:
+        return []
+    return [
+        problem(
+            "modelSync.enabled",
+            True,
+            "false with deployments: each deployment's model must be on its nodes already (a directory) or be "
+            "a repo id vLLM downloads (modelSync copies one model, a single-model stack's)",
+        )
+    ]

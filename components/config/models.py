@@ -234,10 +234,14 @@ class ClusterConfig(ModelSettings, _Machines):
         single-model stack (whose resources keep their names)."""
         return self._name_prefix
 
-    def named(self, name: str, alone: Optional[str] = None) -> str:
+    def called(self, alone: str = "") -> str:
+        """This replica's name; a single-model stack's is `alone` (its resources keep the names they had)."""
+        return self._name_prefix or alone
+
+    def named(self, name: str, alone: str = "") -> str:
         """A name of this replica's (a resource, a container): `<replica>-<name>`; a single-model stack's is
         `name` as it always was (or `<alone>-<name>`)."""
-        prefix = self._name_prefix or alone
+        prefix = self.called(alone)
         return f"{prefix}-{name}" if prefix else name
 
     def said(self, line: str) -> str:

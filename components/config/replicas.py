@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from components.config.deployment_rules import fleet_problems
+from components.config.deployment_rules import PLACED, placed
 from components.config.deployments import SINGLE_MODEL_KEYS, node_groups, replica_name
 from components.config.errors import problem
 from components.config.listeners import EPHEMERAL_KEY, RAY_CLIENT_KEY, Listener, node_listeners
 from components.config.models import ClusterConfig
-from components.config.runner import FAILED
+from components.config.runner import FAILED, View, failed_keys, skipped
 
 # The rules that read these keys describe one model: with deployments they run on each replica's view.
 DEPLOYMENT_ROOTS = (*(key for key, _ in SINGLE_MODEL_KEYS), "smokeTest", "benchmark")
@@ -53,10 +53,6 @@ class Replica:
         """Its metrics' labels: its head; a listed deployment's also name it and the replica."""
         head = {"node": self.config.head_node.name}
         return head if self.own else {**head, "deployment": self.deployment, "replica": self.name}
-
-    def resource(self, name: str) -> str:
-        """A resource name of this replica: `name` as a single-model stack names it, prefixed."""
-        return f"{self.name}-{name}" if self.name else name
 
 
 def _replace(source: Any, **update: Any) -> Any:
@@ -190,8 +186,10 @@ def _set(cfg: Any, field: str) -> bool:
 
 
 def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
-    """Every problem of `deployments` (`cfg` a ClusterConfig or the partial view of one); `run_view(view)`
-    runs the single-model rules on one replica's view."""
+    """What the registered rules cannot say of `deployments` (`cfg` a ClusterConfig or the partial view of one):
+    the single-model keys set beside them, and every single-model rule on each replica's view (`run_view(view)`
+    runs them) with what replicas sharing a node need there, for the deployments `placed` keeps whose own
+    fields are all valid."""
     deployments = cfg.deployments
     if not isinstance(deployments, list) or not deployments:
         return []
@@ -201,84 +199,13 @@ def deployment_problems(cfg: Any, run_view: Any) -> list[str]:
         if _set(cfg, field)
     ]
     nodes = cfg.nodes if isinstance(cfg.nodes, list) else []
+    if not nodes or skipped(PLACED, failed_keys(cfg)):
+        return problems
     node_index = {node.name: index for index, node in enumerate(nodes) if _valid(node) or _valid(node.name)}
-    names: dict[str, int] = {}
-    usable = []
-    for index, deployment in enumerate(deployments):
-        if not _valid(deployment):
-            continue  # its own fields' problems are listed already
-        if deployment.name in names:
-            problems.append(
-                problem(
-                    f"deployments[{index}].name",
-                    deployment.name,
-                    f"a unique name (deployments[{names[deployment.name]}] has it)",
-                )
-            )
-            continue
-        names[deployment.name] = index
-        found = _placement_problems(index, deployment, node_index)
-        problems += found
-        if not found:
-            usable.append((index, deployment))
-    problems += _replica_names_clash(deployments, names)
-    if nodes:
-        problems += _view_problems(cfg, usable, node_index, run_view)
-        problems += _shared_node_problems(cfg, usable)
-        keys = {line.split(": ")[0] for line in problems}
-        problems += [line for line in fleet_problems(cfg, usable, _valid) if line.split(": ")[0] not in keys]
-    return problems + _whole_stack_problems(cfg)
-
-
-def _placement_problems(index: int, deployment: Any, node_index: dict[str, int]) -> list[str]:
-    """A deployment's nodes (known, each once) and replicas (dividing them into equal groups)."""
-    at = f"deployments[{index}]"
-    problems = []
-    missing = [name for name in deployment.nodes if name not in node_index]
-    twice = sorted({name for name in deployment.nodes if deployment.nodes.count(name) > 1})
-    if missing:
-        problems.append(
-            problem(
-                f"{at}.nodes", list(deployment.nodes), f"names from nodes ({sorted(node_index)}): {missing} is not one"
-            )
-        )
-    if twice:
-        problems.append(problem(f"{at}.nodes", list(deployment.nodes), f"each node once ({twice} twice)"))
-    count = len(deployment.nodes)
-    if count > 1 and count % deployment.replicas:
-        problems.append(
-            problem(
-                f"{at}.replicas",
-                deployment.replicas,
-                f"a number that divides its {count} nodes into equal groups, one a replica (or list one node "
-                "for all of its replicas)",
-            )
-        )
-    return problems
-
-
-def _whole_stack_problems(cfg: Any) -> list[str]:
-    """Stack-wide settings that deployments cannot have: the NCCL fabric test, modelSync."""
-    problems = []
-    if _valid(cfg.fabric) and cfg.fabric.bandwidth_test == "nccl" and cfg.fabric.gate != "off":
-        problems.append(
-            problem(
-                "fabric.bandwidthTest",
-                "nccl",
-                "tcp with deployments (the fabric gate checks the stack's links once; the NCCL test runs in a "
-                "single-model stack)",
-            )
-        )
-    if _valid(cfg.model_sync) and cfg.model_sync.enabled:
-        problems.append(
-            problem(
-                "modelSync.enabled",
-                True,
-                "false with deployments: each deployment's model must be on its nodes already (a directory) or be "
-                "a repo id vLLM downloads (modelSync copies one model, a single-model stack's)",
-            )
-        )
-    return problems
+    kept = placed(View(cfg, frozenset(PLACED)))
+    usable = [(index, deployments[index]) for index, _ in kept if _valid(deployments[index])]
+    problems += _view_problems(cfg, usable, node_index, run_view)
+    return problems + _shared_node_problems(cfg, usable)
 
 
 def _shown(cfg: Any, field: str) -> Any:
@@ -290,25 +217,6 @@ def _shown(cfg: Any, field: str) -> Any:
     if isinstance(raw, dict):
         return raw.get(next(key for key, name in SINGLE_MODEL_KEYS if name == field))
     return value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-
-
-def _replica_names_clash(deployments: list, names: dict[str, int]) -> list[str]:
-    problems = []
-    for index, deployment in enumerate(deployments):
-        if not _valid(deployment):
-            continue
-        for k in range(1, deployment.replicas):
-            taken = replica_name(deployment.name, k)
-            if taken in names:
-                problems.append(
-                    problem(
-                        f"deployments[{names[taken]}].name",
-                        taken,
-                        f"a name no replica has: deployments[{index}] ({deployment.name}) names its replica "
-                        f"{k + 1} {taken}",
-                    )
-                )
-    return problems
 
 
 def _view_problems(cfg: Any, usable: list, node_index: dict[str, int], run_view: Any) -> list[str]:

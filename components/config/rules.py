@@ -17,15 +17,18 @@ from components.config.vllm_args import read_extra_args
 
 def run_rules(source: Any) -> list[str]:
     """Every rule that can run on `source` (a ClusterConfig or a partial view of one). With deployments,
-    the rules of one model run on each replica's view instead (components/config/replicas.py)."""
-    if not _has_deployments(source):
-        problems = run(source)
-        keys = {line.split(": ")[0] for line in problems}
-        return problems + [
-            line for line in single_model_router_problems(source, _valid) if line.split(": ")[0] not in keys
-        ]
-    problems = run(source, only=lambda each: not _of_one_model(each))
-    return problems + deployment_problems(source, lambda replica: run(replica, only=_of_one_model))
+    the rules of one model run on each replica's view instead (components/config/replicas.py); the deferred
+    ones (components/config/deployment_rules.py) last, each line on a key not named already."""
+    fleet = _has_deployments(source)
+    stack_level = (lambda each: not _of_one_model(each)) if fleet else (lambda each: True)
+    problems = run(source, only=lambda each: stack_level(each) and not each.deferred)
+    if fleet:
+        problems += deployment_problems(source, lambda replica: run(replica, only=_of_one_model))
+    late = run(source, only=lambda each: stack_level(each) and each.deferred)
+    if not fleet:
+        late += single_model_router_problems(source, _valid)
+    keys = {line.split(": ")[0] for line in problems}
+    return problems + [line for line in late if line.split(": ")[0] not in keys]
 
 
 def _has_deployments(source: Any) -> bool:
@@ -33,6 +36,11 @@ def _has_deployments(source: Any) -> bool:
     if isinstance(raw, dict):
         return bool(raw.get("deployments"))
     return bool(getattr(source, "deployments", None))
+
+
+def _of_deployments(each: Any) -> bool:
+    """Whether a rule judges the deployments (components/config/deployment_rules.py)."""
+    return any(key.startswith(("deployments[].", "deployments[*].")) for key in each.keys)
 
 
 def _of_one_model(each: Any) -> bool:

@@ -9,7 +9,7 @@ declaration cannot fall behind its body.
 
 Keys are spelled as in the stack file: `vllm.host`, `tensorParallelSize`; a node's as `nodes[].name`
 (the rule sees the nodes whose declared keys are valid) or `nodes[*].gpus` (the rule runs only when
-every node's is valid).
+every node's is valid); a deployment's the same way: `deployments[].vllm.port`, `deployments[*].name`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class UndeclaredKeyError(Exception):
 class Rule:
     check: Callable[[Any], list[str]]
     keys: tuple[str, ...]
+    # runs after the others, and a line of its on a key one of them named already is left out (its message
+    # would say the same thing again, from farther away)
+    deferred: bool = False
 
     @property
     def name(self) -> str:
@@ -52,11 +55,12 @@ class Rule:
 RULES: list[Rule] = []
 
 
-def rule(*keys: str) -> Callable[[Callable[[Any], list[str]]], Callable[[Any], list[str]]]:
-    """Registers a cross-field rule reading `keys`; rules run in the order they are declared."""
+def rule(*keys: str, deferred: bool = False) -> Callable[[Callable[[Any], list[str]]], Callable[[Any], list[str]]]:
+    """Registers a cross-field rule reading `keys`; rules run in the order they are declared (`deferred`: after
+    the others, yielding a key they named)."""
 
     def register(check: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
-        RULES.append(Rule(check, keys))
+        RULES.append(Rule(check, keys, deferred))
         return check
 
     return register
@@ -117,23 +121,37 @@ def failed_keys(source: Any, prefix: str = "") -> set[str]:
     return found
 
 
+LISTS = ("nodes", "deployments")  # lists of objects a rule reads item by item (`nodes[].name`)
+
+
+def _path_valid(item: Any, path: str) -> bool:
+    """Whether `path` (`vllm.port`) of a list's item passed its own rule, and every section on the way."""
+    value = item
+    for part in path.split("."):
+        value = getattr(value, _snake(part), FAILED)
+        if value is FAILED:
+            return False
+    return True
+
+
 class View:
-    """What a rule sees of the config: the keys it declared (each valid), the nodes it may read."""
+    """What a rule sees of the config: the keys it declared (each valid), the nodes and deployments it may
+    read (those whose declared keys are valid, each with its `index` and `label`)."""
 
     def __init__(self, source: Any, keys: frozenset[str], prefix: str = "", index: int | None = None) -> None:
         self._source, self._keys, self._prefix = source, keys, prefix
         if index is not None:
             self.index = index
             name = getattr(source, "name", FAILED)
-            self.label = name if isinstance(name, str) else f"nodes[{index}]"
+            self.label = name if isinstance(name, str) else f"{prefix.removesuffix('[].')}[{index}]"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         key = self._prefix + to_camel(name)
         value = getattr(self._source, name)
-        if isinstance(value, list) and key == "nodes":
-            return self._nodes(value)
+        if isinstance(value, list) and key in LISTS:
+            return self._items(key, value)
         if isinstance(value, (BaseModel, SimpleNamespace)):
             if not any(declared.startswith(key + ".") for declared in self._keys):
                 raise UndeclaredKeyError(key)
@@ -142,14 +160,14 @@ class View:
             raise UndeclaredKeyError(key)
         return value
 
-    def _nodes(self, nodes: list[Any]) -> list[View]:
-        wanted = [key.removeprefix("nodes[].") for key in self._keys if key.startswith("nodes[].")]
+    def _items(self, key: str, items: list[Any]) -> list[View]:
+        wanted = [each.removeprefix(f"{key}[].") for each in self._keys if each.startswith(f"{key}[].")]
         seen = []
-        for index, node in enumerate(nodes):
-            if node is FAILED:
+        for index, item in enumerate(items):
+            if item is FAILED:
                 continue
-            if all(getattr(node, _snake(key), FAILED) is not FAILED for key in wanted):
-                seen.append(View(node, self._keys, "nodes[].", index))
+            if all(_path_valid(item, path) for path in wanted):
+                seen.append(View(item, self._keys, f"{key}[].", index))
         return seen
 
     @property
@@ -176,13 +194,18 @@ def _snake(key: str) -> str:
     return "".join(f"_{ch.lower()}" if ch.isupper() else ch for ch in key)
 
 
-def _skipped(keys: Iterable[str], failed: set[str]) -> bool:
+def skipped(keys: Iterable[str], failed: set[str]) -> bool:
     """Whether a rule reading `keys` cannot run: one of them (or the section holding it) failed; for a
     node's key read as `nodes[*].x`, any node's."""
     for key in keys:
-        if key.startswith(("nodes[].", "nodes[*].")):
-            if "nodes" in failed or (key.startswith("nodes[*].") and key.replace("[*]", "[]") in failed):
+        listed = next((name for name in LISTS if key.startswith((f"{name}[].", f"{name}[*]."))), None)
+        if listed is not None:
+            if listed in failed:
                 return True
+            if key.startswith(f"{listed}[*]."):
+                parts = key.replace("[*]", "[]").split(".")
+                if any(".".join(parts[: depth + 1]) in failed for depth in range(1, len(parts))):
+                    return True
             continue
         parts = key.split(".")
         if any(".".join(parts[: depth + 1]) in failed for depth in range(len(parts))):
@@ -196,7 +219,7 @@ def run(source: Any, only: Callable[[Rule], bool] = lambda _: True) -> list[str]
     failed = failed_keys(source)
     problems: list[str] = []
     for each in RULES:
-        if not only(each) or _skipped(each.keys, failed):
+        if not only(each) or skipped(each.keys, failed):
             continue
         keys = frozenset(key.replace("[*]", "[]") for key in each.keys)
         problems += each.check(View(source, keys))

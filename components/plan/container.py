@@ -25,9 +25,9 @@ from components.scripts.node_contract import (
 )
 
 
-def container_name(node: NodeConfig, prefix: str = "") -> str:
-    """A node's container; with deployments, a replica's on that node (`prefix`: the replica's name)."""
-    return f"{CONTAINER_PREFIX}-{prefix}-{node.name}" if prefix else f"{CONTAINER_PREFIX}-{node.name}"
+def container_name(cfg: ClusterConfig, node: NodeConfig) -> str:
+    """A node's container; with deployments, a replica's on that node (spark-vllm-<replica>-<node>)."""
+    return f"{CONTAINER_PREFIX}-{cfg.named(node.name)}"
 
 
 def node_resource(cfg: ClusterConfig, node: NodeConfig, suffix: str) -> str:

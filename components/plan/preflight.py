@@ -35,7 +35,7 @@ def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> l
         f"FABRIC_ADDR={node.fabric_address}",
         f"PEERS={peers}",
         f"MODEL={model_path(model)}",
-        f"CONTAINER={container_name(node, cfg.name_prefix)}",
+        f"CONTAINER={container_name(cfg, node)}",
         f"FABRIC_CHECKS={0 if cfg.fabric.gate != 'off' else 1}",  # the fabric gate checks the link, in full
         "bash",
         "-s",

@@ -109,7 +109,7 @@ class VllmCluster(pulumi.ComponentResource):
                 after=[*([placed] if placed else []), *drained],
             )  # fmt: skip
             server = create_server(
-                self, replica.name or name, rcfg, release, self.hosts, nodes, gate, api_key, after=drained,
+                self, rcfg.called(name), rcfg, release, self.hosts, nodes, gate, api_key, after=drained,
                 shared={node: tenancy(rcfg, others) for node, others in sharing[replica.name].items()},
             )  # fmt: skip
             if steps is not None:

@@ -24,7 +24,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
-from components.config.replicas import stack_listeners
+from components.config.replicas import on_node, stack_listeners
 from components.plan.names import GUARD_VOLUME
 from components.plan.programs import script_program
 from components.plan.shell import exec_python, fingerprint, shell_line, with_log_tail_on_failure, with_script
@@ -49,8 +49,9 @@ def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     guarded = [item for item in listeners if item not in public]
     api = None
     sources = [str(source) for source in cfg.network.api_sources]
-    if sources and not cfg.deployments and node.name == cfg.head_node.name and not cfg.router.enabled:
-        api = {"port": cfg.vllm.port, "sources": sources}
+    here = on_node(cfg, node.name)
+    if sources and [r.own for r in here] == [True] and node.name == cfg.head_node.name and not cfg.router.enabled:
+        api = {"port": cfg.vllm.port, "sources": sources}  # a single-model stack's head: its one API server
     elif sources:  # every API server on the node, the router's too
         ports = sorted({item.first for item in listeners if item.key.endswith(API_KEYS)})
         api = {"ports": ports, "sources": sources} if ports else None

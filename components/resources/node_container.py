@@ -113,7 +113,7 @@ class NodeContainer(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:NodeContainer", name, None, opts)
         cfg, node = args.config, args.node
         self.is_head = node.name == cfg.head_node.name
-        self.container_name = container_name(node, cfg.name_prefix)
+        self.container_name = container_name(cfg, node)
         self.container = self._create_container(name, args)
         self.supervisor = self._install_supervisor(name, args)
         self.joined = None if self.is_head or cfg.executor != "ray" else self._create_join_wait(name, args)

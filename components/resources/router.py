@@ -38,7 +38,7 @@ DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-
 def worker(replica: Any, served: str, root: Optional[str] = None) -> dict[str, Any]:
     """A replica as the router's keeper declares it; `root` (the model it loaded) and its max_model_len are what
     the endpoint's /v1/models says of its model, as vLLM would."""
-    return {"url": replica_url(replica.config), "model": served, "replica": replica.name or "spark-vllm",
+    return {"url": replica_url(replica.config), "model": served, "replica": replica.config.called("spark-vllm"),
             "root": root, "max_model_len": replica.config.max_model_len}  # fmt: skip
 
 
@@ -103,7 +103,7 @@ class Router(pulumi.ComponentResource):
         previous replica of its deployment back in)."""
         params = pulumi.Output.from_input(served).apply(lambda s: {"worker": worker(replica, s)})
         drain = self._step(
-            replica.resource("router-drain") if replica.name else "spark-vllm-router-drain",
+            replica.config.named("router-drain", alone="spark-vllm"),
             params.apply(lambda p: keeper_params(self._cfg, "drain", timeout=DRAIN_TIMEOUT_SECONDS, **p)),
             2 * DRAIN_TIMEOUT_SECONDS,
             triggers=[*triggers, self.container.id],
@@ -114,7 +114,7 @@ class Router(pulumi.ComponentResource):
     def undrain(self, replica: Any, steps: ReplicaSteps, serving: pulumi.Resource) -> ReplicaSteps:
         """The replica back in the router once `serving` (its smoke test, or its readiness) passed."""
         undrain = self._step(
-            replica.resource("router-undrain") if replica.name else "spark-vllm-router-undrain",
+            replica.config.named("router-undrain", alone="spark-vllm"),
             steps.params.apply(lambda p: keeper_params(self._cfg, "undrain", timeout=STEP_TIMEOUT_SECONDS, **p)),
             STEP_TIMEOUT_SECONDS,
             triggers=[*steps.triggers, self.container.id, serving.id],

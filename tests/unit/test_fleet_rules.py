@@ -315,3 +315,25 @@ def test_a_single_model_stacks_router_needs_the_key_and_must_reach_vllm_too():
     fenced["router"]["node"] = "spark-02"
     assert "10.9.0.2" in only(fenced, "network.apiSources")
     load_cluster_config({**copy.deepcopy(SINGLE), "apiKey": KEY})
+
+
+def test_the_deployment_rules_are_registered_and_judge_what_their_keys_allow():
+    """Deployment rules sit in the rule registry with the keys they read: a deployment whose other fields fail
+    their own rules is still judged on those keys (its served name here), and its own problem is listed too."""
+    from components.config import deployment_rules
+    from components.config.runner import RULES
+
+    registered = {each.check for each in RULES}
+    for name in ("names_unique", "nodes_known_and_divided", "replica_names_free", "replica_ports_fit",
+                 "served_names_unique", "names_apart", "router_exposes_nothing", "router_reaches_replicas",
+                 "prometheus_reaches_replicas", "pinned_kv_cache_is_the_plans", "fabric_tested_once",
+                 "models_already_there"):  # fmt: skip
+        assert getattr(deployment_rules, name) in registered, name
+    small = dep("small", ["spark-03"], 8001, 0.3, vllm={"servedModelName": "small"})
+    twin = dep("twin", ["spark-03"], 8002, 0.3, vllm={"servedModelName": "small", "host": "not-an-address"})
+    problems = problems_of(fleet(BIG, small, twin))
+    assert any(line.startswith("deployments[2].vllm.host: ") for line in problems), problems
+    assert any(
+        line.startswith("deployments[2].vllm.servedModelName: 'small'") and "deployments[1] serves 'small'" in line
+        for line in problems
+    ), problems

@@ -1,0 +1,89 @@
+"""The house's shape, held: the layers import only downward (components/config at the bottom, then plan, then
+resources; the node's scripts import nothing of the program), no module imports itself back through others,
+and no function in components/ runs over 60 lines."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENTS = ROOT / "components"
+LAYERS = ("config", "plan", "resources")  # each may import those before it
+MAX_FUNCTION_LINES = 60
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in COMPONENTS.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The components modules `path` imports (at any depth of the file: a hidden import counts too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("components"):
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                found.add(dotted if dotted in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("components")}
+    return {name for name in found if name in modules}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        mine = _layer(module)
+        for imported in _imports(path, modules):
+            theirs = _layer(imported)
+            if mine == "scripts" or theirs == "":
+                continue  # the scripts' one import is node_contract, read by plan/ and the scripts alike
+            if theirs == "scripts":
+                if imported != "components.scripts.node_contract":
+                    wrong.append(f"{module} -> {imported}")
+            elif LAYERS.index(theirs) > LAYERS.index(mine):
+                wrong.append(f"{module} -> {imported}")
+    assert not wrong
+
+
+def test_no_module_imports_itself_back():
+    modules = _modules()
+    graph = {module: _imports(path, modules) - {module} for module, path in modules.items()}
+    # a package's __init__ that gathers its modules is not a circle of theirs
+    graph = {m: {i for i in found if not m.startswith(i + ".")} for m, found in graph.items()}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == 1:
+                circles.append(trail[trail.index(imported) :] + [imported])
+            elif imported not in state:
+                visit(imported, [*trail, imported])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles
+
+
+def test_no_function_in_components_runs_over_sixty_lines():
+    long = []
+    for path in COMPONENTS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} {lines}")
+    assert not long
