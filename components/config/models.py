@@ -212,7 +212,7 @@ class ClusterConfig(ModelSettings, _Machines):
     )
 
     _executor_reason: Optional[str] = PrivateAttr(None)  # why executor auto chose what it did
-    _name_prefix: str = PrivateAttr("")  # a replica's view: its name (components/config/replicas.py)
+    _replica: str = PrivateAttr("")  # a replica's view: its name (components/config/replicas.py view())
 
     @model_validator(mode="wrap")
     @classmethod
@@ -228,15 +228,9 @@ class ClusterConfig(ModelSettings, _Machines):
         """With executor auto: which executor it chose and why (None when the config names one)."""
         return self._executor_reason
 
-    @property
-    def name_prefix(self) -> str:
-        """A replica's view: the replica's name, which prefixes its resources and containers; "" for a
-        single-model stack (whose resources keep their names)."""
-        return self._name_prefix
-
     def called(self, alone: str = "") -> str:
         """This replica's name; a single-model stack's is `alone` (its resources keep the names they had)."""
-        return self._name_prefix or alone
+        return self._replica or alone
 
     def named(self, name: str, alone: str = "") -> str:
         """A name of this replica's (a resource, a container): `<replica>-<name>`; a single-model stack's is
@@ -246,7 +240,7 @@ class ClusterConfig(ModelSettings, _Machines):
 
     def said(self, line: str) -> str:
         """A log line of this replica's: `<replica>: <line>`; a single-model stack's as it is."""
-        return f"{self._name_prefix}: {line}" if self._name_prefix else line
+        return f"{self._replica}: {line}" if self._replica else line
 
     @property
     def head_node(self) -> NodeConfig:

@@ -94,7 +94,7 @@ def view(cfg: Any, deployment: Any, nodes: list[Any], name: str, index: int = 0)
         update["image_transfer"] = cfg.image_transfer.model_copy(update={"method": "pull"})
     made = _replace(cfg, **update)
     if isinstance(made, BaseModel):
-        made._name_prefix = name
+        made._replica = name
     return made
 
 

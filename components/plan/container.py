@@ -97,7 +97,7 @@ def tenancy(cfg: ClusterConfig, co_tenants: list[Any]) -> Optional[Tenancy]:
     them): its name and how long it may hold the node's GPU turn (None: it shares nothing)."""
     if not co_tenants:
         return None
-    return Tenancy(replica=cfg.name_prefix, turn_hold_seconds=cfg.vllm.ready_timeout_seconds)
+    return Tenancy(replica=cfg.called(), turn_hold_seconds=cfg.vllm.ready_timeout_seconds)
 
 
 def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenancy] = None) -> dict[str, Any]:

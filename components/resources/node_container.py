@@ -95,8 +95,8 @@ def _labels(cfg: ClusterConfig, node: NodeConfig, is_head: bool) -> list:
         docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if is_head else "worker"),
         docker.ContainerLabelArgs(label="spark-vllm.executor", value=cfg.executor),
     ]
-    if cfg.name_prefix:  # with deployments: which replica (a single-model stack's containers keep their labels)
-        labels.append(docker.ContainerLabelArgs(label="spark-vllm.replica", value=cfg.name_prefix))
+    if cfg.called():  # with deployments: which replica (a single-model stack's containers keep their labels)
+        labels.append(docker.ContainerLabelArgs(label="spark-vllm.replica", value=cfg.called()))
     return labels
 
 

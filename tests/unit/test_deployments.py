@@ -65,7 +65,7 @@ def test_three_deployments_make_their_replicas_each_a_single_model_view():
     ]
     big = replicas[0].config
     assert big.head_node.name == "spark-01" and [w.name for w in big.workers] == ["spark-02"]
-    assert big.tensor_parallel_size == 2 and big.vllm.port == 30000 and big.name_prefix == "big"
+    assert big.tensor_parallel_size == 2 and big.vllm.port == 30000 and big.called() == "big"
     assert big.executor == "mp"  # the stock image: vLLM's own executor across the two nodes
     assert replicas[1].config.executor == "mp"  # one node: no Ray to start
     assert cfg.router.enabled is True and cfg.router.node == "spark-01"  # several deployments: the router on
