@@ -7,13 +7,17 @@ every resource the same, or the list of what it would change. For a refactor tha
 
 Exit status 0 when nothing would change, 1 when something would, 2 when it cannot run here. The older
 checkout borrows this one's Pulumi CLI, stand-in plugins and venv (the CLI and plugins are built here, not
-committed). Everything it made is removed at the end (`rehearse teardown`, the checkout).
+committed), but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
+a cache (building the older one there would take this checkout's out from under the suite's registry), so
+the older checkout builds and keeps its own in OLDER_CACHE. Everything else it made is removed at the end
+(`rehearse teardown`, the checkout).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,9 @@ import tempfile
 from pathlib import Path
 
 from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, ROOT, RehearsalStack, cli_missing
+from tests.e2e.rehearsal import CACHE_DIR
+
+OLDER_CACHE = CACHE_DIR.with_name(CACHE_DIR.name + "-older")
 
 
 def _older_checkout(commit: str, into: Path) -> Path:
@@ -35,8 +42,9 @@ def _older_checkout(commit: str, into: Path) -> Path:
 
 
 def _rehearse(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPARK_VLLM_REHEARSAL_CACHE": str(OLDER_CACHE)}
     return subprocess.run([str(ROOT / "venv/bin/python"), "-m", "tests.e2e.rehearsal", *args], cwd=checkout,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+                          env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
