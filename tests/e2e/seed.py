@@ -14,7 +14,10 @@ The seed is kept in the rehearsal's cache, keyed by the image's content hash and
 when it is free: tests/e2e/conftest.py), and built under a lock of its own: later runs start from it instead
 of each process pulling into a daemon of its own (about 12 s of CPU and 20 s at the start of each process,
 2026-12-04). Seeds of another image unused for an hour, and any unused for two days, are removed when one is
-made.
+made. A seed holds one build of the image: when the archive is built again (the cache keeps one archive, so a
+rehearsal of another commit evicts it, and a new build of the same sources has another id), the seed is made
+again, or its nodes would run the older build beside nodes that pull the newer one ("the image differs between
+nodes", seen in CI on 2026-12-04).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.e2e.image.build import _locked, content_hash, docker, publish, safe_rmtree
+from tests.e2e.image.build import _archive_id, _locked, content_hash, docker, publish, safe_rmtree
 from tests.e2e.image.dockerd import private_dockerd
 
 
@@ -31,7 +34,7 @@ def image_seed(cache_dir: Path, registry: str) -> Path:
     seeds, image = Path(cache_dir) / "seeds", content_hash()
     made = seeds / f"{image}-{registry.replace(':', '-')}"
     with _locked(seeds / f"{made.name}.lock"):
-        if (made / "complete").exists():
+        if _seeded_id(made) and _seeded_id(made) == _archive_id(Path(cache_dir).resolve()):
             (made / "complete").touch()  # in use: kept by the pruning below
             return made / "data"
         for old in seeds.iterdir():
@@ -46,10 +49,19 @@ def image_seed(cache_dir: Path, registry: str) -> Path:
         safe_rmtree(made)
         config = {"insecure-registries": [registry], "storage-driver": "overlay2"}  # as the nodes' daemon.json
         with private_dockerd("seed-", data_root=made / "data", config=config) as host:
-            ref = publish(cache_dir, registry, host).ref  # leaves the daemon without it
-            docker(host, "pull", "-q", ref, timeout=300)
-        (made / "complete").write_text(ref + "\n")
+            published = publish(cache_dir, registry, host)  # leaves the daemon without it
+            docker(host, "pull", "-q", published.ref, timeout=300)
+        (made / "complete").write_text(f"{published.ref}\n{published.image_id}\n")
     return made / "data"
+
+
+def _seeded_id(made: Path) -> str:
+    """The image id the seed at `made` holds ("" for none, or a seed made before it said which)."""
+    try:
+        lines = (made / "complete").read_text().split()
+    except OSError:
+        return ""
+    return lines[1] if len(lines) > 1 else ""
 
 
 def _unused_for(marker: Path, seconds: float) -> bool:
