@@ -20,6 +20,8 @@ from components.plan.shell import shell_line
 from components.plan.speculation import SpeculationError, speculation_problems
 from components.plan.speculation import message as speculation_message
 from components.resources.checks import OnNode, Stage
+from components.resources.checks.model_fingerprint import ModelFingerprint
+from components.resources.checks.preflight import Preflight
 from components.resources.depot import snapshot_of, sync_model
 from components.resources.node import NodeHost
 from components.resources.node_checks import (
@@ -127,7 +129,7 @@ def create_gate(
     # Each verdict and the plan only have to have passed (they raise when not): a bool joins the gate, not a
     # finding, whose per-node dict Output.all would unwrap into an Output per key.
     passed_all = [found[name].apply(lambda _: True) for name in found if name not in fabric_verdict.found]
-    model_id = found.get("model-fingerprint", pulumi.Output.from_input(""))
+    model_id = found.get(ModelFingerprint.name, pulumi.Output.from_input(""))
     line = pulumi.Output.all(same_image_id, model_id, plan.apply(lambda _: True), *passed_all).apply(
         lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
     )
@@ -173,7 +175,7 @@ def _node_checks(
             NodeChecksArgs(on=on, connection=hosts[node.name].connection, after=after),
             opts=pulumi.ResourceOptions(parent=parent),
         )
-        fingerprint = checks[node.name].stdout("model-fingerprint")
+        fingerprint = checks[node.name].stdout(ModelFingerprint.name)
         if syncing and node is source and fingerprint is not None:
             source_model = fingerprint.apply(lambda out: parse_fingerprint(out).get("fingerprint", ""))
     return {node.name: checks[node.name] for node in cfg.nodes}
@@ -201,7 +203,7 @@ def _memory_plan(
     """The memory plan from the head's model fingerprint and every node's memory; with
     memoryCheck enforce, an error (before any container) when it does not fit. A replica with `co_tenants`
     (node -> the other replicas there) gets its KV cache pinned to what the plan gives it."""
-    fingerprint = checks[cfg.head_node.name].stdout("model-fingerprint")
+    fingerprint = checks[cfg.head_node.name].stdout(ModelFingerprint.name)
     if fingerprint is None:
         return pulumi.Output.from_input(
             {"checked": False, "reason": "the model is a repo id: its size is known only once downloaded"}
@@ -230,4 +232,4 @@ def _memory_plan(
             output["coTenants"] = co_tenants
         return output
 
-    return pulumi.Output.all(fingerprint, release.engine, found["preflight"]).apply(judge)
+    return pulumi.Output.all(fingerprint, release.engine, found[Preflight.name]).apply(judge)

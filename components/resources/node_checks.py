@@ -106,7 +106,7 @@ def fabric_stage(
         create=lines.apply(lambda line: shell_line(["echo", line])),
         opts=pulumi.ResourceOptions(parent=parent),
     )
-    return FabricVerdict(found, found.get("fabric-gate", FabricVerdict().figures), passed)
+    return FabricVerdict(found, checked_fabric(found, FabricVerdict().figures), passed)
 
 
 def across_stage(
@@ -129,5 +129,7 @@ def across_stage(
 
 
 def checked_fabric(found: dict[str, Any], fabric: pulumi.Output) -> pulumi.Output:
-    """The fabric's figures: with the NCCL test, the test's merged into the gate's."""
-    return found.get("fabric-nccl", fabric)
+    """The fabric's figures: the latest finding of a check that gives them (the NCCL test's merged into the
+    gate's), else `fabric`."""
+    givers = [check.name for check in CHECKS if check.fabric_figures and check.name in found]
+    return found[givers[-1]] if givers else fabric

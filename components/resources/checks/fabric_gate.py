@@ -18,6 +18,7 @@ from components.resources.checks.protocol import Check, OnNode, Stage
 class FabricGate(Check):
     name = "fabric-gate"
     stage = Stage.FABRIC
+    fabric_figures = True
 
     def wanted(self, cfg: ClusterConfig) -> bool:
         return cfg.fabric.gate != "off"

@@ -19,6 +19,7 @@ class NcclTest(Check):
     name = "fabric-nccl"
     stage = Stage.ACROSS
     reads: tuple[str, ...] = ("fabric-gate",)
+    fabric_figures = True  # the gate's figures with the test's
 
     def wanted(self, cfg: ClusterConfig) -> bool:
         return fabric.nccl_test(cfg)

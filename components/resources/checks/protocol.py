@@ -40,6 +40,7 @@ class NodeCheck(Protocol):
     name: str
     stage: Stage
     reads: tuple[str, ...]  # the names of earlier checks whose findings its judge reads
+    fabric_figures: bool  # its finding is the fabric's figures (the `fabric` output), the latest such one wins
 
     def wanted(self, cfg: ClusterConfig) -> bool:
         """Whether this stack (a replica's view for NODE and ACROSS) runs it."""
@@ -62,6 +63,7 @@ class Check:
     """What most checks share: they read no other check's finding and run on every stack."""
 
     reads: tuple[str, ...] = ()
+    fabric_figures = False
 
     def wanted(self, cfg: ClusterConfig) -> bool:
         return True
