@@ -25,21 +25,41 @@ RESERVED_NAMES = ("spark-vllm", "router")
 PLACED = ("nodes[].name", "deployments[].name", "deployments[].nodes", "deployments[].replicas")
 
 
+def _firsts(cfg: Any) -> list[Any]:
+    """The first deployment of each name (names_unique names the others)."""
+    firsts: dict[str, Any] = {}
+    for each in cfg.deployments:
+        firsts.setdefault(each.name, each)
+    return list(firsts.values())
+
+
+def _misplaced(deployment: Any, known: list[str]) -> list[str]:
+    """A deployment's nodes (known, each once) and replicas (dividing them into equal groups)."""
+    at, nodes = f"deployments[{deployment.index}]", list(deployment.nodes)
+    missing = [name for name in nodes if name not in known]
+    twice = sorted({name for name in nodes if nodes.count(name) > 1})
+    problems = []
+    if missing:
+        problems.append(problem(f"{at}.nodes", nodes, f"names from nodes ({known}): {missing} is not one"))
+    if twice:
+        problems.append(problem(f"{at}.nodes", nodes, f"each node once ({twice} twice)"))
+    if len(nodes) > 1 and len(nodes) % deployment.replicas:
+        problems.append(
+            problem(
+                f"{at}.replicas",
+                deployment.replicas,
+                f"a number that divides its {len(nodes)} nodes into equal groups, one a replica (or list one "
+                "node for all of its replicas)",
+            )
+        )
+    return problems
+
+
 def placed(cfg: Any) -> list[tuple[int, Any]]:
-    """(index, deployment) of the deployments the rules judge: the first of each name, its nodes known and
-    each listed once, its replicas dividing them (components/config/replicas.py names the others)."""
-    known = {node.name for node in cfg.nodes}
-    names: set[str] = set()
-    found = []
-    for deployment in cfg.deployments:
-        nodes = list(deployment.nodes)
-        if deployment.name in names:
-            continue
-        names.add(deployment.name)
-        divides = len(nodes) == 1 or len(nodes) % deployment.replicas == 0
-        if set(nodes) <= known and len(set(nodes)) == len(nodes) and divides:
-            found.append((deployment.index, deployment))
-    return found
+    """(index, deployment) of the deployments the rules judge: the first of each name, placed as
+    nodes_known_and_divided asks (components/config/replicas.py names the others)."""
+    known = sorted(node.name for node in cfg.nodes)
+    return [(each.index, each) for each in _firsts(cfg) if not _misplaced(each, known)]
 
 
 @rule("deployments[].name")
@@ -61,31 +81,8 @@ def names_unique(cfg: Any) -> list[str]:
 
 @rule(*PLACED)
 def nodes_known_and_divided(cfg: Any) -> list[str]:
-    """A deployment's nodes (known, each once) and replicas (dividing them into equal groups)."""
     known = sorted(node.name for node in cfg.nodes)
-    problems: list[str] = []
-    names: set[str] = set()
-    for deployment in cfg.deployments:
-        if deployment.name in names:
-            continue  # names_unique names it
-        names.add(deployment.name)
-        at, nodes = f"deployments[{deployment.index}]", list(deployment.nodes)
-        missing = [name for name in nodes if name not in known]
-        twice = sorted({name for name in nodes if nodes.count(name) > 1})
-        if missing:
-            problems.append(problem(f"{at}.nodes", nodes, f"names from nodes ({known}): {missing} is not one"))
-        if twice:
-            problems.append(problem(f"{at}.nodes", nodes, f"each node once ({twice} twice)"))
-        if len(nodes) > 1 and len(nodes) % deployment.replicas:
-            problems.append(
-                problem(
-                    f"{at}.replicas",
-                    deployment.replicas,
-                    f"a number that divides its {len(nodes)} nodes into equal groups, one a replica (or list one "
-                    "node for all of its replicas)",
-                )
-            )
-    return problems
+    return [line for each in _firsts(cfg) for line in _misplaced(each, known)]
 
 
 @rule("deployments[].name", "deployments[].replicas")

@@ -19,7 +19,7 @@ from components.plan.preflight import memory_plan, parse_fingerprint
 from components.plan.shell import shell_line
 from components.plan.speculation import SpeculationError, speculation_problems
 from components.plan.speculation import message as speculation_message
-from components.resources.checks import OnNode, Stage
+from components.resources.checks import OnNode
 from components.resources.checks.model_fingerprint import ModelFingerprint
 from components.resources.checks.preflight import Preflight
 from components.resources.depot import snapshot_of, sync_model
@@ -31,8 +31,7 @@ from components.resources.node_checks import (
     across_stage,
     checked_fabric,
     fabric_stage,
-    of_stage,
-    verdict,
+    node_stage,
 )
 from components.resources.release import ReleaseSource
 from components.resources.transfer import Transfer
@@ -119,12 +118,8 @@ def create_gate(
     # peers must have their fabric address before we ping them; nothing runs on a node on a bad fabric
     before = [*networks, *([fabric_verdict.passed] if fabric_verdict.passed is not None else [])]
     checks = _node_checks(parent, cfg, release, hosts, transfer, model, before)
-    found = dict(fabric_verdict.found)
-    for check in of_stage(Stage.NODE, cfg):
-        found[check.name] = verdict(check, cfg, {n: checks[n].stdout(check.name) for n in names}, found)
-    on = {n: OnNode(cfg, cfg.node_named(n), release.image, transfer.images[n].image_id, model) for n in names}
-    every_step = [step for each in checks.values() for step in each.steps.values()]
-    found = across_stage(parent, cfg, on, {n: hosts[n].connection for n in names}, every_step, found)
+    found = node_stage(cfg, checks, fabric_verdict.found)
+    found = across_stage(parent, cfg, checks, {n: hosts[n].connection for n in names}, found)
     plan = _memory_plan(cfg, release, checks, found, co_tenants or {}, key)
     # Each verdict and the plan only have to have passed (they raise when not): a bool joins the gate, not a
     # finding, whose per-node dict Output.all would unwrap into an Output per key.

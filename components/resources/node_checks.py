@@ -35,6 +35,7 @@ class NodeChecks(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeChecksArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:NodeChecks", name, None, opts)
+        self.on = args.on
         self.steps = {}
         first: list[pulumi.Resource] = []
         for check in of_stage(Stage.NODE, args.on.cfg):
@@ -65,6 +66,14 @@ def verdict(check: NodeCheck, cfg: ClusterConfig, outs: dict[str, pulumi.Output[
             dict(zip(check.reads, parts[: len(read)], strict=True)),
         )
     )
+
+
+def node_stage(cfg: ClusterConfig, checks: dict[str, NodeChecks], found: dict[str, pulumi.Output]) -> dict:
+    """`found` with the verdict of each NODE check over every node's NodeChecks (node -> its checks)."""
+    found = dict(found)
+    for check in of_stage(Stage.NODE, cfg):
+        found[check.name] = verdict(check, cfg, {name: each.stdout(check.name) for name, each in checks.items()}, found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -110,19 +119,20 @@ def fabric_stage(
 
 
 def across_stage(
-    parent: pulumi.Resource, cfg: ClusterConfig, on: dict[str, OnNode], connections: dict,
-    after: list[pulumi.Resource], found: dict[str, pulumi.Output],
+    parent: pulumi.Resource, cfg: ClusterConfig, checks: dict[str, NodeChecks], connections: dict,
+    found: dict[str, pulumi.Output],
 ) -> dict[str, pulumi.Output]:  # fmt: skip
-    """A replica's ACROSS checks on every node at once, after `after` (every node's NODE checks): their findings."""
+    """`found` with a replica's ACROSS checks, on every node at once once each node's NODE checks ran."""
     found = dict(found)
-    image_ids = tuple(each.image_id for each in on.values())
+    after = [step for each in checks.values() for step in each.steps.values()]
+    image_ids = tuple(each.on.image_id for each in checks.values())
     for check in of_stage(Stage.ACROSS, cfg):
         steps = {}
-        for name, each in on.items():
-            each = replace(each, image_ids=image_ids)
+        for name, each in checks.items():
+            on = replace(each.on, image_ids=image_ids)
             steps[name] = remote_step(
-                cfg.named(f"{name}-{check.name}"), connections[name], check.command(each),
-                triggers=check.triggers(each), parent=parent, depends_on=after,
+                cfg.named(f"{name}-{check.name}"), connections[name], check.command(on),
+                triggers=check.triggers(on), parent=parent, depends_on=after,
             )  # fmt: skip
         found[check.name] = verdict(check, cfg, {name: step.stdout for name, step in steps.items()}, found)
     return found
