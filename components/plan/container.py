@@ -18,10 +18,10 @@ from components.scripts.node_contract import (
     ClusterWaitParams,
     RayReady,
     Recovery,
+    Served,
     SupervisorParams,
     Tenancy,
     params_of,
-    spec_fields,
 )
 
 
@@ -100,7 +100,7 @@ def tenancy(cfg: ClusterConfig, co_tenants: list[Any]) -> Optional[Tenancy]:
     return Tenancy(replica=cfg.called(), turn_hold_seconds=cfg.vllm.ready_timeout_seconds)
 
 
-def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenancy] = None) -> dict[str, Any]:
+def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenancy] = None) -> Served:
     """The part of vLLM's settings for a node's supervisor besides argv and env (a VllmSpec's); `shared`: its
     tenancy where the node holds other replicas too."""
     is_head = node.name == cfg.head_node.name
@@ -108,8 +108,8 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenan
     ray_ready = None
     if cfg.executor == "ray" and is_head:
         ray_ready = RayReady(address=ray_address(cfg), nodes=len(cfg.nodes), gpus=cfg.world_size)
-    return spec_fields(
-        Recovery(
+    return Served(
+        recovery=Recovery(
             max_restarts=recovery.max_restarts,
             window_seconds=recovery.window_seconds,
             backoff_seconds=recovery.backoff_seconds,

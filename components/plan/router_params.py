@@ -7,6 +7,7 @@ import hashlib
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
+from components.scripts.node_contract import KeeperParams, params_of
 
 
 def router_node(cfg: ClusterConfig) -> NodeConfig:
@@ -26,20 +27,22 @@ def replica_url(replica_cfg: ClusterConfig) -> str:
 
 
 def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:
+    """router_keeper.py's parameters in `mode`, with that mode's own (KeeperParams)."""
     router, node = cfg.router, router_node(cfg)
-    return {
-        "mode": mode,
-        "host": "0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
-        "port": router.port,
-        "inner_port": router.inner_port,
-        "metrics_host": str(node.fabric_address),
-        "metrics_port": router.metrics_port,
-        "policy": router.policy,
-        "version": router.version,
-        "index_url": router.index_url,
-        "health_interval": router.health_check_interval_seconds,
+    return params_of(
+        KeeperParams,
+        mode=mode,
+        host="0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
+        port=router.port,
+        inner_port=router.inner_port,
+        metrics_host=str(node.fabric_address),
+        metrics_port=router.metrics_port,
+        policy=router.policy,
+        version=router.version,
+        index_url=router.index_url,
+        health_interval=router.health_check_interval_seconds,
         **extra,
-    }
+    )
 
 
 def key_digest(api_key: Optional[str]) -> Optional[str]:

@@ -3,7 +3,6 @@ follow it (readiness, smoke test, validation answers, benchmark)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
@@ -129,12 +128,12 @@ def handover_params(
         env=env,
         spec=spec,
         # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
-        fingerprint=fingerprint([argv, env, spec, cfg.vllm.restart_generation]),
+        fingerprint=fingerprint([argv, env, spec.to_json(), cfg.vllm.restart_generation]),
         run_dir=RUN_DIR,
         timeout_seconds=SERVE_HANDOVER_SECONDS,
         ray_non_carry_over=[*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
     )
-    return dataclasses.asdict(params)
+    return params.to_json()
 
 
 def http_base(cfg: ClusterConfig) -> str:
@@ -154,7 +153,7 @@ def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         log_file=VLLM_LOG,
         status_file=STATUS_FILE,
     )
-    return dataclasses.asdict(params)
+    return params.to_json()
 
 
 def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
@@ -167,7 +166,7 @@ def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         max_tokens=SMOKE_MAX_TOKENS,
         timeout_seconds=SMOKE_TIMEOUT_SECONDS,
     )
-    return dataclasses.asdict(params)
+    return params.to_json()
 
 
 # The conversations whose greedy answers a release with vllm.speculative must give as the same model does

@@ -28,7 +28,13 @@ from components.config import ClusterConfig, NodeConfig
 from components.plan.programs import script_program
 from components.plan.shell import shell_line
 from components.resources.steps import remote_step, service_container
-from components.scripts.node_contract import HfDownloadParams, params_of
+from components.scripts.node_contract import (
+    DepotParams,
+    HfDownloadParams,
+    ImageCopyParams,
+    ModelCopyParams,
+    params_of,
+)
 
 DEPOT_CONTAINER = "spark-vllm.depot"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -48,40 +54,28 @@ def sync_root(model_dir: str) -> str:
 
 
 def depot_params(cfg: ClusterConfig, image_id: Optional[str], model: Optional[str]) -> dict:
-    source = cfg.copy_source
-    return {
-        "role": "serve",
-        "node": source.name,
-        "source": source.name,
-        "address": str(source.fabric_address),
-        "port": cfg.fabric_copy.port,
-        "image_id": image_id,
-        "model_dir": model,
-    }
+    return params_of(DepotParams, **_peer(cfg, cfg.copy_source, "serve"), image_id=image_id, model_dir=model)
 
 
 def receive_image_program(cfg: ClusterConfig, node: NodeConfig, image_id: str, reference: str, token: str) -> str:
     """node_fabric_copy.py as an image receiver on `node`, for `python3 -` (secret: it holds the token)."""
-    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "image", "image_id": image_id,
-                                             "reference": reference,
-                                             "progress_seconds": cfg.image_transfer.progress_seconds})  # fmt: skip
+    params = params_of(ImageCopyParams, **_peer(cfg, node, "image"), token=token.strip(), image_id=image_id,
+                       reference=reference, progress_seconds=cfg.image_transfer.progress_seconds)  # fmt: skip
+    return script_program("node_fabric_copy.py", params)
 
 
 def sync_model_program(cfg: ClusterConfig, node: NodeConfig, model: str, token: str) -> str:
     """node_fabric_copy.py as a model receiver on `node`, for `python3 -` (secret: it holds the token)."""
-    return script_program("node_fabric_copy.py", {**_client(cfg, node, token), "role": "model", "model_dir": model,
-                                             "progress_seconds": cfg.model_sync.progress_seconds})  # fmt: skip
+    params = params_of(ModelCopyParams, **_peer(cfg, node, "model"), token=token.strip(), model_dir=model,
+                       progress_seconds=cfg.model_sync.progress_seconds)  # fmt: skip
+    return script_program("node_fabric_copy.py", params)
 
 
-def _client(cfg: ClusterConfig, node: NodeConfig, token: str) -> dict:
+def _peer(cfg: ClusterConfig, node: NodeConfig, role: str) -> dict:
+    """CopyParams' fields: `node` in `role`, the depot on the copy source."""
     source = cfg.copy_source
-    return {
-        "node": node.name,
-        "source": source.name,
-        "address": str(source.fabric_address),
-        "port": cfg.fabric_copy.port,
-        "token": token.strip(),
-    }
+    return {"role": role, "node": node.name, "source": source.name, "address": str(source.fabric_address),
+            "port": cfg.fabric_copy.port}  # fmt: skip
 
 
 def timeout_wrapper(seconds: int) -> str:

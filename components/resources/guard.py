@@ -29,6 +29,7 @@ from components.plan.names import GUARD_VOLUME
 from components.plan.programs import script_program
 from components.plan.shell import exec_python, fingerprint, shell_line, with_log_tail_on_failure, with_script
 from components.resources.steps import remote_step, service_container
+from components.scripts.node_contract import GuardApi, GuardParams, GuardSpec, params_of
 
 GUARD_CONTAINER = "spark-vllm.guard"  # a dot: no node's container (spark-vllm-<DNS label>) can have it
 MARKER_DIR = "/var/lib/spark-vllm-guard"  # the volume, in the guard's containers
@@ -41,7 +42,7 @@ PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort", "metrics.grafanaPort", "ro
 API_KEYS = ("vllm.port", "router.port")  # what network.apiSources limits
 
 
-def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
+def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> GuardSpec:
     """What the rules on `node` say: who the peers are, which ports only they reach."""
     index = cfg.nodes.index(node)
     listeners = stack_listeners(cfg, index)
@@ -51,32 +52,33 @@ def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     sources = [str(source) for source in cfg.network.api_sources]
     here = on_node(cfg, node.name)
     if sources and [r.own for r in here] == [True] and node.name == cfg.head_node.name and not cfg.router.enabled:
-        api = {"port": cfg.vllm.port, "sources": sources}  # a single-model stack's head: its one API server
+        api = GuardApi(sources=sources, port=cfg.vllm.port)  # a single-model stack's head: its one API server
     elif sources:  # every API server on the node, the router's too
         ports = sorted({item.first for item in listeners if item.key.endswith(API_KEYS)})
-        api = {"ports": ports, "sources": sources} if ports else None
-    return {
-        "peers": sorted(str(other.fabric_address) for other in cfg.nodes if other.name != node.name),
-        "interface": node.fabric_interface,
-        "guarded": sorted([item.first, item.last] for item in guarded),
-        "ephemeral": True,  # NCCL, Gloo and torch listen on ports the kernel picks
-        "public": sorted({item.first for item in public}),
-        "api": api,
-    }
+        api = GuardApi(sources=sources, ports=ports) if ports else None
+    return GuardSpec(
+        peers=sorted(str(other.fabric_address) for other in cfg.nodes if other.name != node.name),
+        interface=node.fabric_interface,
+        guarded=sorted([item.first, item.last] for item in guarded),
+        ephemeral=True,  # NCCL, Gloo and torch listen on ports the kernel picks
+        public=sorted({item.first for item in public}),
+        api=api,
+    )
 
 
 def guard_params(cfg: ClusterConfig, node: NodeConfig, action: str) -> dict[str, Any]:
     spec = guard_spec(cfg, node)
-    return {
-        "node": node.name,
-        "action": action,
-        "spec": spec,
-        "hash": fingerprint(spec),
-        "host_root": HOST_ROOT,
-        "marker": f"{MARKER_DIR}/{MARKER_NAME}",
-        "check_seconds": CHECK_SECONDS,
-        "timeout_seconds": READY_TIMEOUT_SECONDS,
-    }
+    return params_of(
+        GuardParams,
+        node=node.name,
+        action=action,
+        spec=spec,
+        hash=fingerprint(spec.to_json()),
+        host_root=HOST_ROOT,
+        marker=f"{MARKER_DIR}/{MARKER_NAME}",
+        check_seconds=CHECK_SECONDS,
+        timeout_seconds=READY_TIMEOUT_SECONDS,
+    )
 
 
 def host_mounts() -> list[tuple[str, str, bool]]:

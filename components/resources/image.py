@@ -14,6 +14,7 @@ from components.config import ClusterConfig, ImageTransferConfig, NodeConfig
 from components.plan.programs import script_program
 from components.resources.depot import Depot, receive_image
 from components.resources.steps import remote_step
+from components.scripts.node_contract import PullParams, params_of
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,13 @@ class NodeImageArgs:
 
 def pull_program(node: NodeConfig, reference: str, transfer: ImageTransferConfig) -> str:
     """components/scripts/image_pull.py with its parameters, for `python3 -` on the node's host."""
-    params = {
-        "node": node.name,
-        "image": reference,
-        "timeout_seconds": transfer.timeout_seconds,
-        "progress_seconds": transfer.progress_seconds,
-    }
+    params = params_of(
+        PullParams,
+        node=node.name,
+        image=reference,
+        timeout_seconds=transfer.timeout_seconds,
+        progress_seconds=transfer.progress_seconds,
+    )
     return script_program("image_pull.py", params)
 
 

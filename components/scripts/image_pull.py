@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.parse
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = PullParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 
 def request(method, path, headers=None, timeout=60):
@@ -72,7 +72,8 @@ def credentials(repository):
 
 
 class Progress:
-    def __init__(self):
+    def __init__(self, tag):
+        self.tag = tag  # the reference pulled: its own events are not a layer's
         self.layers = {}  # id -> [current, total, done]
         self.started = time.monotonic()
         self.last_report = self.started
@@ -81,7 +82,7 @@ class Progress:
     def update(self, event):
         layer = event.get("id")
         status = event.get("status", "")
-        if not layer or layer == P["tag"]:
+        if not layer or layer == self.tag:
             return
         entry = self.layers.setdefault(layer, [0, 0, False])
         detail = event.get("progressDetail") or {}
@@ -101,7 +102,7 @@ class Progress:
         done = sum(1 for layer in self.layers.values() if layer[2])
         share = f" ({100 * current / total:.0f}%)" if total else ""
         return (
-            f"pulling {P['image']}: {human(current)} of {human(total)}{share} at {human(rate)}/s, "
+            f"pulling {P.image}: {human(current)} of {human(total)}{share} at {human(rate)}/s, "
             f"{done}/{len(self.layers)} layers done, {now - self.started:.0f} s"
         )
 
@@ -109,15 +110,15 @@ class Progress:
 def pull_with_api(repository, reference, auth, deadline):
     headers = {"X-Registry-Auth": auth} if auth else {}
     query = urllib.parse.urlencode({"fromImage": repository, "tag": reference})
-    connection, response = request("POST", f"/images/create?{query}", headers, timeout=P["timeout_seconds"])
+    connection, response = request("POST", f"/images/create?{query}", headers, timeout=P.timeout_seconds)
     if response.status != 200:
         say(f"pull refused by the Docker daemon: HTTP {response.status} {response.read().decode(errors='replace')}")
         return 1
-    progress, finished, timed_out = Progress(), threading.Event(), threading.Event()
+    progress, finished, timed_out = Progress(reference), threading.Event(), threading.Event()
 
     def report():
         # A line every progress_seconds while the pull runs; at the deadline, cut the connection.
-        while not finished.wait(P["progress_seconds"]):
+        while not finished.wait(P.progress_seconds):
             if time.monotonic() > deadline:
                 timed_out.set()
                 connection.raw.shutdown(socket.SHUT_RDWR)
@@ -143,54 +144,51 @@ def pull_with_api(repository, reference, auth, deadline):
         finished.set()
         connection.close()
     if timed_out.is_set():
-        limit = P["timeout_seconds"]
+        limit = P.timeout_seconds
         say(f"the pull did not finish within {limit} s (imageTransfer.timeoutSeconds); last: {progress.line()}")
         return 1
     total = sum(layer[1] for layer in progress.layers.values())
     seconds = time.monotonic() - progress.started
-    say(f"pulled {P['image']} in {seconds:.1f} s ({human(total)} downloaded, {human(total / max(seconds, 1e-6))}/s)")
+    say(f"pulled {P.image} in {seconds:.1f} s ({human(total)} downloaded, {human(total / max(seconds, 1e-6))}/s)")
     return 0
 
 
 def pull_with_cli(deadline):
     """`docker pull` (it asks the credential helper); progress counts the layers it reports done."""
-    process = subprocess.Popen(
-        ["docker", "pull", P["image"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = subprocess.Popen(["docker", "pull", P.image], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done, started = 0, time.monotonic()
     for line in process.stdout:
         if "Pull complete" in line or "Already exists" in line:
             done += 1
-            say(f"pulling {P['image']}: {done} layers done, {time.monotonic() - started:.0f} s")
+            say(f"pulling {P.image}: {done} layers done, {time.monotonic() - started:.0f} s")
         if time.monotonic() > deadline:
             process.kill()
-            say(f"the pull did not finish within {P['timeout_seconds']} s (imageTransfer.timeoutSeconds)")
+            say(f"the pull did not finish within {P.timeout_seconds} s (imageTransfer.timeoutSeconds)")
             return 1
     return process.wait()
 
 
 def main():
-    deadline = time.monotonic() + P["timeout_seconds"]
+    deadline = time.monotonic() + P.timeout_seconds
     try:
-        if present(P["image"]):
-            say(f"{P['image']} is already on this node")
+        if present(P.image):
+            say(f"{P.image} is already on this node")
             return 0
-        if P["image"].startswith("sha256:"):
+        if P.image.startswith("sha256:"):
             say(
-                f"{P['image']} is an image id, which no registry serves: load or build it on this node "
+                f"{P.image} is an image id, which no registry serves: load or build it on this node "
                 "(with imageTransfer.method copy, the copy source; the other nodes receive it from there)"
             )
             return 1
-        repository, reference = split_reference(P["image"])
-        P["tag"] = reference
+        repository, reference = split_reference(P.image)
         auth, helper = credentials(repository)
-        say(f"pulling {P['image']} (at most {P['timeout_seconds']} s; {_negotiated['said']})")
+        say(f"pulling {P.image} (at most {P.timeout_seconds} s; {_negotiated['said']})")
         code = pull_with_cli(deadline) if helper else pull_with_api(repository, reference, auth, deadline)
     except OSError as error:
         say(f"cannot reach the Docker daemon at {docker_socket()}: {error}")
         return 1
-    if code == 0 and not present(P["image"]):
-        say(f"the pull ended but {P['image']} is not on this node")
+    if code == 0 and not present(P.image):
+        say(f"the pull ended but {P.image} is not on this node")
         return 1
     return code
 

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 
-P = NcclParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = NcclParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 LOG = f"/tmp/spark-vllm-nccl-{P.node}.{os.getpid()}.log"
 facts = {"node": P.node, "rank": P.rank, "world": P.world}
 started = time.monotonic()

@@ -9,7 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 
-P = AnswersParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = AnswersParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 
 def ask(messages):

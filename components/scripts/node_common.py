@@ -1,11 +1,10 @@
-# What the scripts that report from a node share: prepended (components.render.SCRIPT_HELPERS) to
+# What the scripts that report from a node share: prepended (components/plan/programs.py SCRIPT_HELPERS) to
 # hf_download.py, image_pull.py and node_fabric_copy.py, which each still travel as one program. Each
-# function reads the script's own P (its PARAMS) when called. Standard library only, no side effects.
+# function reads the script's own P (its node_contract parameters) when called. Standard library only, no side effects.
 
 
 def say(message):
-    node = P.node if hasattr(P, "node") else P["node"]  # a node_contract dataclass, or a plain dict's scripts
-    print(f"[{node}] {message}", flush=True)
+    print(f"[{P.node}] {message}", flush=True)
 
 
 def human(count):

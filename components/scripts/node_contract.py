@@ -1,15 +1,75 @@
-# What the program hands a node's container, typed once for both sides: components/render.py builds these
-# (it imports this file as a module) and the scripts in the container read them (it is prepended to
-# the scripts that read them by components.render.SCRIPT_HELPERS). The JSON is
-# the dataclasses' fields, so a field added here is a field both sides know. Standard library only (Python
-# 3.7+, whatever the image has), no side effects.
+# What the program hands a node's scripts and what they hand back, typed once for both sides: components/plan/
+# and components/resources/ build these (they import this file as a module) and the scripts read them (it is
+# prepended to each script that reads them: components/plan/programs.py SCRIPT_HELPERS). `Contract` is the one
+# way between a dataclass and its JSON, both sides: a field added here is a field both sides know, and a key
+# one side does not know fails loudly (TypeError) instead of being read as missing. Standard library only
+# (Python 3.7+, whatever the host or the image has), no side effects.
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
+
+
+class Contract:
+    """`to_json()`: the fields as JSON-ready data, nested contracts as theirs; a field named in the class's
+    OMIT_NONE is left out while None (turning nothing on changes no program that carries it).
+    `from_json(data)`: the dataclass back, a field typed as a contract, an Optional one or a list of them built
+    from its type; a key the class does not know, or one it needs missing: TypeError."""
+
+    OMIT_NONE = ()
+
+    def to_json(self):
+        data = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is None and item.name in self.OMIT_NONE:
+                continue
+            data[item.name] = _plain(value)
+        return data
+
+    @classmethod
+    def from_json(cls, data):
+        types = {item.name: item.type for item in dataclasses.fields(cls)}
+        return cls(**{key: _typed(types.get(key), value) for key, value in dict(data).items()})
+
+
+def _plain(value):
+    if isinstance(value, Contract):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def _is_contract(kind):
+    return isinstance(kind, type) and issubclass(kind, Contract)
+
+
+def _typed(kind, value):
+    """`value` (JSON) as `kind` wants it: contracts built, everything else as it is."""
+    if value is None or kind is None or isinstance(value, Contract):
+        return value
+    origin, args = getattr(kind, "__origin__", None), getattr(kind, "__args__", None) or ()
+    if origin is typing.Union:  # Optional[X]
+        return _typed(next(arg for arg in args if arg is not type(None)), value)
+    if origin in (list, List) and args and _is_contract(args[0]):
+        return [args[0].from_json(item) for item in value]
+    return kind.from_json(value) if _is_contract(kind) else value
+
+
+def params_of(cls, **fields) -> dict:
+    """What a script is handed: `cls`'s fields as JSON-ready data, through the dataclasses both ways (a field
+    unknown or missing, here or in a nested contract given as a dict: TypeError)."""
+    return cls.from_json(fields).to_json()
+
+
+# --- a node's container and its vLLM ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class SupervisorParams:
+class SupervisorParams(Contract):
     """What the container is (its command: a change replaces the container, so only what must)."""
 
     node: str
@@ -20,16 +80,11 @@ class SupervisorParams:
     guard_marker: Optional[str] = None  # with network.guard: the marker its container writes once its rules hold
     metrics_port: Optional[int] = None  # metrics.nodePort: the node's metrics on its fabric address
 
-    def to_json(self) -> dict:
-        data = dataclasses.asdict(self)
-        for optional in ("guard_marker", "metrics_port"):
-            if data[optional] is None:
-                del data[optional]  # only when set: turning nothing on changes no container
-        return data
+    OMIT_NONE = ("guard_marker", "metrics_port")  # only when set: turning nothing on changes no container
 
 
 @dataclass(frozen=True)
-class Recovery:
+class Recovery(Contract):
     """The stack's `recovery` keys (their defaults are the config's: components/config/sections.py)."""
 
     max_restarts: int
@@ -40,7 +95,7 @@ class Recovery:
 
 
 @dataclass(frozen=True)
-class RayReady:
+class RayReady(Contract):
     """The Ray head's wait before vLLM: every node alive and the GPUs TP × PP needs."""
 
     address: str
@@ -49,38 +104,7 @@ class RayReady:
 
 
 @dataclass(frozen=True)
-class VllmSpec:
-    """RUN_DIR/spec.json: what vLLM is on this node, handed over by the serve step (serve_spec.py)."""
-
-    argv: list
-    env: dict  # the API key among them: the file is mode 600
-    fingerprint: str
-    recovery: Recovery
-    gpu_memory_utilization: Optional[float]  # what vLLM asks of each GPU at start; None without GPUs
-    health_url: Optional[str]  # on the API server's node
-    ray_ready: Optional[RayReady]  # on the Ray head
-    oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
-    tenancy: Optional["Tenancy"] = None  # with deployments: who this is on the node, and who else is there
-
-    @classmethod
-    def from_json(cls, data: dict) -> "VllmSpec":
-        ray_ready = data.get("ray_ready")
-        tenancy = data.get("tenancy")
-        return cls(
-            argv=list(data["argv"]),
-            env=dict(data.get("env") or {}),
-            fingerprint=data["fingerprint"],
-            recovery=Recovery(**data["recovery"]),
-            gpu_memory_utilization=data.get("gpu_memory_utilization"),
-            health_url=data.get("health_url"),
-            ray_ready=RayReady(**ray_ready) if ray_ready else None,
-            oom_guard_mib=data.get("oom_guard_mib"),
-            tenancy=Tenancy.from_json(tenancy) if tenancy else None,
-        )
-
-
-@dataclass(frozen=True)
-class Tenancy:
+class Tenancy(Contract):
     """A replica on a node it shares with other replicas: its name (what its neighbours are told) and how long it
     may hold the node's GPU turn (node_gpu_turn.py). Who the neighbours are is asked on the node itself, so a
     replica added beside it changes nothing here."""
@@ -88,36 +112,41 @@ class Tenancy:
     replica: str
     turn_hold_seconds: float  # vllm.readyTimeoutSeconds: a start that takes longer gives the turn back
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Tenancy":
-        return cls(**data)
 
+@dataclass(frozen=True)
+class Served(Contract):
+    """What vLLM is on this node besides its argv, env and fingerprint: what the serve step renders (HandoverParams'
+    spec), the supervisor's recovery and waits."""
 
-def spec_fields(
-    recovery: Recovery, gpu_memory_utilization, health_url, ray_ready, oom_guard_mib=None, tenancy=None
-) -> dict:
-    """The part of a VllmSpec the serve step renders beside argv, env and fingerprint, as JSON."""
-    fields = {
-        "recovery": dataclasses.asdict(recovery),
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "health_url": health_url,
-        "ray_ready": dataclasses.asdict(ray_ready) if ray_ready is not None else None,
-    }
-    if oom_guard_mib is not None:  # only with the guard: turning nothing on restarts no vLLM
-        fields["oom_guard_mib"] = oom_guard_mib
-    if tenancy is not None:  # only with deployments: a single-model stack's spec (and its vLLM) stays as it was
-        fields["tenancy"] = dataclasses.asdict(tenancy)
-    return fields
+    recovery: Recovery
+    gpu_memory_utilization: Optional[float]  # what vLLM asks of each GPU at start; None without GPUs
+    health_url: Optional[str]  # on the API server's node
+    ray_ready: Optional[RayReady]  # on the Ray head
+    oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
+    tenancy: Optional[Tenancy] = None  # with deployments: who this is on the node, and who else is there
+
+    # only when set: turning the guard on restarts no vLLM, a single-model stack's spec stays as it was
+    OMIT_NONE = ("oom_guard_mib", "tenancy")
 
 
 @dataclass(frozen=True)
-class HandoverParams:
+class VllmSpec(Served):
+    """RUN_DIR/spec.json: what vLLM is on this node, handed over by the serve step (serve_spec.py writes all of
+    it: argv, env and fingerprint beside Served's fields; the file is mode 600, the API key is in env)."""
+
+    argv: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class HandoverParams(Contract):
     """serve_spec.py on a node: vLLM's settings for its supervisor (the API key in env: a secret)."""
 
     node: str
     argv: list
     env: dict
-    spec: dict  # VllmSpec's other fields (spec_fields)
+    spec: Served
     fingerprint: str
     run_dir: str
     timeout_seconds: float
@@ -125,7 +154,7 @@ class HandoverParams:
 
 
 @dataclass(frozen=True)
-class ReadyParams:
+class ReadyParams(Contract):
     """wait_ready.py on the API node: /health 200 and /v1/models listing `model`."""
 
     base_url: str
@@ -140,7 +169,7 @@ class ReadyParams:
 
 
 @dataclass(frozen=True)
-class SmokeParams:
+class SmokeParams(Contract):
     """smoke.py on the API node: one short chat completion."""
 
     base_url: str
@@ -152,7 +181,7 @@ class SmokeParams:
 
 
 @dataclass(frozen=True)
-class AnswersParams:
+class AnswersParams(Contract):
     """node_answers.py on the API node: greedy answers to a fixed set of conversations (each a list of
     user turns, later turns sent with the earlier turns and answers: a cached prefix), and, with
     `baseline`, whether they agree with those answers (the same model and engine without speculation)."""
@@ -167,7 +196,7 @@ class AnswersParams:
 
 
 @dataclass(frozen=True)
-class ClusterWaitParams:
+class ClusterWaitParams(Contract):
     """ray_join.py on the Ray head: every node alive in Ray and the GPUs TP × PP needs."""
 
     node: str
@@ -180,7 +209,7 @@ class ClusterWaitParams:
 
 
 @dataclass(frozen=True)
-class BenchmarkParams:
+class BenchmarkParams(Contract):
     """node_benchmark.py on the API node: the configured load against the served model."""
 
     base_url: str
@@ -198,7 +227,7 @@ class BenchmarkParams:
 
 
 @dataclass(frozen=True)
-class NcclParams:
+class NcclParams(Contract):
     """nccl_bandwidth.py in `docker run` on a node: its rank of the fabric gate's all-reduce."""
 
     node: str
@@ -213,7 +242,7 @@ class NcclParams:
 
 
 @dataclass(frozen=True)
-class FabricGateParams:
+class FabricGateParams(Contract):
     """node_fabric_gate.py on a node's host: the fabric's facts, the peers, the TCP test."""
 
     node: str
@@ -225,7 +254,7 @@ class FabricGateParams:
 
 
 @dataclass(frozen=True)
-class HfDownloadParams:
+class HfDownloadParams(Contract):
     """hf_download.py on the copy source: a Hugging Face repo id into the host's cache directory."""
 
     node: str
@@ -237,6 +266,144 @@ class HfDownloadParams:
     token: Optional[str] = None
 
 
-def params_of(cls, **fields) -> dict:
-    """What render.py hands a script: `cls`'s fields as JSON-ready data (a field unknown or missing: TypeError)."""
-    return dataclasses.asdict(cls(**fields))
+# --- a node's host: its network guard, its image, the copies over the fabric ------------------------------
+
+
+@dataclass(frozen=True)
+class GuardApi(Contract):
+    """network.apiSources: the API port(s) on the node open only to these networks."""
+
+    sources: list
+    port: Optional[int] = None  # a single-model stack's head: its one API server
+    ports: Optional[list] = None  # every API server on the node, the router's too
+
+    OMIT_NONE = ("port", "ports")
+
+
+@dataclass(frozen=True)
+class GuardSpec(Contract):
+    """What the rules on a node say (components/resources/guard.py guard_spec); its hash is the marker's."""
+
+    peers: list  # the other nodes' fabric addresses
+    interface: str  # the fabric interface they arrive on
+    guarded: list  # [[first, last]] port ranges only the peers reach
+    ephemeral: bool  # the kernel's ephemeral range too (NCCL, Gloo and torch listen there)
+    public: list  # ports left open
+    api: Optional[GuardApi]
+
+
+@dataclass(frozen=True)
+class GuardParams(Contract):
+    """node_guard.py, in the guard container or a one-off `docker run` of the node's image."""
+
+    node: str
+    action: str  # check, run, ready, remove, show
+    spec: GuardSpec
+    hash: str
+    host_root: str  # where the host's /usr and /etc are mounted
+    marker: str
+    check_seconds: float
+    timeout_seconds: float
+    backend: Optional[str] = None  # show: nft or iptables (tests); otherwise the host's own
+
+    OMIT_NONE = ("backend",)
+
+
+@dataclass(frozen=True)
+class PullParams(Contract):
+    """image_pull.py on a node's host: the image through the Docker Engine API, with progress."""
+
+    node: str
+    image: str  # a tag or name@sha256:…
+    timeout_seconds: float
+    progress_seconds: float
+
+
+@dataclass(frozen=True)
+class CopyParams(Contract):
+    """node_fabric_copy.py: who copies from whom over the fabric (the depot's address on the copy source)."""
+
+    role: str  # serve (the depot), image or model (a receiver)
+    node: str
+    source: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class DepotParams(CopyParams):
+    """The depot on the copy source (its token from SPARK_VLLM_COPY_TOKEN, the container's environment)."""
+
+    image_id: Optional[str]  # the image it serves, with imageTransfer.method copy
+    model_dir: Optional[str]  # the model it serves, with modelSync
+
+
+@dataclass(frozen=True)
+class ImageCopyParams(CopyParams):
+    """A node receiving the source's image (secret: the token)."""
+
+    token: str
+    image_id: str
+    reference: str  # the tag it gets on arrival
+    progress_seconds: float
+
+
+@dataclass(frozen=True)
+class ModelCopyParams(CopyParams):
+    """A node receiving the source's model directory (secret: the token)."""
+
+    token: str
+    model_dir: str
+    progress_seconds: float
+
+
+COPY_ROLES = {"serve": DepotParams, "image": ImageCopyParams, "model": ModelCopyParams}
+
+
+@dataclass(frozen=True)
+class RouterWorker(Contract):
+    """A replica as the router's keeper declares it (components/resources/router.py worker)."""
+
+    url: str
+    model: str
+    replica: str
+    root: Optional[str] = None  # the model it loaded, as /v1/models says
+    max_model_len: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class KeeperParams(Contract):
+    """router_keeper.py: the router container's program (mode serve) and its steps (the other modes)."""
+
+    mode: str  # serve, ready, workers, drain, undrain, smoke
+    host: str
+    port: int
+    inner_port: int
+    metrics_host: str
+    metrics_port: int
+    policy: str
+    version: str
+    index_url: Optional[str]
+    health_interval: float
+    timeout: Optional[float] = None  # every mode but serve
+    workers: Optional[List[RouterWorker]] = None  # workers
+    api_key_sha256: Optional[str] = None  # workers
+    worker: Optional[RouterWorker] = None  # drain, undrain
+    models: Optional[list] = None  # smoke
+    api_key: Optional[str] = None  # smoke (secret)
+    prompt: Optional[str] = None  # smoke
+    max_tokens: Optional[int] = None  # smoke
+    run_dir: Optional[str] = None  # tests only
+
+    # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
+    OMIT_NONE = (
+        "timeout",
+        "workers",
+        "api_key_sha256",
+        "worker",
+        "models",
+        "api_key",
+        "prompt",
+        "max_tokens",
+        "run_dir",
+    )

@@ -112,7 +112,7 @@ def connect(address, port, token, wait_seconds=30):
         except OSError as error:
             if time.monotonic() > deadline:
                 raise CopyError(
-                    f"cannot reach the depot of {P['source']} at {address}:{port} over the fabric: {error}"
+                    f"cannot reach the depot of {P.source} at {address}:{port} over the fabric: {error}"
                 ) from error
             time.sleep(0.5)
     sock.settimeout(120)

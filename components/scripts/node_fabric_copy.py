@@ -35,7 +35,8 @@ import threading
 import time
 import urllib.parse
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+_GIVEN = json.loads(PARAMS)  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = COPY_ROLES[_GIVEN["role"]].from_json(_GIVEN)  # the depot, an image receiver or a model receiver
 PARTIAL = ".spark-vllm-partial"
 
 
@@ -95,7 +96,7 @@ class DepotHandler(socketserver.BaseRequestHandler):
                         channel.send(b"X", f"unknown request {operation!r}".encode())
                 except (OSError, http.client.HTTPException, ValueError) as error:
                     # Something on this side (its Docker socket, a file): the receiver is told why.
-                    reason = f"{P['node']} cannot serve the {operation}: {type(error).__name__}: {error}"
+                    reason = f"{P.node} cannot serve the {operation}: {type(error).__name__}: {error}"
                     print(f"[depot] {peer}: {reason}", flush=True)
                     channel.send(b"X", reason[:2000].encode())
                     return
@@ -103,10 +104,10 @@ class DepotHandler(socketserver.BaseRequestHandler):
             print(f"[depot] {peer}: {error}", flush=True)
 
     def send_image(self, channel, peer):
-        image_id = P.get("image_id")
+        image_id = P.image_id
         info = image_info(image_id) if image_id else None
         if info is None:
-            channel.send(b"X", f"the depot serves no image (or {image_id} is gone from {P['node']})".encode())
+            channel.send(b"X", f"the depot serves no image (or {image_id} is gone from {P.node})".encode())
             return
         channel.send_json({"id": info["Id"], "size": info.get("Size", 0)})
         connection, response = docker("GET", f"/images/{urllib.parse.quote(info['Id'], safe='')}/get", timeout=300)
@@ -128,18 +129,18 @@ class DepotHandler(socketserver.BaseRequestHandler):
         )
 
     def send_manifest(self, channel):
-        if not P.get("model_dir"):
+        if not P.model_dir:
             channel.send(b"X", b"the depot serves no model")
             return
-        self.entries, problems = manifest(P["model_dir"])
-        channel.send_json({"root": sync_root(P["model_dir"]), "entries": self.entries, "problems": problems})
+        self.entries, problems = manifest(P.model_dir)
+        channel.send_json({"root": sync_root(P.model_dir), "entries": self.entries, "problems": problems})
 
     def send_file(self, channel, path):
         entry = (self.entries or {}).get(path) if isinstance(path, str) else None
         if entry is None or entry["type"] != "file":
             channel.send(b"X", f"{path!r} is not a file of the model".encode())
             return
-        full = os.path.join(sync_root(P["model_dir"]), path)
+        full = os.path.join(sync_root(P.model_dir), path)
         handle = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             info = os.fstat(handle)
@@ -159,10 +160,10 @@ class DepotHandler(socketserver.BaseRequestHandler):
 
 
 def serve():
-    depot = Depot((P["address"], P["port"]), DepotHandler)
-    served = ", ".join(x for x in (P.get("image_id") and "image " + P["image_id"][:19], P.get("model_dir")) if x)
-    print(f"[depot] {P['node']} serves {served} on {P['address']}:{P['port']}", flush=True)
-    if P.get("image_id"):
+    depot = Depot((P.address, P.port), DepotHandler)
+    served = ", ".join(x for x in (P.image_id and "image " + P.image_id[:19], P.model_dir) if x)
+    print(f"[depot] {P.node} serves {served} on {P.address}:{P.port}", flush=True)
+    if P.image_id:
         try:
             api_prefix()
             print(f"[depot] {_negotiated['said']}", flush=True)
@@ -184,7 +185,7 @@ class Progress:
         with self.lock:
             self.done += count
             now = time.monotonic()
-            if now - self.last >= P["progress_seconds"]:
+            if now - self.last >= P.progress_seconds:
                 self.last = now
                 say(self.line())
 
@@ -195,19 +196,19 @@ class Progress:
 
 
 def receive_image():
-    expected = P["image_id"]
+    expected = P.image_id
     if image_info(expected) is not None:
         tag(expected)
         say(f"image {expected[:19]} is already on this node: nothing to copy")
         print(json.dumps({"image_id": expected, "copied_bytes": 0}))
         return 0
-    channel = connect(P["address"], P["port"], TOKEN)
+    channel = connect(P.address, P.port, TOKEN)
     channel.send_json({"op": "image"})
     offer = channel.receive_json()
     if offer["id"] != expected:
-        raise CopyError(f"the depot on {P['source']} serves {offer['id']}, not {expected}: run `pulumi up` again")
+        raise CopyError(f"the depot on {P.source} serves {offer['id']}, not {expected}: run `pulumi up` again")
     say(
-        f"copying image {expected[:19]} from {P['source']} over the fabric ({human(offer['size'])} unpacked; "
+        f"copying image {expected[:19]} from {P.source} over the fabric ({human(offer['size'])} unpacked; "
         f"{_negotiated['said']})"
     )
     progress = Progress("image", offer["size"])
@@ -249,7 +250,7 @@ def receive_image():
 
 def tag(image_id):
     """Give the loaded image the configured tag too (not for a digest or an id: those name it already)."""
-    reference = P.get("reference") or ""
+    reference = P.reference or ""
     if not reference or "@" in reference or reference.startswith("sha256:"):
         return
     last = reference.rsplit("/", 1)[-1]
@@ -358,13 +359,13 @@ def place_link(path, target):
 
 
 def sync_model():
-    model_dir = P["model_dir"].rstrip("/") or "/"
+    model_dir = P.model_dir.rstrip("/") or "/"
     started = time.monotonic()
-    channel = connect(P["address"], P["port"], TOKEN)
+    channel = connect(P.address, P.port, TOKEN)
     channel.send_json({"op": "manifest"})
     offer = channel.receive_json()
     if offer["problems"]:
-        raise CopyError(f"the model on {P['source']} cannot be copied as it is: " + "; ".join(offer["problems"][:10]))
+        raise CopyError(f"the model on {P.source} cannot be copied as it is: " + "; ".join(offer["problems"][:10]))
     root, entries = offer["root"], offer["entries"]
     if root != sync_root(model_dir):
         raise CopyError(f"the depot copies {root}, this node expects {sync_root(model_dir)}")
@@ -374,11 +375,11 @@ def sync_model():
     decided = time.monotonic() - started
     total = sum(entries[r]["size"] for r in fetch)
     if not (fetch or links or dirs or extra):
-        say(f"model {model_dir}: the same as on {P['source']} ({len(entries)} entries), nothing to copy")
+        say(f"model {model_dir}: the same as on {P.source} ({len(entries)} entries), nothing to copy")
         print(json.dumps({"copied_bytes": 0, "files": 0, "removed": 0, "decided_seconds": round(decided, 3)}))
         return 0
     say(
-        f"model {model_dir}: {len(fetch)} file(s), {human(total)} to copy from {P['source']} over the fabric, "
+        f"model {model_dir}: {len(fetch)} file(s), {human(total)} to copy from {P.source} over the fabric, "
         f"{len(links)} link(s) to set, {len(extra)} entr(y/ies) to remove"
     )
     for relative in extra:
@@ -418,20 +419,20 @@ def sync_model():
 
 def main():
     try:
-        if P["role"] == "serve":
+        if P.role == "serve":
             serve()
             return 0
-        return receive_image() if P["role"] == "image" else sync_model()
+        return receive_image() if P.role == "image" else sync_model()
     except CopyError as error:
-        say(f"{P['role']} copy from {P['source']} failed: {error}")
+        say(f"{P.role} copy from {P.source} failed: {error}")
         return 1
     except OSError as error:
-        say(f"{P['role']} copy from {P['source']} failed: {error}")
+        say(f"{P.role} copy from {P.source} failed: {error}")
         return 1
 
 
-TOKEN = (P.pop("token", None) or os.environ.get("SPARK_VLLM_COPY_TOKEN", "")).encode()
+TOKEN = (getattr(P, "token", None) or os.environ.get("SPARK_VLLM_COPY_TOKEN", "")).encode()
 if not TOKEN:
-    print(f"[{P['node']}] no copy token (SPARK_VLLM_COPY_TOKEN)", file=sys.stderr)
+    print(f"[{P.node}] no copy token (SPARK_VLLM_COPY_TOKEN)", file=sys.stderr)
     sys.exit(2)
 sys.exit(main())

@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 
-P = FabricGateParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = FabricGateParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 NET = "/sys/class/net"
 CHUNK = b"\0" * (1 << 20)
 

@@ -11,9 +11,9 @@
 #
 # Runs in a container of the node's own image with host networking and CAP_NET_ADMIN. The host's
 # own nft (or iptables) runs by chroot into the host's /usr and /etc, mounted read-only at
-# P["host_root"] (a merged-/usr host, as every current Ubuntu and Debian is).
+# P.host_root (a merged-/usr host, as every current Ubuntu and Debian is).
 #
-# P["action"]:
+# P.action:
 #   check   say which tool the host has; fail, naming the node, when it has neither
 #   run     the guard container's main process: apply, write the marker (boot id, spec hash), then
 #           every check_seconds put the rules back if something removed them (a firewall tool
@@ -21,7 +21,7 @@
 #           the container applies them again when Docker starts it, before the node's Ray starts)
 #   ready   wait until the marker shows this spec's hash in this boot
 #   remove  remove the rules and the marker (the stack's destroy, or network.guard turned off)
-#   show    print the rules it would write (P["backend"]: nft or iptables), change nothing
+#   show    print the rules it would write (P.backend: nft or iptables), change nothing
 import json
 import os
 import signal
@@ -29,10 +29,10 @@ import subprocess
 import sys
 import time
 
-P = json.loads(PARAMS)  # noqa: F821 - prepended by script_program
+P = GuardParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 TABLE = "spark_vllm_guard"
 CHAIN = "SPARK-VLLM-GUARD"
-ROOT = P["host_root"]
+ROOT = P.host_root
 
 
 class GuardError(Exception):
@@ -40,7 +40,7 @@ class GuardError(Exception):
 
 
 def say(message):
-    print(f"[{P['node']}] network.guard: {message}", flush=True)
+    print(f"[{P.node}] network.guard: {message}", flush=True)
 
 
 def boot_id():
@@ -76,7 +76,7 @@ def has(tool):
 
 
 def backend():
-    wanted = P.get("backend") or "auto"
+    wanted = P.backend or "auto"
     found = [name for name, tool in (("nft", "nft"), ("iptables", "iptables-restore")) if has(tool)]
     if wanted != "auto":
         found = [name for name in found if name == wanted]
@@ -99,8 +99,8 @@ def ephemeral_range():
 
 def guarded_ranges():
     """The spec's ranges plus the ephemeral one, merged, minus the ports that stay public."""
-    ranges = [tuple(item) for item in P["spec"]["guarded"]]
-    if P["spec"].get("ephemeral"):
+    ranges = [tuple(item) for item in P.spec.guarded]
+    if P.spec.ephemeral:
         ranges.append(ephemeral_range())
     merged = []
     for first, last in sorted(ranges):
@@ -108,7 +108,7 @@ def guarded_ranges():
             merged[-1] = (merged[-1][0], max(merged[-1][1], last))
         else:
             merged.append((first, last))
-    for port in P["spec"]["public"]:
+    for port in P.spec.public:
         cut = []
         for first, last in merged:
             if first <= port <= last:
@@ -120,14 +120,14 @@ def guarded_ranges():
 
 
 def nft_ruleset(ranges):
-    spec = P["spec"]
+    spec = P.spec
     ports = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
-    peers = ", ".join(spec["peers"])
+    peers = ", ".join(spec.peers)
     lines = [
         f"table inet {TABLE}",
         f"delete table inet {TABLE}",
         f"table inet {TABLE} {{",
-        f'  comment "spark-vllm network.guard for node {P["node"]}"',
+        f'  comment "spark-vllm network.guard for node {P.node}"',
         "  set peers {",
         "    type ipv4_addr",
         *([f"    elements = {{ {peers} }}"] if peers else []),
@@ -137,16 +137,16 @@ def nft_ruleset(ranges):
         f"    elements = {{ {ports} }}",
         "  }",
     ]
-    api = spec.get("api")
+    api = spec.api
     if api:
         lines += ["  set api_sources {", "    type ipv4_addr; flags interval"]
-        lines += [f"    elements = {{ {', '.join(api['sources'])} }}", "  }"]
+        lines += [f"    elements = {{ {', '.join(api.sources)} }}", "  }"]
     lines += [
         "  chain input {",
         "    type filter hook input priority filter - 10; policy accept;",
         '    iif "lo" accept',
         "    ct state established,related accept",
-        f'    tcp dport @guarded iifname "{spec["interface"]}" ip saddr @peers accept',
+        f'    tcp dport @guarded iifname "{spec.interface}" ip saddr @peers accept',
         "    tcp dport @guarded drop",
     ]
     for port in api_ports(api):
@@ -160,7 +160,7 @@ def api_ports(api):
     deployment's on the node, the router's)."""
     if not api:
         return []
-    return list(api["ports"]) if "ports" in api else [api["port"]]
+    return list(api.ports) if api.ports is not None else [api.port]
 
 
 def multiport_chunks(ranges):
@@ -178,19 +178,19 @@ def multiport_chunks(ranges):
 
 
 def iptables_rules(ranges, v6):
-    spec = P["spec"]
+    spec = P.spec
     lines = ["*filter", f":{CHAIN} - [0:0]", f"-A {CHAIN} -i lo -j RETURN"]
     lines.append(f"-A {CHAIN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN")
     for ports in multiport_chunks(ranges):
         match = f"-p tcp -m multiport --dports {ports}"
         if not v6:
-            for peer in spec["peers"]:
-                lines.append(f"-A {CHAIN} {match} -i {spec['interface']} -s {peer}/32 -j RETURN")
+            for peer in spec.peers:
+                lines.append(f"-A {CHAIN} {match} -i {spec.interface} -s {peer}/32 -j RETURN")
         lines.append(f"-A {CHAIN} {match} -j DROP")
-    api = spec.get("api")
+    api = spec.api
     for port in api_ports(api):
         if not v6:
-            for source in api["sources"]:
+            for source in api.sources:
                 lines.append(f"-A {CHAIN} -p tcp --dport {port} -s {source} -j RETURN")
         lines.append(f"-A {CHAIN} -p tcp --dport {port} -j DROP")
     lines.append("COMMIT")
@@ -233,9 +233,9 @@ def remove(kind):
 
 
 def write_marker(kind):
-    marker = P["marker"]
+    marker = P.marker
     os.makedirs(os.path.dirname(marker), exist_ok=True)
-    record = {"boot_id": boot_id(), "hash": P["hash"], "backend": kind, "node": P["node"], "applied": time.time()}
+    record = {"boot_id": boot_id(), "hash": P.hash, "backend": kind, "node": P.node, "applied": time.time()}
     with open(marker + ".tmp", "w") as handle:
         json.dump(record, handle)
     os.replace(marker + ".tmp", marker)
@@ -243,7 +243,7 @@ def write_marker(kind):
 
 def read_marker():
     try:
-        with open(P["marker"]) as handle:
+        with open(P.marker) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
@@ -252,12 +252,12 @@ def read_marker():
 def describe(kind):
     ranges = guarded_ranges()
     ports = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
-    peers = ", ".join(P["spec"]["peers"]) or "none (one node)"
-    api = P["spec"].get("api")
+    peers = ", ".join(P.spec.peers) or "none (one node)"
+    api = P.spec.api
     listed = ", ".join(str(port) for port in api_ports(api))
-    sources = f"; port {listed} only from {', '.join(api['sources'])}" if api else ""
+    sources = f"; port {listed} only from {', '.join(api.sources)}" if api else ""
     where = f"table inet {TABLE}" if kind == "nft" else f"chain {CHAIN} (iptables and ip6tables)"
-    return f"{where}: TCP {ports} only from {peers} on {P['spec']['interface']}{sources}"
+    return f"{where}: TCP {ports} only from {peers} on {P.spec.interface}{sources}"
 
 
 def run():
@@ -269,7 +269,7 @@ def run():
     write_marker(kind)
     say(f"applied ({kind}) {describe(kind)}")
     while not stopping:
-        time.sleep(P["check_seconds"])
+        time.sleep(P.check_seconds)
         if not stopping and not present(kind):
             say("the rules were gone (another firewall tool flushed them?): applying them again")
             apply(kind)
@@ -278,18 +278,18 @@ def run():
 
 
 def ready():
-    deadline = time.monotonic() + P["timeout_seconds"]
+    deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:
         marker = read_marker()
-        if marker and marker.get("hash") == P["hash"] and marker.get("boot_id") == boot_id():
+        if marker and marker.get("hash") == P.hash and marker.get("boot_id") == boot_id():
             say(f"in place ({marker['backend']})")
             return
         time.sleep(0.5)
-    raise GuardError(f"the guard container did not apply the rules within {P['timeout_seconds']} s")
+    raise GuardError(f"the guard container did not apply the rules within {P.timeout_seconds} s")
 
 
 def main():
-    action = P["action"]
+    action = P.action
     try:
         if action == "run":
             run()
@@ -297,7 +297,7 @@ def main():
             ready()
         elif action == "show":
             ranges = guarded_ranges()
-            if P.get("backend") == "iptables":
+            if P.backend == "iptables":
                 print(iptables_rules(ranges, False) + iptables_rules(ranges, True), end="")
             else:
                 print(nft_ruleset(ranges), end="")
@@ -308,8 +308,8 @@ def main():
                 say(f"the host has {kind}; will write {describe(kind)}")
             elif action == "remove":
                 remove(kind)
-                if os.path.exists(P["marker"]):
-                    os.remove(P["marker"])
+                if os.path.exists(P.marker):
+                    os.remove(P.marker)
                 say(f"removed ({kind})")
     except GuardError as error:
         say(f"FAILED: {error}")

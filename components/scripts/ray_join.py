@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-P = ClusterWaitParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = ClusterWaitParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 
 def say(message):

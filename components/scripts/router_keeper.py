@@ -1,6 +1,6 @@
 # The router's keeper: the main process of the container spark-vllm.router (mode "serve"), and the steps
 # that talk to it through `docker exec` (modes "workers", "drain", "undrain", "ready"). Fed on stdin or as
-# the container's program, after PARAMS (components/render.py script_program). Standard library only.
+# the container's program, after PARAMS and node_contract.py (components/plan/programs.py). Standard library only.
 #
 # The stack's endpoint on router.port is the keeper's front (router_front.py): it answers /v1/models in OpenAI's
 # shape for every declared model, refuses vllm-router's admin API, and passes the rest to vllm-router, which
@@ -27,12 +27,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-P = json.loads(PARAMS)  # noqa: F821 - defined by the program's first line
-RUN_DIR = P.get("run_dir") or "/run/spark-vllm-router"  # run_dir: tests only
+P = KeeperParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+RUN_DIR = P.run_dir or "/run/spark-vllm-router"  # run_dir: tests only
 WORKERS, DRAINED, KEY = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/key.json"
 FIELDS = ("url", "model", "root", "max_model_len")  # a declared worker, as workers.json keeps it
-ROUTER = f"http://127.0.0.1:{P['inner_port']}"  # vllm-router itself, its admin API included: loopback only
-FRONT = f"http://{'127.0.0.1' if P['host'] == '0.0.0.0' else P['host']}:{P['port']}"  # the stack's endpoint
+ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
+FRONT = f"http://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
 
 
@@ -132,21 +132,21 @@ def installed_version(path):
 
 
 def router_path():
-    """Where vllm-router of P['version'] is: the image's own, or installed into the volume once."""
-    if installed_version("") == P["version"]:
+    """Where vllm-router of P.version is: the image's own, or installed into the volume once."""
+    if installed_version("") == P.version:
         return ""
-    target = f"{INSTALL_DIR}/{P['version']}"
-    if installed_version(target) == P["version"]:
+    target = f"{INSTALL_DIR}/{P.version}"
+    if installed_version(target) == P.version:
         return target
-    say(f"installing vllm-router {P['version']} into {target} (the image has {installed_version('') or 'none'})")
+    say(f"installing vllm-router {P.version} into {target} (the image has {installed_version('') or 'none'})")
     argv = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--target",
-            f"{target}.partial", f"vllm-router=={P['version']}"]  # fmt: skip
-    if P.get("index_url"):
-        argv += ["--index-url", P["index_url"]]
+            f"{target}.partial", f"vllm-router=={P.version}"]  # fmt: skip
+    if P.index_url:
+        argv += ["--index-url", P.index_url]
     subprocess.run(["rm", "-rf", f"{target}.partial"], check=False)
     if subprocess.run(argv).returncode != 0:
         raise SystemExit(
-            f"could not install vllm-router {P['version']} (pip above): the node needs PyPI or router.indexUrl, "
+            f"could not install vllm-router {P.version} (pip above): the node needs PyPI or router.indexUrl, "
             "or an image with vllm-router in it (router.version its version)"
         )
     os.replace(f"{target}.partial", target)
@@ -167,9 +167,9 @@ def catalogue():
 def router_argv():
     return [
         sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
-        "--host", "127.0.0.1", "--port", str(P["inner_port"]), "--enable-igw", "--policy", P["policy"],
-        "--prometheus-host", P["metrics_host"], "--prometheus-port", str(P["metrics_port"]),
-        "--health-check-interval-secs", str(P["health_interval"]), "--log-level", "warning",
+        "--host", "127.0.0.1", "--port", str(P.inner_port), "--enable-igw", "--policy", P.policy,
+        "--prometheus-host", P.metrics_host, "--prometheus-port", str(P.metrics_port),
+        "--health-check-interval-secs", str(P.health_interval), "--log-level", "warning",
     ]  # fmt: skip
 
 
@@ -178,8 +178,8 @@ def serve():
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     path = router_path()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-    Front(P["host"], P["port"], ("127.0.0.1", P["inner_port"]), catalogue, say).start()
-    say(f"the endpoint listens on {P['host']}:{P['port']}; vllm-router on 127.0.0.1:{P['inner_port']}")
+    Front(P.host, P.port, ("127.0.0.1", P.inner_port), catalogue, say).start()
+    say(f"the endpoint listens on {P.host}:{P.port}; vllm-router on 127.0.0.1:{P.inner_port}")
     router, backoff, healthy = None, 1.0, False
     while not stopping:
         if router is None or router.poll() is not None:
@@ -187,7 +187,7 @@ def serve():
                 say(f"vllm-router exited with {router.returncode}; starting it again in {backoff:g} s")
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 30)
-            say(f"starting vllm-router {P['version']} on 127.0.0.1:{P['inner_port']} (policy {P['policy']})")
+            say(f"starting vllm-router {P.version} on 127.0.0.1:{P.inner_port} (policy {P.policy})")
             router, healthy = subprocess.Popen(router_argv(), env=env), False
         if reconcile():
             if not healthy:
@@ -217,7 +217,7 @@ def wait_until(check, seconds, what):
 def in_flight(worker):
     """Requests a vLLM (its /metrics) runs or queues now; None when it does not answer."""
     try:
-        with urllib.request.urlopen(worker["url"] + "/metrics", timeout=5) as response:
+        with urllib.request.urlopen(worker.url + "/metrics", timeout=5) as response:
             text = response.read().decode(errors="replace")
     except (OSError, ValueError):
         return None
@@ -231,15 +231,15 @@ def in_flight(worker):
 def smoke():
     """One short chat completion for each model, through the router (as a client sends it)."""
     results = {}
-    for model in P["models"]:
-        body = {"model": model, "messages": [{"role": "user", "content": P["prompt"]}], "max_tokens": P["max_tokens"]}
+    for model in P.models:
+        body = {"model": model, "messages": [{"role": "user", "content": P.prompt}], "max_tokens": P.max_tokens}
         request = urllib.request.Request(FRONT + "/v1/chat/completions", data=json.dumps(body).encode())
         request.add_header("Content-Type", "application/json")
-        if P.get("api_key"):
-            request.add_header("Authorization", f"Bearer {P['api_key']}")
+        if P.api_key:
+            request.add_header("Authorization", f"Bearer {P.api_key}")
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=P["timeout"]) as response:
+            with urllib.request.urlopen(request, timeout=P.timeout) as response:
                 answer = json.loads(response.read())
         except urllib.error.HTTPError as error:
             raise SystemExit(
@@ -272,44 +272,44 @@ def _gone(url):
 
 
 def main():
-    mode = P["mode"]
+    mode = P.mode
     if mode == "serve":
         return serve()
     if mode == "ready":
-        wait_until(lambda: registered() is not None and front_answers(), P["timeout"], "vllm-router answering")
+        wait_until(lambda: registered() is not None and front_answers(), P.timeout, "vllm-router answering")
         print(json.dumps({"router": FRONT, "workers": registered()}))
         return None
     if mode == "workers":
         with Locked():
-            write_json(WORKERS, [{k: w.get(k) for k in FIELDS} for w in P["workers"]])
-            write_json(KEY, {"sha256": P.get("api_key_sha256")})
+            write_json(WORKERS, [{k: getattr(w, k) for k in FIELDS} for w in P.workers])
+            write_json(KEY, {"sha256": P.api_key_sha256})
         goal = wanted()
-        wait_until(lambda: registered() == goal, P["timeout"], f"the router routing to {sorted(goal)}")
+        wait_until(lambda: registered() == goal, P.timeout, f"the router routing to {sorted(goal)}")
         print(json.dumps({"workers": goal, "drained": read_json(DRAINED, [])}))
         return None
     if mode == "smoke":
         return smoke()
-    worker = P["worker"]
+    worker = P.worker
     if mode == "drain":
         with Locked():
-            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) | {worker["url"]}))
-        wait_until(lambda: _gone(worker["url"]), P["timeout"], f"{worker['url']} out of the router")
+            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) | {worker.url}))
+        wait_until(lambda: _gone(worker.url), P.timeout, f"{worker.url} out of the router")
         started = time.monotonic()
         # what it was serving finishes (or it is down already); the router sends it nothing new
-        wait_until(lambda: not in_flight(worker), P["timeout"], f"{worker['replica']} finishing its requests")
-        say(f"{worker['replica']} ({worker['url']}) out of the router, idle after {time.monotonic() - started:.1f} s")
+        wait_until(lambda: not in_flight(worker), P.timeout, f"{worker.replica} finishing its requests")
+        say(f"{worker.replica} ({worker.url}) out of the router, idle after {time.monotonic() - started:.1f} s")
     elif mode == "undrain":
         with Locked():  # declared (a new replica is not yet), and no longer drained
             known = read_json(WORKERS, [])
-            before = next((w for w in known if w["url"] == worker["url"]), {})
-            declared = [w for w in known if w["url"] != worker["url"]]
-            entry = {k: worker.get(k) if worker.get(k) is not None else before.get(k) for k in FIELDS}
+            before = next((w for w in known if w["url"] == worker.url), {})
+            declared = [w for w in known if w["url"] != worker.url]
+            entry = {k: getattr(worker, k) if getattr(worker, k) is not None else before.get(k) for k in FIELDS}
             write_json(WORKERS, [*declared, entry])
-            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) - {worker["url"]}))
-        wait_until(lambda: (registered() or {}).get(worker["url"]) == worker["model"], P["timeout"],
-                   f"{worker['url']} back in the router")  # fmt: skip
-        say(f"{worker['replica']} ({worker['url']}) back in the router for {worker['model']}")
-    print(json.dumps({"mode": mode, "worker": worker["url"], "drained": read_json(DRAINED, [])}))
+            write_json(DRAINED, sorted(set(read_json(DRAINED, [])) - {worker.url}))
+        wait_until(lambda: (registered() or {}).get(worker.url) == worker.model, P.timeout,
+                   f"{worker.url} back in the router")  # fmt: skip
+        say(f"{worker.replica} ({worker.url}) back in the router for {worker.model}")
+    print(json.dumps({"mode": mode, "worker": worker.url, "drained": read_json(DRAINED, [])}))
     return None
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-P = HandoverParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = HandoverParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 RUN = P.run_dir
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 
@@ -59,7 +59,7 @@ def main():
         tmp = f"{SPEC}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({**P.spec, "argv": P.argv, "env": P.env, "fingerprint": P.fingerprint}, handle)
+            json.dump(VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json(), handle)
         os.replace(tmp, SPEC)
     deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:

@@ -8,7 +8,7 @@ import time
 import urllib.error
 import urllib.request
 
-P = SmokeParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = SmokeParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 body = json.dumps(
     {

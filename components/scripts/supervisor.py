@@ -50,7 +50,7 @@ import time
 import urllib.error
 import urllib.request
 
-P = SupervisorParams(**json.loads(sys.argv[1]))  # what the container is (node_contract.py)
+P = SupervisorParams.from_json(json.loads(sys.argv[1]))  # what the container is (node_contract.py)
 RUN = P.run_dir
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # What vLLM is, from the serve step's spec: argv, env, fingerprint, recovery (max_restarts,

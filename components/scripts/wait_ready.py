@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-P = ReadyParams(**json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+P = ReadyParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
 HINTS = [
     (

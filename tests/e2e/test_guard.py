@@ -105,10 +105,10 @@ def test_every_listener_outside_loopback_is_sshd_vllm_or_guarded(sim_cluster, st
     cfg = stack["config"]
     for index, node in enumerate(sim_cluster.nodes):
         spec = guard_spec(cfg, cfg.nodes[index])
-        ranges = [tuple(r) for r in spec["guarded"]] + [ephemeral(sim_cluster, node)]
+        ranges = [tuple(r) for r in spec.guarded] + [ephemeral(sim_cluster, node)]
         found = listeners(sim_cluster, node)
         outside = {(a, p) for a, p in found if not a.startswith("127.") and a != "::1"}
-        loose = [(a, p) for a, p in outside if p not in spec["public"] and not any(lo <= p <= hi for lo, hi in ranges)]
+        loose = [(a, p) for a, p in outside if p not in spec.public and not any(lo <= p <= hi for lo, hi in ranges)]
         assert loose == [], f"{node.name}: listeners neither public nor guarded: {loose} (all: {sorted(found)})"
         assert raylet_ports(sim_cluster, node) <= {p for _, p in outside}  # Ray's own picks, guarded too
         print(f"{node.name}: {len(outside)} listeners outside loopback: {sorted(outside, key=lambda x: x[1])}")

@@ -27,8 +27,8 @@ IP = shutil.which("ip")
 def test_the_head_guards_every_ray_port_and_leaves_ssh_and_the_api_alone():
     cfg = load_cluster_config(config(network={"guard": True}))
     spec = guard.guard_spec(cfg, cfg.nodes[0])
-    assert spec["peers"] == ["10.9.0.2"] and spec["interface"] == "enp1s0f1np1"
-    assert spec["guarded"] == [
+    assert spec.peers == ["10.9.0.2"] and spec.interface == "enp1s0f1np1"
+    assert spec.guarded == [
         [6379, 6379],
         [8265, 8265],
         [10001, 10001],
@@ -36,27 +36,27 @@ def test_the_head_guards_every_ray_port_and_leaves_ssh_and_the_api_alone():
         [29660, 29660],
         [32768, 60999],
     ]  # fmt: skip  (29660: the fabric gate's bandwidth test)
-    assert spec["public"] == [22, 8000] and spec["ephemeral"] is True and spec["api"] is None
+    assert spec.public == [22, 8000] and spec.ephemeral is True and spec.api is None
 
 
 def test_a_worker_guards_its_own_ray_ports_and_the_depot_is_guarded_on_the_source():
     cfg = load_cluster_config(config(network={"guard": True}, imageTransfer={"method": "copy"}))
     worker = guard.guard_spec(cfg, cfg.nodes[1])
-    assert worker["peers"] == ["10.9.0.1"] and worker["public"] == [22]
-    assert [6379, 6379] not in worker["guarded"] and [10002, 19999] in worker["guarded"]
-    assert [29650, 29650] in guard.guard_spec(cfg, cfg.nodes[0])["guarded"]
+    assert worker.peers == ["10.9.0.1"] and worker.public == [22]
+    assert [6379, 6379] not in worker.guarded and [10002, 19999] in worker.guarded
+    assert [29650, 29650] in guard.guard_spec(cfg, cfg.nodes[0]).guarded
 
 
 def test_with_mp_the_master_port_is_guarded_and_ray_has_no_ports():
     cfg = load_cluster_config(config(executor="mp", network={"guard": True}))
-    assert guard.guard_spec(cfg, cfg.nodes[0])["guarded"] == [[29501, 29501], [29660, 29660]]
-    assert guard.guard_spec(cfg, cfg.nodes[1])["guarded"] == [[29660, 29660]]  # the fabric gate's test port
+    assert guard.guard_spec(cfg, cfg.nodes[0]).guarded == [[29501, 29501], [29660, 29660]]
+    assert guard.guard_spec(cfg, cfg.nodes[1]).guarded == [[29660, 29660]]  # the fabric gate's test port
 
 
 def test_api_sources_limit_the_api_on_the_head_only():
     cfg = load_cluster_config(config(network={"guard": True, "apiSources": ["192.0.2.0/24"]}))
-    assert guard.guard_spec(cfg, cfg.nodes[0])["api"] == {"port": 8000, "sources": ["192.0.2.0/24"]}
-    assert guard.guard_spec(cfg, cfg.nodes[1])["api"] is None
+    assert guard.guard_spec(cfg, cfg.nodes[0]).api.to_json() == {"port": 8000, "sources": ["192.0.2.0/24"]}
+    assert guard.guard_spec(cfg, cfg.nodes[1]).api is None
 
 
 def test_api_sources_without_the_guard_are_a_config_problem():

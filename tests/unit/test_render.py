@@ -177,32 +177,73 @@ def test_docker_host_url():
     assert shell.docker_host_url(nodes[1]) == "ssh://aurora@10.0.0.2:2222"
 
 
-@pytest.mark.parametrize(
-    "script_name, contract",
-    [
-        ("serve_spec.py", "HandoverParams"),
-        ("wait_ready.py", "ReadyParams"),
-        ("smoke.py", "SmokeParams"),
-        ("ray_join.py", "ClusterWaitParams"),
-        ("node_benchmark.py", "BenchmarkParams"),
-        ("nccl_bandwidth.py", "NcclParams"),
-        ("node_fabric_gate.py", "FabricGateParams"),
-        ("hf_download.py", "HfDownloadParams"),
-    ],
-)
-def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract):
-    """node_contract.py is prepended to the script, and every `P.<field>` the script reads is a field of
-    the dataclass render.py fills: a renamed field fails here, not on a node."""
+SCRIPT_CONTRACTS = [
+    ("supervisor.py", "SupervisorParams", "json.loads(sys.argv[1])"),
+    ("serve_spec.py", "HandoverParams", "json.loads(PARAMS)"),
+    ("wait_ready.py", "ReadyParams", "json.loads(PARAMS)"),
+    ("smoke.py", "SmokeParams", "json.loads(PARAMS)"),
+    ("node_answers.py", "AnswersParams", "json.loads(PARAMS)"),
+    ("ray_join.py", "ClusterWaitParams", "json.loads(PARAMS)"),
+    ("node_benchmark.py", "BenchmarkParams", "json.loads(PARAMS)"),
+    ("nccl_bandwidth.py", "NcclParams", "json.loads(PARAMS)"),
+    ("node_fabric_gate.py", "FabricGateParams", "json.loads(PARAMS)"),
+    ("hf_download.py", "HfDownloadParams", "json.loads(PARAMS)"),
+    ("node_guard.py", "GuardParams", "json.loads(PARAMS)"),
+    ("image_pull.py", "PullParams", "json.loads(PARAMS)"),
+    ("router_keeper.py", "KeeperParams", "json.loads(PARAMS)"),
+    ("node_fabric_copy.py", "COPY_ROLES", "_GIVEN"),
+]
+
+
+def _p_reads(text: str) -> tuple[set[str], list[str]]:
+    """The `P.<field>`s a script reads, and every read of P as a dict (`P[…]`, `P.get(…)`, `P.pop(…)`)."""
     import ast
+
+    read, as_dict = set(), []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "P":
+            read.add(node.attr)
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "P":
+            as_dict.append(ast.unparse(node))
+    dict_methods = {"get", "pop", "keys", "items", "setdefault", "update"}
+    return read - dict_methods, [*as_dict, *sorted(read & dict_methods)]
+
+
+@pytest.mark.parametrize("script_name, contract, source", SCRIPT_CONTRACTS)
+def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract, source):
+    """node_contract.py is prepended to the script, P is its dataclass (`from_json`, the one way back from JSON),
+    and every `P.<field>` the script and its helpers read is a field of it: a renamed field fails here, not on a
+    node. The fabric copy's P is its role's (the depot's, an image's or a model's receiver)."""
     import dataclasses
 
-    from components.plan.programs import SCRIPT_HELPERS
+    from components.plan.programs import SCRIPT_HELPERS, script
     from components.scripts import node_contract
 
-    assert "node_contract.py" in SCRIPT_HELPERS[script_name]
+    assert SCRIPT_HELPERS[script_name][0] == "node_contract.py"
     text = (ROOT / "components/scripts" / script_name).read_text()
-    assert f"P = {contract}(**json.loads(PARAMS))" in text
-    read = {node.attr for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "P"}  # fmt: skip
-    fields = {field.name for field in dataclasses.fields(getattr(node_contract, contract))}
+    kinds = list(node_contract.COPY_ROLES.values()) if contract == "COPY_ROLES" else [getattr(node_contract, contract)]
+    built = (
+        f'COPY_ROLES[_GIVEN["role"]].from_json({source})'
+        if contract == "COPY_ROLES"
+        else f"{contract}.from_json({source})"
+    )
+    assert f"P = {built}" in text
+    helpers = "".join((ROOT / "components/scripts" / h).read_text() for h in SCRIPT_HELPERS[script_name][1:])
+    read, as_dict = _p_reads(text + helpers)
+    fields = {field.name for kind in kinds for field in dataclasses.fields(kind)}
     assert read and read <= fields, read - fields
+    assert as_dict == [], f"{script_name} reads its parameters as a dict: {as_dict}"
+    assert script(script_name).startswith((ROOT / "components/scripts/node_contract.py").read_text())
+
+
+def test_no_script_reads_its_parameters_as_a_dict():
+    """Every script under components/scripts reads its parameters through its contract's dataclass."""
+    offenders = {}
+    for path in sorted((ROOT / "components/scripts").glob("*.py")):
+        _, as_dict = _p_reads(path.read_text())
+        if as_dict:
+            offenders[path.name] = as_dict
+    assert offenders == {}
+    every = {name for name, _, _ in SCRIPT_CONTRACTS}
+    takes_params = {p.name for p in (ROOT / "components/scripts").glob("*.py") if "\nP = " in p.read_text()}
+    assert takes_params <= every, takes_params - every

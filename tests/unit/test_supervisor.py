@@ -482,7 +482,7 @@ def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_p
 
 
 def test_the_contract_renders_what_the_container_and_the_supervisor_read():
-    """components/scripts/node_contract.py is both sides' one definition: what render.py writes parses back."""
+    """components/scripts/node_contract.py is both sides' one definition: what the program writes parses back."""
     from components.config import load_cluster_config
     from components.plan.container import supervisor_params, supervisor_spec
     from components.scripts.node_contract import SupervisorParams, VllmSpec
@@ -490,9 +490,9 @@ def test_the_contract_renders_what_the_container_and_the_supervisor_read():
 
     cfg = load_cluster_config(config(network__guard=True))
     params = supervisor_params(cfg, cfg.nodes[0])
-    assert SupervisorParams(**params).guard_marker == params["guard_marker"]
+    assert SupervisorParams.from_json(params).guard_marker == params["guard_marker"]
     assert "guard_marker" not in supervisor_params(load_cluster_config(config()), cfg.nodes[0])  # no container change
-    spec = VllmSpec.from_json({**supervisor_spec(cfg, cfg.nodes[0]), "argv": ["vllm"], "env": {}, "fingerprint": "f"})
+    spec = VllmSpec.from_json({**supervisor_spec(cfg, cfg.nodes[0]).to_json(), "argv": ["vllm"], "env": {}, "fingerprint": "f"})
     assert spec.recovery.max_restarts == cfg.recovery.max_restarts and spec.ray_ready.gpus == cfg.world_size
 
 

@@ -1,0 +1,74 @@
+"""components/scripts/node_contract.py's one way between its dataclasses and JSON, both sides."""
+
+import json
+
+import pytest
+
+from components.scripts import node_contract as contract
+from components.scripts.node_contract import (
+    GuardApi,
+    GuardParams,
+    GuardSpec,
+    KeeperParams,
+    RouterWorker,
+    Served,
+    SupervisorParams,
+    VllmSpec,
+    params_of,
+)
+
+SPEC = GuardSpec(peers=["10.0.0.2"], interface="enp1s0f1np1", guarded=[[6379, 6379]], ephemeral=True, public=[22],
+                 api=GuardApi(sources=["192.0.2.0/24"], ports=[8000, 30000]))  # fmt: skip
+
+
+def test_nested_contracts_come_back_as_themselves_through_json():
+    params = GuardParams(node="spark-01", action="run", spec=SPEC, hash="h", host_root="/host", marker="/m",
+                         check_seconds=5, timeout_seconds=60)  # fmt: skip
+    again = GuardParams.from_json(json.loads(json.dumps(params.to_json())))
+    assert again == params and isinstance(again.spec.api, GuardApi)
+    assert again.spec.api.port is None and "port" not in params.to_json()["spec"]["api"]  # OMIT_NONE
+
+
+def test_a_list_of_contracts_and_an_optional_one():
+    worker = {"url": "http://10.0.0.1:8000", "model": "m", "replica": "spark-vllm-a", "root": None, "max_model_len": 8}
+    keeper = KeeperParams.from_json({"mode": "workers", "host": "0.0.0.0", "port": 80, "inner_port": 81,
+                                     "metrics_host": "10.0.0.1", "metrics_port": 82, "policy": "round_robin",
+                                     "version": "0.1", "index_url": None, "health_interval": 5, "timeout": 30,
+                                     "workers": [worker], "api_key_sha256": None})  # fmt: skip
+    assert keeper.workers == [RouterWorker(**worker)] and keeper.worker is None
+    assert keeper.to_json()["workers"] == [worker]
+    # a mode's own keys only where they are set: the router container's program keeps its text
+    assert {"timeout", "workers"} <= set(keeper.to_json()) and "api_key_sha256" not in keeper.to_json()
+
+
+def test_omitted_fields_stay_omitted_so_turning_nothing_on_changes_no_container():
+    params = SupervisorParams(node="n", executor="ray", run_dir="/run", ray_argv=None, stop_grace_seconds=30)
+    assert "guard_marker" not in params.to_json() and "metrics_port" not in params.to_json()
+    assert SupervisorParams.from_json(params.to_json()) == params
+
+
+def test_the_served_part_and_the_spec_file_are_one_shape():
+    served = Served(recovery=contract.Recovery(3, 600, 5, 60, 120), gpu_memory_utilization=0.9, health_url=None,
+                    ray_ready=contract.RayReady("10.0.0.1:6379", 2, 2))  # fmt: skip
+    spec = VllmSpec(argv=["vllm"], env={"A": "1"}, fingerprint="f", **vars(served))
+    data = json.loads(json.dumps(spec.to_json()))
+    assert set(data) == {"recovery", "gpu_memory_utilization", "health_url", "ray_ready", "argv", "env", "fingerprint"}
+    assert VllmSpec.from_json(data) == spec and VllmSpec.from_json(data).ray_ready.gpus == 2
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"node": "n", "image": "i", "timeout_seconds": 1, "progress_seconds": 1, "extra": 1},  # a key unknown
+        {"node": "n", "image": "i", "timeout_seconds": 1},  # one missing
+    ],
+)
+def test_a_key_one_side_does_not_know_fails_loudly(fields):
+    with pytest.raises(TypeError):
+        params_of(contract.PullParams, **fields)
+
+
+def test_a_nested_dict_is_checked_too():
+    with pytest.raises(TypeError):
+        params_of(GuardParams, node="n", action="run", spec={**SPEC.to_json(), "pears": []}, hash="h",
+                  host_root="/", marker="/m", check_seconds=1, timeout_seconds=1)  # fmt: skip
