@@ -27,7 +27,7 @@ from components.plan.fabric_nccl import (  # the NCCL test's half, where callers
     rdma_in_container,
     with_nccl,
 )
-from components.scripts.node_contract import FabricGateParams, params_of
+from components.scripts.node_contract import FabricFacts, FabricGateParams, RdmaPort, params_of
 
 RDMA_ROOT = "/sys/class/infiniband"
 STREAMS = 4
@@ -92,42 +92,42 @@ def _gbps(mbps: int | None) -> float | None:
     return None if mbps is None else mbps / 1000
 
 
-def _node_problems(cfg: ClusterConfig, node: NodeConfig, facts: dict[str, Any]) -> list[str]:
+def _node_problems(cfg: ClusterConfig, node: NodeConfig, facts: FabricFacts) -> list[str]:
     where = f"fabric gate {node.name} ({node.fabric_interface})"
     interface = node.fabric_interface
-    link = facts.get("interface") or {}
+    link = facts.interface
     problems = []
-    if not link.get("exists"):
-        elsewhere = ", ".join(facts.get("address_on") or [])
+    if not link.exists:
+        elsewhere = ", ".join(facts.address_on)
         fix = (
             f"{node.fabric_address} is on {elsewhere}: set nodes[].fabricInterface to it"
             if elsewhere
-            else f"set nodes[].fabricInterface to one of {', '.join(link.get('present') or []) or 'the interfaces'}"
+            else f"set nodes[].fabricInterface to one of {', '.join(link.present or []) or 'the interfaces'}"
         )
         return [f"{where}: the interface does not exist — {fix}"]
-    down = link.get("up") is False or (link.get("up") is None and link.get("operstate") == "down")
+    down = link.up is False or (link.up is None and link.operstate == "down")
     if down:
         problems.append(
             f"{where}: the interface is down — `{IP_LINK_UP.format(interface=interface)}` (network.manage: true keeps "
             "it up through netplan)"
         )
-    elif link.get("carrier") == 0 or link.get("operstate") in ("lowerlayerdown", "notpresent"):
+    elif link.carrier == 0 or link.operstate in ("lowerlayerdown", "notpresent"):
         problems.append(f"{where}: no carrier (no link) — check the cable and that the peer's port is up")
-    if str(node.fabric_address) not in (link.get("addresses") or []):
-        elsewhere = ", ".join(facts.get("address_on") or [])
+    if str(node.fabric_address) not in link.addresses:
+        elsewhere = ", ".join(facts.address_on)
         fix = (
             f"it is on {elsewhere}: set nodes[].fabricInterface to {elsewhere}, or move the address"
             if elsewhere
             else "add it (network.manage: true writes the netplan drop-in) or correct nodes[].fabricAddress"
         )
         problems.append(f"{where}: fabricAddress {node.fabric_address} is not on the interface — {fix}")
-    mtu, wanted = link.get("mtu"), cfg.network.mtu
+    mtu, wanted = link.mtu, cfg.network.mtu
     if wanted is not None and mtu is not None and mtu != wanted:
         problems.append(
             f"{where}: MTU {mtu}, network.mtu says {wanted} — `ip link set dev {interface} mtu {wanted}` "
             f"(network.manage: true writes `mtu: {wanted}` into the netplan drop-in)"
         )
-    speed = _gbps(link.get("speed_mbps"))
+    speed = _gbps(link.speed_mbps)
     floor = cfg.fabric.min_link_speed_gbps
     if floor is not None and (speed is None or speed < floor):
         found = "an unknown speed" if speed is None else f"{speed:g} Gb/s"
@@ -135,18 +135,18 @@ def _node_problems(cfg: ClusterConfig, node: NodeConfig, facts: dict[str, Any]) 
             f"{where}: the link runs at {found}, fabric.minLinkSpeedGbps is {floor} — reseat or replace the cable, "
             f"check both ports (`ethtool {interface}` shows the speed it negotiated)"
         )
-    if facts.get("listen_error") and str(node.fabric_address) in (link.get("addresses") or []):
-        problems.append(f"{where}: {facts['listen_error']} — free fabric.testPort or set it to a free port")
+    if facts.listen_error and str(node.fabric_address) in link.addresses:
+        problems.append(f"{where}: {facts.listen_error} — free fabric.testPort or set it to a free port")
     if not cfg.nccl.ib_disable:
-        problems += _rdma_problems(node, facts.get("rdma") or [], where)
+        problems += _rdma_problems(node, facts.rdma, where)
     return problems
 
 
-def _rdma_problems(node: NodeConfig, ports: list[dict[str, Any]], where: str) -> list[str]:
+def _rdma_problems(node: NodeConfig, ports: list[RdmaPort], where: str) -> list[str]:
     interface, problems = node.fabric_interface, []
-    by_device = {p["device"]: p for p in ports}
-    present = ", ".join(f"{p['device']} on {p.get('netdev') or '?'}" for p in ports) or "none"
-    on_fabric = [p for p in ports if p.get("netdev") == interface]
+    by_device = {p.device: p for p in ports}
+    present = ", ".join(f"{p.device} on {p.netdev or '?'}" for p in ports) or "none"
+    on_fabric = [p for p in ports if p.netdev == interface]
     for name in node.rdma_devices:
         port = by_device.get(name)
         if port is None:
@@ -154,10 +154,10 @@ def _rdma_problems(node: NodeConfig, ports: list[dict[str, Any]], where: str) ->
                 f"{where}: RDMA device {name} (nodes[].rdmaDevices) does not exist (present: {present}) — set "
                 "rdmaDevices to the devices `ibdev2netdev` lists for the fabric"
             )
-        elif port.get("state") != "ACTIVE":
+        elif port.state != "ACTIVE":
             problems.append(
-                f"{where}: RDMA device {name} port {port['port']} is {port.get('state') or 'in no state'}, not "
-                f"ACTIVE — its link ({port.get('netdev') or '?'}) must be up with a cable; "
+                f"{where}: RDMA device {name} port {port.port} is {port.state or 'in no state'}, not "
+                f"ACTIVE — its link ({port.netdev or '?'}) must be up with a cable; "
                 f"`ibv_devinfo -d {name}` shows it"
             )
     if not on_fabric:
@@ -167,47 +167,43 @@ def _rdma_problems(node: NodeConfig, ports: list[dict[str, Any]], where: str) ->
             "sockets"
         )
         return problems
-    fabric_devices = [p["device"] for p in on_fabric]
+    fabric_devices = [p.device for p in on_fabric]
     if node.rdma_devices and not set(fabric_devices) & set(node.rdma_devices):
         problems.append(
             f"{where}: rdmaDevices {node.rdma_devices} names none of the interface's RDMA devices "
             f"({', '.join(fabric_devices)}) — add {fabric_devices[0]}"
         )
     for port in on_fabric:
-        if (
-            port.get("link_layer") == "Ethernet"
-            and port.get("state") == "ACTIVE"
-            and port.get("rocev2_gid_index") is None
-        ):
+        if port.link_layer == "Ethernet" and port.state == "ACTIVE" and port.rocev2_gid_index is None:
             problems.append(
-                f"{where}: {port['device']} has no RoCE v2 GID for {node.fabric_address} — NCCL would use another GID "
+                f"{where}: {port.device} has no RoCE v2 GID for {node.fabric_address} — NCCL would use another GID "
                 "type or address: the address must be configured on the interface (the kernel then adds the GID; "
-                f"`show_gids {port['device']}` lists them) and the device must run RoCE v2"
+                f"`show_gids {port.device}` lists them) and the device must run RoCE v2"
             )
     if node.rdma_devices:  # with none named NCCL takes every ACTIVE device, the twins too
         for port in ports:
-            twin_of = [d for d in fabric_devices if d != port["device"] and twin_key(d) == twin_key(port["device"])]
-            if twin_of and port["device"] not in node.rdma_devices and port.get("state") == "ACTIVE":
+            twin_of = [d for d in fabric_devices if d != port.device and twin_key(d) == twin_key(port.device)]
+            if twin_of and port.device not in node.rdma_devices and port.state == "ACTIVE":
                 problems.append(
-                    f"{where}: {port['device']} (the twin of {twin_of[0]}, on {port.get('netdev') or '?'}) is ACTIVE "
+                    f"{where}: {port.device} (the twin of {twin_of[0]}, on {port.netdev or '?'}) is ACTIVE "
                     "but not in rdmaDevices: one twin alone gives about half the bandwidth — add it to rdmaDevices"
                 )
     return problems
 
 
-def floor_gbps(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]]) -> float | None:
+def floor_gbps(cfg: ClusterConfig, facts_by_node: dict[str, FabricFacts]) -> float | None:
     """The bandwidth test's floor: fabric.minBandwidthGbps, else a fraction of the slowest link."""
     if cfg.fabric.min_bandwidth_gbps is not None:
         return cfg.fabric.min_bandwidth_gbps
-    speeds = [(f.get("interface") or {}).get("speed_mbps") for f in facts_by_node.values()]
+    speeds = [f.interface.speed_mbps for f in facts_by_node.values()]
     known = [s for s in speeds if s]
     return round(min(known) / 1000 * DEFAULT_FLOOR_FRACTION, 3) if known else None
 
 
-def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]]) -> list[str]:
+def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, FabricFacts]) -> list[str]:
     problems = []
     nodes = {n.name: n for n in cfg.nodes}
-    mtus = {n.name: (facts_by_node[n.name].get("interface") or {}).get("mtu") for n in cfg.nodes}
+    mtus = {n.name: facts_by_node[n.name].interface.mtu for n in cfg.nodes}
     known = {name: mtu for name, mtu in mtus.items() if mtu is not None}
     if len(set(known.values())) > 1:
         listing = ", ".join(f"{name} {nodes[name].fabric_interface} {mtu}" for name, mtu in known.items())
@@ -216,7 +212,7 @@ def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]])
             f"fabric gate: the MTU differs between the nodes ({listing}) — the same on every node: network.mtu: {top} "
             f"(with network.manage: true), or `ip link set dev IF mtu {top}` on the others"
         )
-    speeds = {n.name: (facts_by_node[n.name].get("interface") or {}).get("speed_mbps") for n in cfg.nodes}
+    speeds = {n.name: facts_by_node[n.name].interface.speed_mbps for n in cfg.nodes}
     known_speeds = {name: s for name, s in speeds.items() if s}
     if len(set(known_speeds.values())) > 1:
         listing = ", ".join(f"{name} {s / 1000:g} Gb/s" for name, s in known_speeds.items())
@@ -232,64 +228,64 @@ def _pair_problems(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]])
     return problems
 
 
-def _reach_problems(node: NodeConfig, facts: dict[str, Any], nodes: dict[str, NodeConfig], mtu: Any) -> list[str]:
+def _reach_problems(node: NodeConfig, facts: FabricFacts, nodes: dict[str, NodeConfig], mtu: Any) -> list[str]:
     """What `node` said of reaching each peer over the fabric: the route, a ping, a full-size packet."""
     where = f"fabric gate {node.name} ({node.fabric_interface})"
     problems = []
-    for peer, seen in (facts.get("peers") or {}).items():
+    for peer, seen in facts.peers.items():
         other = nodes.get(peer)
-        label = f"{peer} ({seen.get('address')})"
-        if seen.get("route_dev") is None:
+        label = f"{peer} ({seen.address})"
+        if seen.route_dev is None:
             problems.append(
-                f"{where}: no route to {label}: {seen.get('route_error', '?')} — every fabric address in one "
+                f"{where}: no route to {label}: {seen.route_error or '?'} — every fabric address in one "
                 "subnet (network.prefixLength) on the fabric interfaces"
             )
-        elif seen["route_dev"] != node.fabric_interface:
+        elif seen.route_dev != node.fabric_interface:
             problems.append(
-                f"{where}: the route to {label} goes through {seen['route_dev']}, not the fabric — every fabric "
+                f"{where}: the route to {label} goes through {seen.route_dev}, not the fabric — every fabric "
                 "address in one subnet (network.prefixLength) on the fabric interfaces, and no other interface "
                 "in that subnet"
             )
-        elif seen.get("reach") is False:
+        elif seen.reach is False:
             problems.append(
                 f"{where}: {label} does not answer a ping over the fabric — check the cable, that "
                 f"{other.fabric_interface if other else 'its interface'} is up on {peer} and its fabricAddress "
                 "(or a firewall dropping ICMP)"
             )
-        elif seen.get("full_size") is False:
+        elif seen.full_size is False:
             problems.append(
                 f"{where}: a full-size packet ({mtu} bytes, don't fragment) does not reach {label} "
-                f"({seen.get('full_size_said', '')}) — {peer} or a switch port in between has a smaller MTU: set "
+                f"({seen.full_size_said or ''}) — {peer} or a switch port in between has a smaller MTU: set "
                 "the same MTU everywhere on the path"
             )
     return problems
 
 
 def _bandwidth_problems(
-    cfg: ClusterConfig, node: NodeConfig, facts_by_node: dict[str, dict[str, Any]], floor: Optional[float]
+    cfg: ClusterConfig, node: NodeConfig, facts_by_node: dict[str, FabricFacts], floor: Optional[float]
 ) -> list[str]:
     """What `node`'s bandwidth tests said: a failed test, a pair under the floor, a peer that never measured."""
     facts = facts_by_node[node.name]
     where = f"fabric gate {node.name} ({node.fabric_interface})"
     problems = []
-    for peer, result in (facts.get("bandwidth") or {}).items():
-        if "skipped" in result:
+    for peer, result in (facts.bandwidth or {}).items():
+        if result.skipped is not None:
             continue  # the peer did not answer: said with the reach problems
-        if "error" in result:
+        if result.error is not None:
             problems.append(
-                f"{where}: the bandwidth test to {peer} failed: {result['error']} — the gate runs on every node at "
+                f"{where}: the bandwidth test to {peer} failed: {result.error} — the gate runs on every node at "
                 "once: check that fabric.testPort is free and not filtered on the fabric"
             )
-        elif floor is not None and result["gbps"] < floor:
+        elif floor is not None and result.gbps < floor:
             source = "fabric.minBandwidthGbps" if cfg.fabric.min_bandwidth_gbps is not None else (
                 f"{DEFAULT_FLOOR_FRACTION:.0%} of the link speed")  # fmt: skip
             problems.append(
-                f"{where}: {result['gbps']:g} Gb/s to {peer} over the fabric, below the floor of {floor:g} Gb/s "
+                f"{where}: {result.gbps:g} Gb/s to {peer} over the fabric, below the floor of {floor:g} Gb/s "
                 f"({source}) — a throttled or degraded link: `ethtool {node.fabric_interface}` (speed, errors), "
                 f"`tc qdisc show dev {node.fabric_interface}`, the cable"
             )
-    for peer in facts.get("not_served") or []:
-        if not (facts_by_node.get(peer, {}).get("bandwidth") or {}).get(node.name):
+    for peer in facts.not_served or []:
+        if peer not in facts_by_node or node.name not in (facts_by_node[peer].bandwidth or {}):
             problems.append(
                 f"{where}: {peer} never measured towards this node within {cfg.fabric.peer_wait_seconds:g} s "
                 "(fabric.peerWaitSeconds) — its gate did not run at the same time (pulumi up --parallel below the "
@@ -298,18 +294,18 @@ def _bandwidth_problems(
     return problems
 
 
-def judge(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+def judge(cfg: ClusterConfig, facts_by_node: dict[str, FabricFacts]) -> tuple[list[str], dict[str, Any]]:
     """(problems, figures) from every node's probe facts, in config order."""
     problems = []
     for node in cfg.nodes:
         facts = facts_by_node[node.name]
-        if "error" in facts:
-            problems.append(f"fabric gate {node.name}: the probe said nothing readable: {facts['error']}")
+        if facts.error is not None:
+            problems.append(f"fabric gate {node.name}: the probe said nothing readable: {facts.error}")
     if problems:
         return problems, {}
     for node in cfg.nodes:
         problems += _node_problems(cfg, node, facts_by_node[node.name])
-        if not facts_by_node[node.name].get("ping") and len(cfg.nodes) > 1:
+        if not facts_by_node[node.name].ping and len(cfg.nodes) > 1:
             problems.append(
                 f"fabric gate {node.name}: ping (iputils-ping) is not installed — install it: the gate sends a "
                 "full-size packet to every peer"
@@ -318,25 +314,24 @@ def judge(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]]) -> tuple
     return problems, figures(cfg, facts_by_node)
 
 
-def figures(cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def figures(cfg: ClusterConfig, facts_by_node: dict[str, FabricFacts]) -> dict[str, Any]:
     """What the gate found, for the stack output and the release record."""
     links = {}
     for node in cfg.nodes:
         facts = facts_by_node[node.name]
-        link = facts.get("interface") or {}
-        rdma = [p for p in facts.get("rdma") or [] if p.get("state") == "ACTIVE"]
+        rdma = [p for p in facts.rdma if p.state == "ACTIVE"]
         links[node.name] = {
             "interface": node.fabric_interface,
-            "mtu": link.get("mtu"),
-            "speedGbps": _gbps(link.get("speed_mbps")),
-            "rdma": sorted(f"{p['device']}:{p['port']}" for p in rdma),
-            "probeSeconds": facts.get("seconds"),
+            "mtu": facts.interface.mtu,
+            "speedGbps": _gbps(facts.interface.speed_mbps),
+            "rdma": sorted(f"{p.device}:{p.port}" for p in rdma),
+            "probeSeconds": facts.seconds,
         }
     bandwidth = {
-        f"{node.name}->{peer}": result["gbps"]
+        f"{node.name}->{peer}": result.gbps
         for node in cfg.nodes
-        for peer, result in (facts_by_node[node.name].get("bandwidth") or {}).items()
-        if "gbps" in result
+        for peer, result in (facts_by_node[node.name].bandwidth or {}).items()
+        if result.gbps is not None
     }
     return {
         "checked": True,

@@ -7,14 +7,14 @@
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 class Contract:
     """`to_json()`: the fields as JSON-ready data, nested contracts as theirs; a field named in the class's
     OMIT_NONE is left out while None (turning nothing on changes no program that carries it).
-    `from_json(data)`: the dataclass back, a field typed as a contract, an Optional one or a list of them built
-    from its type; a key the class does not know, or one it needs missing: TypeError."""
+    `from_json(data)`: the dataclass back, a field typed as a contract, an Optional one, a list of them or a dict
+    of them built from its type; a key the class does not know, or one it needs missing: TypeError."""
 
     OMIT_NONE = ()
 
@@ -56,6 +56,8 @@ def _typed(kind, value):
         return _typed(next(arg for arg in args if arg is not type(None)), value)
     if origin in (list, List) and args and _is_contract(args[0]):
         return [args[0].from_json(item) for item in value]
+    if origin in (dict, Dict) and len(args) == 2 and _is_contract(args[1]):
+        return {key: args[1].from_json(item) for key, item in value.items()}
     return kind.from_json(value) if _is_contract(kind) else value
 
 
@@ -242,15 +244,110 @@ class NcclParams(Contract):
 
 
 @dataclass(frozen=True)
+class FabricPeer(Contract):
+    name: str
+    address: str  # its fabric address
+
+
+@dataclass(frozen=True)
+class BandwidthTest(Contract):
+    """fabric.bandwidthTest on one node: streams to `targets`, a listener for the peers it `expect`s."""
+
+    port: int
+    seconds: float
+    streams: int
+    targets: list  # the peers this node measures towards
+    expect: list  # the peers that measure towards this node
+    wait_seconds: float
+
+
+@dataclass(frozen=True)
 class FabricGateParams(Contract):
     """node_fabric_gate.py on a node's host: the fabric's facts, the peers, the TCP test."""
 
     node: str
     interface: str
     address: str
-    peers: list  # [{"name", "address"}]
+    peers: List[FabricPeer]
     rdma_root: str
-    bandwidth: Optional[dict] = None  # {"port", "seconds", "streams", "targets", "expect", "wait_seconds"}
+    bandwidth: Optional[BandwidthTest] = None
+
+
+@dataclass(frozen=True)
+class LinkFacts(Contract):
+    """The fabric interface as /sys/class/net and `ip addr` show it."""
+
+    exists: bool
+    present: Optional[list] = None  # when it does not exist: the interfaces the node has
+    operstate: Optional[str] = None
+    up: Optional[bool] = None  # IFF_UP
+    carrier: Optional[int] = None  # unreadable while the interface is down
+    mtu: Optional[int] = None
+    speed_mbps: Optional[int] = None  # None when unknown (the link is down)
+    addresses: list = field(default_factory=list)  # its IPv4 addresses
+
+    OMIT_NONE = ("present",)
+
+
+@dataclass(frozen=True)
+class RdmaPort(Contract):
+    """One port of an RDMA device (/sys/class/infiniband)."""
+
+    device: str
+    port: int
+    state: str  # ACTIVE, DOWN, …
+    link_layer: Optional[str]  # Ethernet (RoCE) or InfiniBand
+    netdev: Optional[str]  # the network device it sits on
+    rocev2_gid_index: Optional[int]  # the RoCE v2 GID of the node's fabric address, if the kernel listed one
+
+
+@dataclass(frozen=True)
+class PeerPath(Contract):
+    """What a node saw of the way to one peer: the route, a ping, a full-size packet."""
+
+    address: str
+    route_dev: Optional[str] = None
+    route_error: Optional[str] = None
+    reach: Optional[bool] = None  # None: no ping on the node
+    full_size: Optional[bool] = None
+    full_size_said: Optional[str] = None
+
+    OMIT_NONE = ("route_error", "reach", "full_size", "full_size_said")
+
+
+@dataclass(frozen=True)
+class StreamResult(Contract):
+    """The bandwidth test towards one peer: its figures, or why there are none."""
+
+    gbps: Optional[float] = None
+    bytes: Optional[int] = None
+    seconds: Optional[float] = None
+    streams: Optional[int] = None
+    error: Optional[str] = None  # the test failed
+    skipped: Optional[str] = None  # the peer did not answer over the fabric: not measured
+
+    OMIT_NONE = ("gbps", "bytes", "seconds", "streams", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class FabricFacts(Contract):
+    """What node_fabric_gate.py prints, its last line; `error` is the program's own, when it printed nothing
+    readable."""
+
+    node: str = ""
+    interface: LinkFacts = field(default_factory=lambda: LinkFacts(exists=False))
+    address_on: list = field(default_factory=list)  # the interfaces that hold the fabric address
+    rdma: List[RdmaPort] = field(default_factory=list)
+    listen_error: Optional[str] = None  # the bandwidth test's listener could not bind
+    ping: bool = False  # ping is installed
+    peers: Dict[str, PeerPath] = field(default_factory=dict)
+    bandwidth: Optional[Dict[str, StreamResult]] = None  # with the bandwidth test: towards each target
+    served: Optional[list] = None  # the peers that measured towards this node
+    not_served: Optional[list] = None  # the expected peers that did not
+    seconds: Optional[float] = None
+    error: Optional[str] = None
+
+    OMIT_NONE = ("listen_error", "bandwidth", "served", "not_served", "error")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@
 #              device it sits on, and the GID table's index of a "RoCE v2" entry for the fabric address
 #   peers      per other node: the route (`ip route get`), a ping through the fabric interface, and a
 #              full-size one with "don't fragment" (`ping -M do -s MTU-28`)
-#   bandwidth  a short TCP test: a listener on the fabric address (PARAMS["bandwidth"]["port"]) for the
+#   bandwidth  a short TCP test: a listener on the fabric address (P.bandwidth.port) for the
 #              nodes that measure towards this one, and `streams` connections to each target sending
 #              for `seconds`; the receiving side counts what arrived and says so
 # stdlib only: the hosts have python3 (the model fingerprint needs it too), ip (iproute2), ping (iputils).
@@ -43,7 +43,7 @@ def number(text):
 def interface_facts(name):
     base = os.path.join(NET, name)
     if not os.path.isdir(base):
-        return {"exists": False, "present": sorted(os.listdir(NET)) if os.path.isdir(NET) else []}
+        return LinkFacts(exists=False, present=sorted(os.listdir(NET)) if os.path.isdir(NET) else [])
     try:
         flags = int(read(os.path.join(base, "flags")) or "", 16)
     except ValueError:
@@ -55,15 +55,15 @@ def interface_facts(name):
         addresses = [line.split()[3].split("/")[0] for line in shown.stdout.splitlines() if len(line.split()) > 3]
     except OSError:
         pass
-    return {
-        "exists": True,
-        "operstate": read(os.path.join(base, "operstate")),
-        "up": bool(flags & 1) if flags is not None else None,  # IFF_UP
-        "carrier": number(read(os.path.join(base, "carrier"))),  # unreadable while the interface is down
-        "mtu": number(read(os.path.join(base, "mtu"))),
-        "speed_mbps": speed if speed is not None and speed > 0 else None,
-        "addresses": addresses,
-    }
+    return LinkFacts(
+        exists=True,
+        operstate=read(os.path.join(base, "operstate")),
+        up=bool(flags & 1) if flags is not None else None,  # IFF_UP
+        carrier=number(read(os.path.join(base, "carrier"))),  # unreadable while the interface is down
+        mtu=number(read(os.path.join(base, "mtu"))),
+        speed_mbps=speed if speed is not None and speed > 0 else None,
+        addresses=addresses,
+    )
 
 
 def address_elsewhere(address):
@@ -101,14 +101,14 @@ def rdma_facts(root, address):
             if netdev is None:  # no GID yet (no address): the PCI function's network device
                 nets = os.path.join(root, device, "device", "net")
                 netdev = next(iter(sorted(os.listdir(nets))), None) if os.path.isdir(nets) else None
-            found.append({
-                "device": device,
-                "port": int(port),
-                "state": state.split(":")[-1].strip(),
-                "link_layer": read(os.path.join(base, "link_layer")),
-                "netdev": netdev,
-                "rocev2_gid_index": rocev2,
-            })  # fmt: skip
+            found.append(RdmaPort(
+                device=device,
+                port=int(port),
+                state=state.split(":")[-1].strip(),
+                link_layer=read(os.path.join(base, "link_layer")),
+                netdev=netdev,
+                rocev2_gid_index=rocev2,
+            ))  # fmt: skip
     return found
 
 
@@ -123,24 +123,22 @@ def run(argv, timeout):
 
 
 def peer_facts(peer, interface, mtu, have_ping):
-    facts = {"address": peer["address"]}
-    code, route = run(["ip", "route", "get", peer["address"]], 5)
+    code, route = run(["ip", "route", "get", peer.address], 5)
     words = route.split()
-    facts["route_dev"] = words[words.index("dev") + 1] if code == 0 and "dev" in words else None
+    seen = {"route_dev": words[words.index("dev") + 1] if code == 0 and "dev" in words else None}
     if code != 0:
-        facts["route_error"] = route.splitlines()[0] if route else f"exit {code}"
-    if not have_ping:
-        return facts
-    code, out = run(["ping", "-c", "1", "-W", "2", "-I", interface, peer["address"]], 10)
-    facts["reach"] = code == 0
-    if code == 0 and mtu:
-        size = min(mtu - 28, 65507)  # IPv4 header and ICMP header; 65507 is the most an IPv4 packet carries
-        code, out = run(["ping", "-c", "1", "-W", "2", "-M", "do", "-s", str(size), "-I", interface,
-                         peer["address"]], 10)  # fmt: skip
-        facts["full_size"] = code == 0
-        if code != 0:
-            facts["full_size_said"] = out.splitlines()[-1][:200] if out else f"exit {code}"
-    return facts
+        seen["route_error"] = route.splitlines()[0] if route else f"exit {code}"
+    if have_ping:
+        code, out = run(["ping", "-c", "1", "-W", "2", "-I", interface, peer.address], 10)
+        seen["reach"] = code == 0
+        if code == 0 and mtu:
+            size = min(mtu - 28, 65507)  # IPv4 header and ICMP header; 65507 is the most an IPv4 packet carries
+            code, out = run(["ping", "-c", "1", "-W", "2", "-M", "do", "-s", str(size), "-I", interface,
+                             peer.address], 10)  # fmt: skip
+            seen["full_size"] = code == 0
+            if code != 0:
+                seen["full_size_said"] = out.splitlines()[-1][:200] if out else f"exit {code}"
+    return PeerPath(address=peer.address, **seen)
 
 
 # --- the bandwidth test -------------------------------------------------------------------------
@@ -224,14 +222,14 @@ def connect(address, port, source, deadline):
 
 
 def measure(peer, bandwidth, source, deadline, me):
-    streams, seconds = bandwidth["streams"], bandwidth["seconds"]
+    streams, seconds = bandwidth.streams, bandwidth.seconds
     socks = []
     for _ in range(streams):
-        sock, error = connect(peer["address"], bandwidth["port"], source, deadline)
+        sock, error = connect(peer.address, bandwidth.port, source, deadline)
         if sock is None:
             for other in socks:
                 other.close()
-            return {"error": error}
+            return StreamResult(error=error)
         socks.append(sock)
     results, errors = [None] * streams, []
 
@@ -261,59 +259,52 @@ def measure(peer, bandwidth, source, deadline, me):
     for thread in threads:
         thread.join()
     if errors or None in results:
-        return {"error": "; ".join(errors) or "a stream got no answer"}
-    total = sum(r["bytes"] for r in results)
+        return StreamResult(error="; ".join(errors) or "a stream got no answer")
+    total = sum(r["bytes"] for r in results)  # the listener's answers (Listener.serve)
     window = max(r["seconds"] for r in results) or seconds
-    return {"gbps": round(total * 8 / window / 1e9, 3), "bytes": total, "seconds": round(window, 3),
-            "streams": streams}  # fmt: skip
+    return StreamResult(gbps=round(total * 8 / window / 1e9, 3), bytes=total, seconds=round(window, 3), streams=streams)
 
 
 def main():
     started = time.monotonic()
-    interface, address = P.interface, P.address
-    facts = {"node": P.node, "interface": interface_facts(interface)}
-    facts["address_on"] = address_elsewhere(address)
-    facts["rdma"] = rdma_facts(P.rdma_root, address)
-    bandwidth = P.bandwidth
+    interface, address, bandwidth = P.interface, P.address, P.bandwidth
+    link = interface_facts(interface)
+    found = {"node": P.node, "interface": link, "address_on": address_elsewhere(address)}
+    found["rdma"] = rdma_facts(P.rdma_root, address)
     listener = None
-    if bandwidth and bandwidth["expect"]:
+    if bandwidth and bandwidth.expect:
         try:
-            listener = Listener(address, bandwidth["port"], bandwidth["expect"])
+            listener = Listener(address, bandwidth.port, bandwidth.expect)
         except OSError as error:
-            facts["listen_error"] = f"cannot listen on {address}:{bandwidth['port']}: {error}"
+            found["listen_error"] = f"cannot listen on {address}:{bandwidth.port}: {error}"
     # A peer that does not answer a ping over the fabric is neither measured nor waited for: the
     # finding is the ping's, and the gate does not sit out its whole wait.
     have_ping = bool(run(["sh", "-c", "command -v ping"], 5)[1])
-    facts["ping"] = have_ping
-    mtu = facts["interface"].get("mtu")
     peers = {}
 
     def probe(peer):
-        peers[peer["name"]] = peer_facts(peer, interface, mtu, have_ping)
+        peers[peer.name] = peer_facts(peer, interface, link.mtu, have_ping)
 
     threads = [threading.Thread(target=probe, args=(peer,)) for peer in P.peers]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    facts["peers"] = peers
     if bandwidth:
-        unreachable = {name for name, seen in peers.items() if seen.get("reach") is False or not seen.get("route_dev")}
-        deadline = time.monotonic() + bandwidth["wait_seconds"]
-        facts["bandwidth"] = {}
-        for peer in P.peers:
-            if peer["name"] in bandwidth["targets"]:
-                facts["bandwidth"][peer["name"]] = (
-                    {"skipped": "no answer over the fabric"}
-                    if peer["name"] in unreachable
-                    else measure(peer, bandwidth, address, deadline, P.node)
-                )
+        unreachable = {name for name, seen in peers.items() if seen.reach is False or not seen.route_dev}
+        deadline = time.monotonic() + bandwidth.wait_seconds
+        found["bandwidth"] = {
+            peer.name: StreamResult(skipped="no answer over the fabric")
+            if peer.name in unreachable
+            else measure(peer, bandwidth, address, deadline, P.node)
+            for peer in P.peers
+            if peer.name in bandwidth.targets
+        }
         if listener is not None:
             listener.expect -= unreachable
-            served, missing = listener.wait(deadline + bandwidth["seconds"] + 5)
-            facts["served"], facts["not_served"] = served, missing
-    facts["seconds"] = round(time.monotonic() - started, 2)
-    print(json.dumps(facts, sort_keys=True))
+            found["served"], found["not_served"] = listener.wait(deadline + bandwidth.seconds + 5)
+    facts = FabricFacts(ping=have_ping, peers=peers, seconds=round(time.monotonic() - started, 2), **found)
+    print(json.dumps(facts.to_json(), sort_keys=True))
 
 
 main()

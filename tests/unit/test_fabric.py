@@ -15,6 +15,7 @@ import pytest
 from components.config import load_cluster_config as parse_config
 from components.plan import fabric
 from components.plan.programs import script_program
+from components.scripts.node_contract import FabricFacts
 from tests.fake_sysfs import add_device
 from tests.harness import FakeCloud
 from tests.waiting import free_port
@@ -53,16 +54,21 @@ def good(cfg) -> dict[str, dict]:
     return facts
 
 
+def judged(cfg, facts: dict[str, dict]) -> tuple[list[str], dict]:
+    """The judge over facts as the probe prints them (JSON), read through the contract as the gate reads them."""
+    return fabric.judge(cfg, {name: FabricFacts.from_json(each) for name, each in facts.items()})
+
+
 def problems_with(cfg, change) -> list[str]:
     facts = good(cfg)
     change(facts)
-    problems, _ = fabric.judge(cfg, facts)
+    problems, _ = judged(cfg, facts)
     return problems
 
 
 def test_a_good_fabric_passes_and_its_figures_are_kept():
     cfg = config()
-    problems, figures = fabric.judge(cfg, good(cfg))
+    problems, figures = judged(cfg, good(cfg))
     assert problems == []
     assert figures["bandwidthGbps"] == {"node-1->node-2": 21.0}
     assert figures["floorGbps"] == 10.0  # 5 % of 200 Gb/s
@@ -294,7 +300,7 @@ def test_the_probe_says_when_a_peer_never_listens(tmp_path):
     facts = facts_of(_start(copy.deepcopy(params)))
     assert facts["bandwidth"]["b"]["error"].startswith("no listener at 127.0.0.3:")
     assert facts["rdma"] == [] and facts["interface"]["exists"]
-    problems, _ = fabric.judge(parse_config(_raw()), {"node-1": {**facts, "node": "node-1"}, "node-2": facts})
+    problems, _ = judged(parse_config(_raw()), {"node-1": {**facts, "node": "node-1"}, "node-2": facts})
     assert problems  # judged, not crashed on
 
 

@@ -492,7 +492,9 @@ def test_the_contract_renders_what_the_container_and_the_supervisor_read():
     params = supervisor_params(cfg, cfg.nodes[0])
     assert SupervisorParams.from_json(params).guard_marker == params["guard_marker"]
     assert "guard_marker" not in supervisor_params(load_cluster_config(config()), cfg.nodes[0])  # no container change
-    spec = VllmSpec.from_json({**supervisor_spec(cfg, cfg.nodes[0]).to_json(), "argv": ["vllm"], "env": {}, "fingerprint": "f"})
+    spec = VllmSpec.from_json(
+        {**supervisor_spec(cfg, cfg.nodes[0]).to_json(), "argv": ["vllm"], "env": {}, "fingerprint": "f"}
+    )
     assert spec.recovery.max_restarts == cfg.recovery.max_restarts and spec.ray_ready.gpus == cfg.world_size
 
 

@@ -13,6 +13,7 @@ from components.plan.preflight import parse_fingerprint
 from components.plan.programs import script_program
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
+from components.scripts.node_contract import FabricFacts
 
 
 class FabricGate(Check):
@@ -38,9 +39,9 @@ class FabricGate(Check):
         facts = {}
         for name, out in outs.items():
             try:
-                facts[name] = parse_fingerprint(out)
-            except ValueError as error:
-                facts[name] = {"error": f"{error}: {out.strip()[:200]!r}"}
+                facts[name] = FabricFacts.from_json(parse_fingerprint(out))
+            except (ValueError, TypeError) as error:  # no JSON line, or one the contract does not know
+                facts[name] = FabricFacts(error=f"{error}: {out.strip()[:200]!r}")
         problems, figures = fabric.judge(cfg, facts)
         fabric.enforce(cfg, problems, pulumi.log.warn)
         return {**figures, "problems": problems}
