@@ -9,7 +9,7 @@ from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
 from components.plan.container import node_env, node_rank
-from components.scripts.node_contract import NcclParams, params_of
+from components.scripts.node_contract import NcclFacts, NcclParams, params_of
 
 # The NCCL test's default floor for the all-reduce's bus bandwidth, of the slower link's speed: two
 # Sparks with both HCAs and MTU 9000 measure 19-24 GB/s (150-190 Gb/s of 200), one HCA about half,
@@ -75,8 +75,8 @@ def nccl_error(error: str) -> str:
     return lines[0][:300] if lines else "?"
 
 
-def _nccl_hint(facts: dict[str, Any]) -> str:
-    error = facts.get("error", "")
+def _nccl_hint(facts: NcclFacts) -> str:
+    error = facts.error or ""
     if "No module named" in error and "torch" in error:
         return "the image has no torch: fabric.bandwidthTest: nccl runs in vLLM's image (or set it to tcp)"
     if "no result within" in error or "timed out" in error.lower() or "Timeout" in error:
@@ -85,14 +85,14 @@ def _nccl_hint(facts: dict[str, Any]) -> str:
             "the head's fabric.testPort and NCCL's ports (32768-60999) open between the fabric addresses; "
             "NCCL_SOCKET_IFNAME is the fabric interface"
         )
-    warn = [line.split(" WARN ", 1)[-1] for line in facts.get("log_tail") or [] if " WARN " in line]
+    warn = [line.split(" WARN ", 1)[-1] for line in facts.log_tail or [] if " WARN " in line]
     if warn and warn[-1] not in error:
         return f"NCCL's last warning: {warn[-1]}"
     return "nccl.debug: INFO shows NCCL's log in vLLM's too; the node's GPU and driver (`nvidia-smi`)"
 
 
 def judge_nccl(
-    cfg: ClusterConfig, facts_by_node: dict[str, dict[str, Any]], links: dict[str, Any]
+    cfg: ClusterConfig, facts_by_node: dict[str, NcclFacts], links: dict[str, Any]
 ) -> tuple[list[str], dict[str, Any]]:
     """(problems, figures) from every node's NCCL test; `links` are the gate's per-node figures (the
     link speeds give the default floor)."""
@@ -101,16 +101,16 @@ def judge_nccl(
     for node in cfg.nodes:
         facts = facts_by_node[node.name]
         where = f"fabric gate {node.name} (NCCL test)"
-        if "error" in facts:
-            problems.append(f"{where}: {nccl_error(facts['error'])} — {_nccl_hint(facts)}")
+        if facts.error is not None:
+            problems.append(f"{where}: {nccl_error(facts.error)} — {_nccl_hint(facts)}")
             continue
-        if facts.get("correct") is False:
+        if facts.correct is False:
             problems.append(
                 f"{where}: the all-reduce summed to the wrong value — a broken transport or GPU: rerun with "
                 "nccl.debug: INFO and check `dmesg` for GPU or RDMA errors"
             )
-        if facts.get("network") == "Socket" and not cfg.nccl.ib_disable:
-            listed = (facts.get("devices") or {}).get("Socket")
+        if facts.network == "Socket" and not cfg.nccl.ib_disable:
+            listed = facts.devices.get("Socket")
             found = f" ({listed})" if listed else ""
             problems.append(
                 f"{where}: NCCL fell back to TCP sockets{found} instead of RDMA — it found no usable RDMA device in "
@@ -118,18 +118,18 @@ def judge_nccl(
                 "/dev/infiniband only then), their driver is loaded (`ibv_devinfo`); or set nccl.ibDisable: true to "
                 "accept sockets"
             )
-    measured = [facts_by_node[n.name] for n in cfg.nodes if "seconds" in facts_by_node[n.name]]
+    measured = [facts_by_node[n.name] for n in cfg.nodes if facts_by_node[n.name].seconds is not None]
     figures: dict[str, Any] = {
         "world": world,
-        "network": {n.name: facts_by_node[n.name].get("network") for n in cfg.nodes},
-        "transports": sorted({t for f in facts_by_node.values() for t in f.get("transports") or []}),
-        "nccl": next((f["nccl"] for f in facts_by_node.values() if f.get("nccl")), None),
-        "seconds": max((f.get("total_seconds") or 0 for f in facts_by_node.values()), default=None),
+        "network": {n.name: facts_by_node[n.name].network for n in cfg.nodes},
+        "transports": sorted({t for f in facts_by_node.values() for t in f.transports}),
+        "nccl": next((f.nccl for f in facts_by_node.values() if f.nccl), None),
+        "seconds": max((f.total_seconds or 0 for f in facts_by_node.values()), default=None),
     }
     if len(measured) != world:
         return problems, figures
-    seconds = max(f["seconds"] for f in measured)  # the slowest rank's: a collective ends with its last
-    size = measured[0]["bytes"]
+    seconds = max(f.seconds for f in measured)  # the slowest rank's: a collective ends with its last
+    size = measured[0].bytes
     algorithm = size * 8 / seconds / 1e9
     bus = algorithm * 2 * (world - 1) / world  # nccl-tests' busbw for all-reduce
     speeds = [link.get("speedGbps") for link in links.values() if link.get("speedGbps")]

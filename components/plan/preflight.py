@@ -13,6 +13,7 @@ from components.config import ClusterConfig, NodeConfig
 from components.plan.container import container_name
 from components.plan.engine import EngineSettings
 from components.plan.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
+from components.scripts.node_contract import ImageFacts, ModelFingerprint, NodeMemoryFacts
 
 MAX_DIFFERENCES = 5
 
@@ -47,18 +48,26 @@ def fingerprint_argv(model_dir: str) -> list[str]:
     return ["python3", "-", model_dir]
 
 
-def parse_fingerprint(stdout: str) -> dict[str, Any]:
-    """The JSON line model_fingerprint.py printed (its last non-empty line)."""
+def last_json(stdout: str) -> dict[str, Any]:
+    """The JSON line a node's script printed last (its last non-empty line); ValueError when there is none."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
-        raise ValueError("model fingerprint printed nothing")
+        raise ValueError("the script printed nothing")
     return json.loads(lines[-1])
 
 
-def _differences(node: str, reference: str, mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+def parse_fingerprint(stdout: str) -> ModelFingerprint:
+    """What model_fingerprint.py printed; a fingerprint with `error` when it printed nothing the contract reads."""
+    try:
+        return ModelFingerprint.from_json(last_json(stdout))
+    except (ValueError, TypeError) as error:
+        return ModelFingerprint(error=f"{error}: {stdout.strip()[-200:]!r}")
+
+
+def _differences(node: str, reference: str, mine: ModelFingerprint, theirs: ModelFingerprint) -> list[str]:
     """What differs between `mine` (node) and `theirs` (reference), sorted by path."""
-    files, ref_files = mine.get("files", {}), theirs.get("files", {})
-    meta, ref_meta = mine.get("metadata", {}), theirs.get("metadata", {})
+    files, ref_files = mine.files, theirs.files
+    meta, ref_meta = mine.metadata, theirs.metadata
     found = []
     for path in sorted(set(files) | set(ref_files)):
         if path not in files:
@@ -69,33 +78,33 @@ def _differences(node: str, reference: str, mine: dict[str, Any], theirs: dict[s
             found.append(f"{path} size {files[path]} vs {ref_files[path]}")
         elif meta.get(path) != ref_meta.get(path):
             found.append(f"{path} hash differs")
-    for path in sorted(set(mine.get("broken", [])) - set(theirs.get("broken", []))):
+    for path in sorted(set(mine.broken) - set(theirs.broken)):
         found.append(f"broken symlink on {node}: {path}")
-    for path in sorted(set(theirs.get("broken", [])) - set(mine.get("broken", []))):
+    for path in sorted(set(theirs.broken) - set(mine.broken)):
         found.append(f"broken symlink on {reference}: {path}")
     return found
 
 
-def compare_fingerprints(by_node: dict[str, dict[str, Any]]) -> list[str]:
+def compare_fingerprints(by_node: dict[str, ModelFingerprint]) -> list[str]:
     """Problems when the model is not the same on every node; [] when it is.
 
     `by_node` maps node name to what model_fingerprint.py printed (parsed), the head first: every
-    other node is compared with the first. An entry with "error" reports that node's failure.
+    other node is compared with the first. An entry with an `error` reports that node's failure.
     Each problem names the two nodes and the first differing files, e.g.
     `model differs: node-2 vs node-1: config.json hash differs; model-00001.safetensors size 123 vs 456`.
     """
     problems = []
     valid = {}
     for node, result in by_node.items():
-        if "error" in result or "fingerprint" not in result:
-            problems.append(f"model fingerprint failed on {node}: {result.get('error', 'no fingerprint')}")
+        if result.error is not None or result.fingerprint is None:
+            problems.append(f"model fingerprint failed on {node}: {result.error or 'no fingerprint'}")
         else:
             valid[node] = result
     if not valid:
         return problems
     reference, *others = valid
     for node in others:
-        if valid[node]["fingerprint"] == valid[reference]["fingerprint"]:
+        if valid[node].fingerprint == valid[reference].fingerprint:
             continue
         found = _differences(node, reference, valid[node], valid[reference]) or ["fingerprint differs"]
         shown = found[:MAX_DIFFERENCES]
@@ -124,20 +133,20 @@ RAY_AUTH_SINCE = (2, 52)  # RAY_AUTH_MODE=token (older Ray ignores it and runs w
 def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[str]:
     """What the image on `node` lacks for this config (image_probe.py's facts), one line each with the fix."""
     try:
-        facts = parse_fingerprint(stdout)
-    except (ValueError, json.JSONDecodeError):
+        facts = ImageFacts.from_json(last_json(stdout))
+    except (ValueError, TypeError):
         return [f"image check {node.name}: the image's python3 said nothing readable ({stdout.strip()[:200]!r})"]
     where = f"image check {node.name}"
     problems = []
-    if not facts.get("vllm"):
+    if not facts.vllm:
         problems.append(f"{where}: the image has no vLLM (no `vllm` package or command) — set image to a vLLM image")
-    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.get("vllm_nnodes") is False:
+    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.vllm_nnodes is False:
         problems.append(
             f"{where}: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and the image's "
-            f"vLLM {facts['vllm']} has none — use executor: ray, or an image with a newer vLLM"
+            f"vLLM {facts.vllm} has none — use executor: ray, or an image with a newer vLLM"
         )
     if cfg.executor == "ray":
-        ray = facts.get("ray")
+        ray = facts.ray
         if not ray:
             chosen = f" ({cfg.executor_reason})" if cfg.executor_reason else ""
             problems.append(
@@ -150,10 +159,10 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
                     "RAY_AUTH_MODE and would run without authentication — set ray.auth: none (with network.guard: "
                     "true), or use an image with Ray 2.52 or later"
                 )
-            if cfg.ray.dashboard and facts.get("ray_dashboard") is False:
+            if cfg.ray.dashboard and facts.ray_dashboard is False:
                 problems.append(
                     f"{where}: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
-                    f"them ({facts.get('ray_dashboard_error', 'not importable')}): `ray start` would stop with "
+                    f"them ({facts.ray_dashboard_error or 'not importable'}): `ray start` would stop with "
                     "'Cannot include dashboard with missing packages.' — set ray.dashboard: false, or use an image "
                     "with ray[default]"
                 )
@@ -165,11 +174,11 @@ def image_warnings(node: NodeConfig, stdout: str) -> list[str]:
     torch without bytecode in an image that runs Python with PYTHONDONTWRITEBYTECODE, so that each of
     vLLM's processes compiles their sources again at every start and restart."""
     try:
-        facts = parse_fingerprint(stdout)
-    except (ValueError, json.JSONDecodeError):
+        facts = ImageFacts.from_json(last_json(stdout))
+    except (ValueError, TypeError):
         return []  # image_problems reports it
-    missing = [name for name, compiled in (facts.get("bytecode") or {}).items() if compiled is False]
-    if not missing or not facts.get("dont_write_bytecode"):
+    missing = [name for name, compiled in facts.bytecode.items() if compiled is False]
+    if not missing or not facts.dont_write_bytecode:
         return []  # without PYTHONDONTWRITEBYTECODE the first start writes the bytecode in the container
     verb = "has" if len(missing) == 1 else "have"
     return [
@@ -184,32 +193,32 @@ def image_warnings(node: NodeConfig, stdout: str) -> list[str]:
 def node_memory(node: NodeConfig, stdout: str) -> NodeMemory:
     """The node's memory per GPU from the preflight's last line (see preflight_node.sh): the GPUs' own
     memory where nvidia-smi reports it, else the system memory the GPU shares (GB10), split over its GPUs."""
-    facts = parse_fingerprint(stdout)
+    facts = NodeMemoryFacts.from_json(last_json(stdout))
 
-    def mib(key: str) -> list[float]:
-        return [float(v) for v in facts.get(key) or [] if str(v).replace(".", "", 1).isdigit()]
+    def mib(values: list) -> list[float]:
+        return [float(v) for v in values if str(v).replace(".", "", 1).isdigit()]
 
     # What is free now, for vLLM's start-up check; not judged while this stack's own vLLM holds it.
-    judged = not facts.get("stack_running")
-    gpu_mib, free_mib = mib("gpu_memory_mib"), mib("gpu_free_mib")
+    judged = not facts.stack_running
+    gpu_mib, free_mib = mib(facts.gpu_memory_mib), mib(facts.gpu_free_mib)
     if gpu_mib:
         free = int(min(free_mib) * MIB) if free_mib and judged else None
         return NodeMemory(node.name, node.gpus, int(min(gpu_mib) * MIB), unified=False, free_bytes=free)
-    available = facts.get("mem_available_bytes")
+    available = facts.mem_available_bytes
     free = int(available) // node.gpus if available is not None and judged else None
-    return NodeMemory(node.name, node.gpus, int(facts.get("mem_total_bytes", 0)) // node.gpus, True, free)
+    return NodeMemory(node.name, node.gpus, int(facts.mem_total_bytes) // node.gpus, True, free)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
 
-def weight_bytes(fingerprint: dict[str, Any]) -> int:
+def weight_bytes(fingerprint: ModelFingerprint) -> int:
     """The size of the weight files vLLM loads (the fingerprint's "weights": safetensors when there are
     any, else .bin, never original/; components/scripts/vllm_weights.py), or of every weight file when
     the fingerprint predates that list."""
-    files = fingerprint.get("files", {})
-    if "weights" in fingerprint:
-        return sum(files.get(path, 0) for path in fingerprint["weights"])
+    files = fingerprint.files
+    if fingerprint.weights is not None:
+        return sum(files.get(path, 0) for path in fingerprint.weights)
     return sum(size for path, size in files.items() if path.lower().endswith(WEIGHT_SUFFIXES))
 
 
@@ -224,7 +233,7 @@ def memory_plan(
     config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
     fingerprint = parse_fingerprint(fingerprint_stdout)
     knobs = engine_knobs(list(engine.extra_args), engine.speculative)
-    shape = model_shape(fingerprint.get("config") or {}, knobs=knobs)
+    shape = model_shape(fingerprint.config, knobs=knobs)
     return plan_memory(
         memories,
         weight_bytes(fingerprint),

@@ -172,7 +172,7 @@ def _node_checks(
         )
         fingerprint = checks[node.name].stdout(ModelFingerprint.name)
         if syncing and node is source and fingerprint is not None:
-            source_model = fingerprint.apply(lambda out: parse_fingerprint(out).get("fingerprint", ""))
+            source_model = fingerprint.apply(lambda out: parse_fingerprint(out).fingerprint or "")
     return {node.name: checks[node.name] for node in cfg.nodes}
 
 
@@ -180,7 +180,7 @@ def _speculation_checked(fingerprint: str, engine: EngineSettings, key: str) -> 
     """The release's vllm.speculative against the model's config.json (any memoryCheck): SpeculationError,
     before any container, where vLLM would refuse it at start; `key`: where that vllm section is
     (`deployments[2].vllm`)."""
-    config = parse_fingerprint(fingerprint).get("config") or {}
+    config = parse_fingerprint(fingerprint).config
     problems = speculation_problems(config, engine.speculative, f"{key}.speculative")
     if problems:
         raise SpeculationError(speculation_message(problems))

@@ -83,9 +83,14 @@ def has_bytecode(name, sample=40):
 
 vllm, nnodes = vllm_facts()
 ray, dashboard, dashboard_error = ray_facts()
-facts = {"python": sys.version.split()[0], "vllm": vllm, "vllm_nnodes": nnodes, "ray": ray, "ray_dashboard": dashboard}
-if dashboard_error:
-    facts["ray_dashboard_error"] = dashboard_error
-facts["bytecode"] = {name: has_bytecode(name) for name in ("vllm", "torch")}
-facts["dont_write_bytecode"] = bool(sys.flags.dont_write_bytecode)
-print(json.dumps(facts, sort_keys=True))
+facts = ImageFacts(
+    python=sys.version.split()[0],
+    vllm=vllm,
+    vllm_nnodes=nnodes,
+    ray=ray,
+    ray_dashboard=dashboard,
+    ray_dashboard_error=dashboard_error or None,
+    bytecode={name: has_bytecode(name) for name in ("vllm", "torch")},
+    dont_write_bytecode=bool(sys.flags.dont_write_bytecode),
+)
+print(json.dumps(facts.to_json(), sort_keys=True))

@@ -125,8 +125,8 @@ def main(argv):
             return None
 
     weights = loaded_weight_files(files, read_index)  # noqa: F821 - vllm_weights.py is prepended
-    facts = {"fingerprint": digest, **body, "config": config_facts(root), "weights": weights}
-    print(json.dumps(facts, sort_keys=True))
+    facts = ModelFingerprint(fingerprint=digest, **body, config=config_facts(root), weights=weights)
+    print(json.dumps(facts.to_json(), sort_keys=True))
     return 0
 
 

@@ -45,7 +45,7 @@ def say(extra):
     if "error" in extra:
         facts["log_tail"] = [line[-300:] for line in lines if " WARN " in line or "NCCL INFO NET" in line][-12:]
     facts.update(extra, total_seconds=round(time.monotonic() - started, 2))
-    print(json.dumps(facts, sort_keys=True), flush=True)
+    print(json.dumps(NcclFacts(**facts).to_json(), sort_keys=True), flush=True)
 
 
 def watchdog():

@@ -351,6 +351,45 @@ class FabricFacts(Contract):
 
 
 @dataclass(frozen=True)
+class NcclFacts(Contract):
+    """What nccl_bandwidth.py prints (its last line): how far it got, the network NCCL chose, the timing; or
+    `error` (the program's own too, when the test printed nothing readable)."""
+
+    node: str = ""
+    rank: Optional[int] = None
+    world: Optional[int] = None
+    network: Optional[str] = None  # "IB" (RDMA, RoCE too) or "Socket", from NCCL's INFO log
+    devices: dict = field(default_factory=dict)  # per network, the devices NCCL lists
+    transports: list = field(default_factory=list)  # "via P2P/…", "via NET/…"
+    torch: Optional[str] = None
+    nccl: Optional[str] = None  # NCCL's version, as torch has it
+    import_seconds: Optional[float] = None
+    init_seconds: Optional[float] = None
+    correct: Optional[bool] = None  # the first all-reduce summed to the world size
+    bytes: Optional[int] = None  # per all-reduce
+    seconds: Optional[float] = None  # per all-reduce, the mean of `iterations`
+    iterations: Optional[int] = None
+    total_seconds: Optional[float] = None
+    error: Optional[str] = None
+    log_tail: Optional[list] = None  # with an error: NCCL's warnings and NET lines
+    python: Optional[str] = None  # with an error
+
+    OMIT_NONE = (
+        "torch",
+        "nccl",
+        "import_seconds",
+        "init_seconds",
+        "correct",
+        "bytes",
+        "seconds",
+        "iterations",
+        "error",
+        "log_tail",
+        "python",
+    )
+
+
+@dataclass(frozen=True)
 class HfDownloadParams(Contract):
     """hf_download.py on the copy source: a Hugging Face repo id into the host's cache directory."""
 
@@ -504,3 +543,48 @@ class KeeperParams(Contract):
         "max_tokens",
         "run_dir",
     )
+
+
+# --- what the checks read of a node: the model, the image, the memory ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelFingerprint(Contract):
+    """What model_fingerprint.py prints of a model directory; `fingerprint` hashes files, metadata and broken."""
+
+    fingerprint: Optional[str] = None  # None: nothing read (no directory to read, or `error`)
+    files: dict = field(default_factory=dict)  # path -> size
+    metadata: dict = field(default_factory=dict)  # path -> sha256 of the small files (config, tokenizer, index)
+    broken: list = field(default_factory=list)  # symlinks that lead nowhere
+    config: dict = field(default_factory=dict)  # config.json's keys the memory plan and the checks read
+    weights: Optional[list] = None  # the weight files vLLM loads (vllm_weights.py); older fingerprints lack it
+    error: Optional[str] = None  # the program's own: the step printed nothing readable
+
+    OMIT_NONE = ("fingerprint", "weights", "error")
+
+
+@dataclass(frozen=True)
+class ImageFacts(Contract):
+    """What image_probe.py prints of the node's image (run in it, no network)."""
+
+    python: Optional[str] = None
+    vllm: Optional[str] = None  # its version; None: no vLLM
+    vllm_nnodes: Optional[bool] = None  # whether vLLM has --nnodes (executor mp across nodes)
+    ray: Optional[str] = None
+    ray_dashboard: Optional[bool] = None  # whether `ray start --include-dashboard` can import its packages
+    ray_dashboard_error: Optional[str] = None
+    bytecode: dict = field(default_factory=dict)  # vllm, torch -> whether most of their sources have bytecode
+    dont_write_bytecode: bool = False  # the image runs Python with PYTHONDONTWRITEBYTECODE
+
+    OMIT_NONE = ("ray_dashboard_error",)
+
+
+@dataclass(frozen=True)
+class NodeMemoryFacts(Contract):
+    """The last line preflight_node.sh prints (a shell script: it writes this JSON with printf)."""
+
+    mem_total_bytes: int = 0
+    mem_available_bytes: Optional[int] = None
+    gpu_memory_mib: list = field(default_factory=list)  # per GPU, where nvidia-smi reports it ([N/A] on a GB10)
+    gpu_free_mib: list = field(default_factory=list)
+    stack_running: bool = False  # the stack's own container runs: its vLLM holds memory, not judged

@@ -7,7 +7,7 @@ No Docker there: each rank is `python3 -` fed the program `<node>-fabric-nccl` w
 (nccl_argv). Cases: one node (world 1: NCCL's communicator on the GPU, the all-reduce, its check and
 timing, what NCCL says of its network), and two ranks at once as two nodes would run them (the
 rendezvous on the head's address), which on a machine of one GPU ends in NCCL's own error: then
-what the judge (components/fabric.judge_nccl) makes of each outcome. Writes nccl.json to --out.
+what the judge (components/plan/fabric_nccl.py judge_nccl) makes of each outcome. Writes nccl.json to --out.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 from components.config import load_cluster_config  # noqa: E402
 from components.plan import fabric  # noqa: E402
 from components.plan.programs import script_program  # noqa: E402
+from components.scripts.node_contract import NcclFacts  # noqa: E402
 from tests.gpu.lane import machine_address  # noqa: E402
 
 
@@ -110,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, nodes in (("one node", 1), ("two ranks", 2)):
         cfg = one_machine_config(stack(nodes, address, interface))
         facts = run_ranks(cfg)
-        problems, figures = fabric.judge_nccl(cfg, facts, {})
+        typed = {
+            node: NcclFacts.from_json({k: v for k, v in each.items() if k != "exit"}) for node, each in facts.items()
+        }
+        problems, figures = fabric.judge_nccl(cfg, typed, {})  # as the gate reads them (the exit code is the lane's)
         report["cases"][name] = {"facts": facts, "problems": problems, "figures": figures}
         print(json.dumps(report["cases"][name], indent=1)[:3000], flush=True)
     out = Path(args.out)

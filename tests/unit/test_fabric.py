@@ -15,7 +15,7 @@ import pytest
 from components.config import load_cluster_config as parse_config
 from components.plan import fabric
 from components.plan.programs import script_program
-from components.scripts.node_contract import FabricFacts
+from components.scripts.node_contract import FabricFacts, NcclFacts
 from tests.fake_sysfs import add_device
 from tests.harness import FakeCloud
 from tests.waiting import free_port
@@ -314,6 +314,11 @@ def nccl_facts(cfg, seconds: float = 0.0143, network: str = "IB") -> dict[str, d
 LINKS = {"node-1": {"speedGbps": 200.0}, "node-2": {"speedGbps": 100.0}}
 
 
+def nccl_judged(cfg, facts: dict[str, dict], links: dict) -> tuple[list[str], dict]:
+    """judge_nccl over what the test prints (JSON), read through the contract as the gate reads it."""
+    return fabric.judge_nccl(cfg, {name: NcclFacts.from_json(each) for name, each in facts.items()}, links)
+
+
 def test_nccl_params_and_the_docker_run_of_the_ray_container_without_its_secrets():
     cfg = config(bandwidthTest="nccl")
     head, worker = cfg.nodes
@@ -335,7 +340,7 @@ def test_nccl_params_and_the_docker_run_of_the_ray_container_without_its_secrets
 
 def test_nccl_bus_bandwidth_floor_and_figures():
     cfg = config(bandwidthTest="nccl")
-    problems, figures = fabric.judge_nccl(cfg, nccl_facts(cfg), LINKS)
+    problems, figures = nccl_judged(cfg, nccl_facts(cfg), LINKS)
     assert problems == []
     assert figures["busBandwidthGbps"] == pytest.approx(150.17, abs=0.01)
     assert figures["floorGbps"] == 55.0  # 55 % of the slower link
@@ -347,7 +352,7 @@ def test_nccl_bus_bandwidth_floor_and_figures():
     three = parse_config({**raw, "tensorParallelSize": 3, "fabric": {"bandwidthTest": "nccl"}})
     facts = nccl_facts(three)
     facts["node-3"]["seconds"] = 0.0286
-    _, figures = fabric.judge_nccl(three, facts, {})
+    _, figures = nccl_judged(three, facts, {})
     assert figures["algBandwidthGbps"] == pytest.approx(75.09, abs=0.01)
     assert figures["busBandwidthGbps"] == pytest.approx(100.12, abs=0.01)
     assert figures["floorGbps"] is None  # no link speed known, no floor set: measured, not judged
@@ -355,7 +360,7 @@ def test_nccl_bus_bandwidth_floor_and_figures():
 
 def test_nccl_problems_name_the_node_and_say_the_fix():
     cfg = config(bandwidthTest="nccl", minBandwidthGbps=175)
-    problems, _ = fabric.judge_nccl(cfg, nccl_facts(cfg, seconds=0.0286), LINKS)
+    problems, _ = nccl_judged(cfg, nccl_facts(cfg, seconds=0.0286), LINKS)
     assert problems == [
         "fabric gate (NCCL test): the all-reduce's bus bandwidth across the 2 nodes is 75.1 Gb/s (9.4 GB/s), below "
         "the floor of 175 Gb/s (fabric.minBandwidthGbps); NCCL used: node-1 IB, node-2 IB — both RDMA twins in "
@@ -365,7 +370,7 @@ def test_nccl_problems_name_the_node_and_say_the_fix():
     facts = nccl_facts(cfg, network="Socket")
     facts["node-2"] = {"node": "node-2", "error": "no result within 180 s (a peer's test never started, or NCCL hung)"}
     facts["node-1"]["correct"] = False
-    problems, figures = fabric.judge_nccl(cfg, facts, LINKS)
+    problems, figures = nccl_judged(cfg, facts, LINKS)
     assert [p.split(":", 1)[0] for p in problems] == ["fabric gate node-1 (NCCL test)"] * 2 + [
         "fabric gate node-2 (NCCL test)"
     ]
@@ -377,7 +382,7 @@ def test_nccl_problems_name_the_node_and_say_the_fix():
     assert "busBandwidthGbps" not in figures  # not every node measured
     # accepted sockets: no fallback problem
     accepted = parse_config({**_raw(), "fabric": {"bandwidthTest": "nccl"}, "nccl": {"ibDisable": True}})
-    assert fabric.judge_nccl(accepted, nccl_facts(accepted, network="Socket"), LINKS)[0] == []
+    assert nccl_judged(accepted, nccl_facts(accepted, network="Socket"), LINKS)[0] == []
 
 
 def test_nccl_config_rules_and_the_rendezvous_port_on_the_head_only():
@@ -403,7 +408,7 @@ def test_the_nccl_script_in_an_image_without_torch_says_so_and_exits_zero():
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout.splitlines()[-1])
     assert facts["error"] == "ModuleNotFoundError: No module named 'torch'" and facts["rank"] == 1
-    problems, _ = fabric.judge_nccl(cfg, {"node-1": nccl_facts(cfg)["node-1"], "node-2": facts}, LINKS)
+    problems, _ = nccl_judged(cfg, {"node-1": nccl_facts(cfg)["node-1"], "node-2": facts}, LINKS)
     assert problems == [
         "fabric gate node-2 (NCCL test): ModuleNotFoundError: No module named 'torch' — the image has no torch: "
         "fabric.bandwidthTest: nccl runs in vLLM's image (or set it to tcp)"
@@ -419,8 +424,12 @@ def test_an_nccl_error_is_one_line_with_the_reason_nccl_gave():
         "NCCL invalid usage: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60"
     )
     cfg = config(bandwidthTest="nccl")
-    renamed = {"node-1": facts["gpu-1"], "node-2": facts["gpu-2"]}
-    problems, _ = fabric.judge_nccl(cfg, renamed, LINKS)
+    lane = {"exit"}  # the lane records each rank's exit code beside what it printed (tests/gpu/nccl.py)
+    renamed = {
+        name: {k: v for k, v in facts[gpu].items() if k not in lane}
+        for name, gpu in (("node-1", "gpu-1"), ("node-2", "gpu-2"))
+    }
+    problems, _ = nccl_judged(cfg, renamed, LINKS)
     assert problems[0] == (
         "fabric gate node-1 (NCCL test): NCCL invalid usage: Duplicate GPU detected : rank 0 and rank 1 both on CUDA "
         "device 60 — nccl.debug: INFO shows NCCL's log in vLLM's too; the node's GPU and driver (`nvidia-smi`)"

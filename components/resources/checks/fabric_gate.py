@@ -9,7 +9,7 @@ import pulumi
 
 from components.config import ClusterConfig
 from components.plan import fabric
-from components.plan.preflight import parse_fingerprint
+from components.plan.preflight import last_json
 from components.plan.programs import script_program
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
@@ -39,7 +39,7 @@ class FabricGate(Check):
         facts = {}
         for name, out in outs.items():
             try:
-                facts[name] = FabricFacts.from_json(parse_fingerprint(out))
+                facts[name] = FabricFacts.from_json(last_json(out))
             except (ValueError, TypeError) as error:  # no JSON line, or one the contract does not know
                 facts[name] = FabricFacts(error=f"{error}: {out.strip()[:200]!r}")
         problems, figures = fabric.judge(cfg, facts)

@@ -24,7 +24,7 @@ def same_model(stdouts_by_node: dict[str, str]) -> str:
     problems = compare_fingerprints(found)
     if problems:
         raise PreflightError("\n".join(problems))
-    return next(iter(found.values())).get("fingerprint", "")
+    return next(iter(found.values())).fingerprint or ""
 
 
 class ModelFingerprint(Check):

@@ -13,6 +13,7 @@ from components.plan import fabric
 from components.plan.programs import script_program
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
+from components.scripts.node_contract import NcclFacts
 
 
 class NcclTest(Check):
@@ -40,9 +41,9 @@ class NcclTest(Check):
         for name, out in outs.items():
             lines = [line for line in out.splitlines() if line.strip()]
             try:
-                facts[name] = json.loads(lines[-1])
-            except (IndexError, ValueError):
-                facts[name] = {"error": f"the test printed no result: {out.strip()[-300:]!r}"}
+                facts[name] = NcclFacts.from_json(json.loads(lines[-1]))
+            except (IndexError, ValueError, TypeError):  # nothing, not JSON, or not the contract's
+                facts[name] = NcclFacts(error=f"the test printed no result: {out.strip()[-300:]!r}")
         gate = found["fabric-gate"]
         problems, figures = fabric.judge_nccl(cfg, facts, gate.get("links") or {})
         fabric.enforce(cfg, problems, pulumi.log.warn)
