@@ -179,6 +179,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = json.dumps(self.fabric_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-fabric-nccl") and "create" in args.inputs:
                 stdout = json.dumps(self.nccl_facts(gate_params_of(args.inputs["create"])))
+            elif args.name == "spark-vllm-router-smoke":
+                stdout = json.dumps(self.router_smoke(args.inputs.get("stdin", "")))
             elif args.name.endswith("-smoke"):
                 stdout = self.smoke_stdout(args.inputs.get("stdin", ""))
             elif args.name.endswith("-baseline"):
@@ -196,16 +198,27 @@ class FakeCloud(pulumi.runtime.Mocks):
     benchmark_output_tokens_per_second = 412.5
     # what node_answers.py prints of a start without speculation, and node_benchmark.py of its load
     answers = [{"id": "capital#1", "tokenIds": [11, 12, 13], "text": "Paris.", "finishReason": "stop"}]
-    baseline_figures = {"tool": "spark-vllm", "outputTokensPerSecond": 206.25, "tpotMs": {"p50": 19.4, "p99": 21.0}}
+    baseline_figures = {"tool": "spark-vllm", "durationSeconds": 19.8, "completed": 32, "errors": 0, "errorSamples": [],
+                        "outputTokens": 4096, "outputTokensPerSecond": 206.25, "requestsPerSecond": 1.6,
+                        "ttftMs": {"p50": 48.0, "p99": 91.5}, "itlMs": {"p50": 19.4, "p99": 21.0},
+                        "tpotMs": {"p50": 19.4, "p99": 21.0},
+                        "settings": {"concurrency": 4, "requests": 32, "promptTokens": 512, "outputTokens": 128}}  # fmt: skip
 
     def smoke_stdout(self, stdin: str) -> str:
         """smoke.py's line; with speculation the chain's, the answers agreeing with those the program passed."""
-        smoke = {"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7}
+        smoke = {"latency_seconds": 0.5, "completion_tokens": 3, "prompt_tokens": 7, "generated_in": "content"}
         if "node_answers.py" not in stdin:
             return json.dumps(smoke)
         agreement = {"compared": len(self.answers), "agreed": len(self.answers), "differing": []}
         answers = {"answers": self.answers, "agreement": agreement}
         return json.dumps({"chain": {"smoke.py": smoke, "node_answers.py": answers}})
+
+    def router_smoke(self, stdin: str) -> dict[str, Any]:
+        """What router_keeper.py's smoke prints: each model answered through the endpoint."""
+        params = json.loads(json.loads(stdin.split("\n", 1)[0].split("=", 1)[1])) if stdin else {}
+        models = params.get("models") or []
+        return {"router": f"http://{params.get('host')}:{params.get('port')}",
+                "models": {m: {"latencySeconds": 0.4, "completionTokens": 3, "answeredBy": m} for m in models}}  # fmt: skip
 
     def benchmark_figures(self, stdin: str) -> dict[str, Any]:
         """What node_benchmark.py prints for its PARAMS (the program's, read back from the command's stdin)."""
@@ -221,6 +234,7 @@ class FakeCloud(pulumi.runtime.Mocks):
             "requestsPerSecond": 3.2,
             "ttftMs": {"p50": 48.0, "p99": 91.5},
             "itlMs": {"p50": 9.1, "p99": 12.4},
+            "tpotMs": {"p50": 9.6, "p99": 13.0},
             "settings": {"concurrency": params.get("concurrency"), "requests": params.get("requests"),
                          "promptTokens": params.get("prompt_tokens"), "outputTokens": params.get("output_tokens")},
         }  # fmt: skip

@@ -6,13 +6,11 @@ Pure functions, no Pulumi and no I/O: `components/scripts/preflight_node.sh` and
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from components.config import ClusterConfig, NodeConfig
 from components.plan.container import container_name
 from components.plan.engine import EngineSettings
 from components.plan.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
+from components.plan.programs import last_json
 from components.scripts.node_contract import ImageFacts, ModelFingerprint, NodeMemoryFacts
 
 MAX_DIFFERENCES = 5
@@ -46,14 +44,6 @@ def preflight_argv(cfg: ClusterConfig, node: NodeConfig, model: str | None) -> l
 def fingerprint_argv(model_dir: str) -> list[str]:
     """`python3 - MODEL_DIR`: runs components/scripts/model_fingerprint.py (fed on stdin) on a host."""
     return ["python3", "-", model_dir]
-
-
-def last_json(stdout: str) -> dict[str, Any]:
-    """The JSON line a node's script printed last (its last non-empty line); ValueError when there is none."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        raise ValueError("the script printed nothing")
-    return json.loads(lines[-1])
 
 
 def parse_fingerprint(stdout: str) -> ModelFingerprint:

@@ -66,6 +66,26 @@ def script_program(name: str, params: dict[str, Any]) -> str:
     return f"PARAMS = {json.dumps(json.dumps(params, sort_keys=True))}\n{script(name)}"
 
 
+def last_json(stdout: str) -> dict[str, Any]:
+    """The JSON object a node's script printed last (its last line that starts with "{"); ValueError when it printed
+    none. Read through the script's result contract (components/scripts/node_contract.py: `Cls.from_json`)."""
+    for line in reversed((stdout or "").strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError("the script printed no JSON line")
+
+
+def printed(stdout: str, chained: str | None = None) -> dict[str, Any]:
+    """What a script printed last, or in a chain what `chained` printed ({} when there is nothing)."""
+    try:
+        found = last_json(stdout)
+    except ValueError:
+        return {}
+    if chained is not None:
+        return (found.get("chain") or {}).get(chained) or {}
+    return found
+
+
 def script_chain(steps: list[tuple[str, dict[str, Any]]]) -> str:
     """Several scripts as one program for `python3 -` (one stdin, one `docker exec`): each runs in a
     namespace of its own with its parameters, in order, what it prints passed on; the first to exit with

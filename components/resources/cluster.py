@@ -15,6 +15,7 @@ from components.config import ClusterConfig
 from components.config.replicas import Replica, co_tenants, replicas_of
 from components.plan.container import ray_address, tenancy
 from components.plan.dashboard import dashboard
+from components.plan.programs import printed
 from components.resources.diagnostics import diagnose_command, diagnostics_output
 from components.resources.gate import Gate, create_fabric_gate, create_gate
 from components.resources.grafana import Grafana, grafana_url
@@ -33,9 +34,10 @@ from components.resources.placement import (
 from components.resources.release import ReleaseSource, release_record, speculation_record
 from components.resources.router import ReplicaSteps, Router, worker
 from components.resources.router import endpoint as router_endpoint
-from components.resources.serve import VllmServer, VllmServerArgs, last_json_line, log_follow_command, status_command
+from components.resources.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
 from components.resources.ssh import SshAccess
 from components.resources.transfer import Transfer, create_transfer
+from components.scripts.node_contract import KeeperResult
 
 
 def data_only(value: pulumi.Output) -> pulumi.Output:
@@ -229,7 +231,7 @@ class VllmCluster(pulumi.ComponentResource):
 
 def router_smoke_summary(stdout: str) -> dict:
     """What the router's smoke test found: each model's latency through the router and who answered."""
-    return last_json_line(stdout).get("models") or {}
+    return KeeperResult.from_json(printed(stdout)).models or {}
 
 
 def log_commands(cfg: ClusterConfig, containers: dict[str, str]) -> dict[str, str]:

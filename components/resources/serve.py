@@ -12,7 +12,6 @@ restarts vLLM (components/scripts/supervisor.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -30,7 +29,7 @@ from components.plan.names import (
     VLLM_LOG,
     VLLM_STOP_GRACE_SECONDS,
 )
-from components.plan.programs import script, script_chain, script_program
+from components.plan.programs import printed, script, script_chain, script_program
 from components.plan.serving import (
     answers_params,
     benchmark_params,
@@ -48,7 +47,7 @@ from components.plan.shell import (
     with_script,
 )
 from components.resources.steps import SECRET_IO, remote_step
-from components.scripts.node_contract import Tenancy
+from components.scripts.node_contract import AnswersResult, BenchmarkFigures, HandoverResult, SmokeResult, Tenancy
 
 
 @dataclass(frozen=True)
@@ -71,25 +70,24 @@ class VllmServerArgs:
     kept_baseline: pulumi.Input[Optional[dict]] = None
 
 
-def last_json_line(stdout: str) -> dict[str, Any]:
-    for line in reversed((stdout or "").strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {}
-
-
 def started(serve: command.remote.Command) -> pulumi.Output:
-    """What a serve step left running: vLLM's pid and settings (its last line)."""
-    return serve.stdout.apply(last_json_line)
+    """What a serve step left running: vLLM's pid and settings (its HandoverResult)."""
+    return serve.stdout.apply(lambda out: _through(HandoverResult, printed(out)))
+
+
+def _through(contract: type, found: dict[str, Any]) -> dict[str, Any]:
+    """`found` read through its contract and back ({} stays {}): a key the script and the program do not share
+    fails here, with the step's own output in the message."""
+    return contract.from_json(found).to_json() if found else {}
 
 
 def smoke_summary(stdout: str) -> dict[str, Any]:
-    result = last_json_line(stdout)
-    result = (result.get("chain") or {}).get("smoke.py") or {} if "chain" in result else result
+    found = printed(stdout, "smoke.py" if '"chain"' in stdout else None)
+    result = SmokeResult.from_json(found) if found else None
     return {
-        "latencySeconds": result.get("latency_seconds"),
-        "completionTokens": result.get("completion_tokens"),
-        "promptTokens": result.get("prompt_tokens"),
+        "latencySeconds": result.latency_seconds if result else None,
+        "completionTokens": result.completion_tokens if result else None,
+        "promptTokens": result.prompt_tokens if result else None,
     }
 
 
@@ -126,7 +124,9 @@ class VllmServer(pulumi.ComponentResource):
         self.smoke_result = smoke_result
         self.benchmark = self._create_benchmark(name, argv_fingerprint) if cfg.benchmark.enabled else None
         self.benchmark_result = (
-            self.benchmark.stdout.apply(last_json_line) if self.benchmark else pulumi.Output.from_input(None)
+            self.benchmark.stdout.apply(lambda out: _through(BenchmarkFigures, printed(out)))
+            if self.benchmark
+            else pulumi.Output.from_input(None)
         )
         self.validation = self.smoke.stdout.apply(validation_summary) if self.smoke else pulumi.Output.from_input(None)
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
@@ -361,18 +361,19 @@ class VllmServer(pulumi.ComponentResource):
 
 def baseline_summary(stdout: str) -> dict[str, Any]:
     """The start without speculation, as the release keeps it: its answers and benchmark figures."""
-    chain = last_json_line(stdout).get("chain") or {}
-    answers = (chain.get("node_answers.py") or {}).get("answers") or []
-    return {"answers": answers, "benchmark": chain.get("node_benchmark.py"), "source": "a start without speculation"}
+    found = printed(stdout, "node_answers.py")
+    answers = [each.to_json() for each in AnswersResult.from_json(found).answers] if found else []
+    benchmark = _through(BenchmarkFigures, printed(stdout, "node_benchmark.py")) or None
+    return {"answers": answers, "benchmark": benchmark, "source": "a start without speculation"}
 
 
 def validation_summary(stdout: str) -> Optional[dict[str, Any]]:
     """With speculation, how the validation's answers compared ({"compared", "agreed"}); else None."""
-    chain = last_json_line(stdout).get("chain")
-    if not chain:
+    if not printed(stdout).get("chain"):
         return None
-    found = (chain.get("node_answers.py") or {}).get("agreement") or {}
-    return {"compared": found.get("compared"), "agreed": found.get("agreed")}
+    found = printed(stdout, "node_answers.py")
+    agreement = AnswersResult.from_json(found).agreement if found else None
+    return {"compared": agreement.compared if agreement else None, "agreed": agreement.agreed if agreement else None}
 
 
 def log_follow_command(cfg: ClusterConfig, node_name: str, container: str, vllm: bool) -> str:

@@ -97,8 +97,9 @@ def main():
     host_snapshot = P.host_cache + snapshot[len(P.hf_home) :]
     fetched = size - before
     say(f"{P.repo} at {revision[:12]}: {files} files, {human(size)}; downloaded {human(fetched)} in {seconds:.1f} s")
-    print(json.dumps({"repo": P.repo, "revision": revision, "snapshot": host_snapshot, "files": files,
-                      "bytes": size, "downloaded_bytes": fetched, "seconds": round(seconds, 2)}))  # fmt: skip
+    done = HfDownloaded(repo=P.repo, revision=revision, snapshot=host_snapshot, files=files, bytes=size,
+                        downloaded_bytes=fetched, seconds=round(seconds, 2))  # fmt: skip
+    print(json.dumps(done.to_json()))
     return 0
 
 

@@ -94,7 +94,7 @@ found = answers()
 result = {"answers": found}
 if P.baseline is not None:
     result["agreement"] = agreement(found, P.baseline)
-print(json.dumps(result))
+print(json.dumps(AnswersResult.from_json(result).to_json()))
 if P.baseline is not None and result["agreement"]["differing"]:
     first = result["agreement"]["differing"][0]
     print(

@@ -252,7 +252,7 @@ if speculative is not None:
     figures["speculative"] = speculative
 figures["settings"] = {"concurrency": P.concurrency, "requests": P.requests, "promptTokens": P.prompt_tokens,
                        "outputTokens": P.output_tokens}  # fmt: skip
-print(json.dumps(figures))
+print(json.dumps(BenchmarkFigures(**figures).to_json()))
 if figures["errors"] > P.max_errors:
     print(
         f"benchmark failed: {figures['errors']} of {P.requests} requests failed (benchmark.maxErrors "

@@ -588,3 +588,136 @@ class NodeMemoryFacts(Contract):
     gpu_memory_mib: list = field(default_factory=list)  # per GPU, where nvidia-smi reports it ([N/A] on a GB10)
     gpu_free_mib: list = field(default_factory=list)
     stack_running: bool = False  # the stack's own container runs: its vLLM holds memory, not judged
+
+
+# --- what the serving steps print (their last line) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HandoverResult(Contract):
+    """serve_spec.py: the settings handed over, and the vLLM they run in (None: not (yet) running)."""
+
+    vllm_pid: Optional[int]
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class ReadyResult(Contract):
+    """wait_ready.py: /health answered and /v1/models listed the model after this long."""
+
+    ready_seconds: float
+
+
+@dataclass(frozen=True)
+class ClusterSeen(Contract):
+    """ray_join.py: the Ray nodes alive (their fabric addresses) and the GPUs they hold."""
+
+    alive: list
+    gpus: float
+
+
+@dataclass(frozen=True)
+class SmokeResult(Contract):
+    """smoke.py: one chat completion."""
+
+    latency_seconds: float
+    completion_tokens: int
+    prompt_tokens: int
+    generated_in: str  # content, reasoning, reasoning_content, or tokens (a reasoning model cut at max_tokens)
+
+
+# The answers and the benchmark's figures are spelled as the release record keeps them (camelCase): the record
+# holds what the scripts printed, and a release made by an earlier version reads the same.
+
+
+@dataclass(frozen=True)
+class Answer(Contract):
+    """One greedy answer of node_answers.py."""
+
+    id: str  # conversation#turn
+    tokenIds: Optional[list]  # noqa: N815 - the record's spelling
+    text: str
+    finishReason: Optional[str]  # noqa: N815
+
+
+@dataclass(frozen=True)
+class Agreement(Contract):
+    """The answers against the baseline's (the same model and engine without speculation)."""
+
+    compared: int
+    agreed: int
+    differing: list  # [{"id", "at", "what", "text", "baselineText"}], the first difference of each
+
+
+@dataclass(frozen=True)
+class AnswersResult(Contract):
+    answers: List[Answer]
+    agreement: Optional[Agreement] = None  # with a baseline
+
+    OMIT_NONE = ("agreement",)
+
+
+@dataclass(frozen=True)
+class BenchmarkFigures(Contract):
+    """node_benchmark.py: the load's figures (latencies in ms as {"p50", "p99"})."""
+
+    tool: str  # "vllm bench serve" or "spark-vllm" (its own load)
+    durationSeconds: float  # noqa: N815 - the record's spelling
+    completed: int
+    errors: int
+    errorSamples: list  # noqa: N815
+    outputTokens: int  # noqa: N815
+    outputTokensPerSecond: float  # noqa: N815
+    requestsPerSecond: float  # noqa: N815
+    ttftMs: dict  # noqa: N815
+    itlMs: dict  # noqa: N815
+    tpotMs: dict  # noqa: N815
+    settings: dict  # concurrency, requests, promptTokens, outputTokens
+    warmup: Optional[str] = None  # its own load: how the warm-up request went
+    speculative: Optional[dict] = None  # with speculation: vLLM's spec_decode counters over the run
+
+    OMIT_NONE = ("warmup", "speculative")
+
+
+# --- what the copies and the router's keeper print ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HfDownloaded(Contract):
+    """hf_download.py: the repo in the host's cache."""
+
+    repo: str
+    revision: str
+    snapshot: str  # its directory on the host
+    files: int
+    bytes: int
+    downloaded_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ImageCopied(Contract):
+    image_id: str
+    copied_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelCopied(Contract):
+    copied_bytes: int
+    files: int
+    removed: int
+    decided_seconds: float
+
+
+@dataclass(frozen=True)
+class KeeperResult(Contract):
+    """router_keeper.py's steps: what the router routes to now, by mode."""
+
+    router: Optional[str] = None  # the stack's endpoint (ready, smoke)
+    workers: Optional[dict] = None  # url -> model the router routes to (ready, workers)
+    drained: Optional[list] = None  # the replicas held out (workers, drain, undrain)
+    models: Optional[dict] = None  # smoke: model -> its answer's figures
+    mode: Optional[str] = None  # drain, undrain
+    worker: Optional[str] = None  # drain, undrain: its url
+
+    OMIT_NONE = ("router", "workers", "drained", "models", "mode", "worker")

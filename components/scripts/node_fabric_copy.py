@@ -200,7 +200,7 @@ def receive_image():
     if image_info(expected) is not None:
         tag(expected)
         say(f"image {expected[:19]} is already on this node: nothing to copy")
-        print(json.dumps({"image_id": expected, "copied_bytes": 0}))
+        print(json.dumps(ImageCopied(image_id=expected, copied_bytes=0).to_json()))
         return 0
     channel = connect(P.address, P.port, TOKEN)
     channel.send_json({"op": "image"})
@@ -244,7 +244,7 @@ def receive_image():
         raise CopyError(f"after the copy {expected} is not on this node: the archive held another image")
     tag(expected)
     say(progress.line() + " — loaded, image id checked")
-    print(json.dumps({"image_id": expected, "copied_bytes": progress.done}))
+    print(json.dumps(ImageCopied(image_id=expected, copied_bytes=progress.done).to_json()))
     return 0
 
 
@@ -376,7 +376,7 @@ def sync_model():
     total = sum(entries[r]["size"] for r in fetch)
     if not (fetch or links or dirs or extra):
         say(f"model {model_dir}: the same as on {P.source} ({len(entries)} entries), nothing to copy")
-        print(json.dumps({"copied_bytes": 0, "files": 0, "removed": 0, "decided_seconds": round(decided, 3)}))
+        print(json.dumps(ModelCopied(copied_bytes=0, files=0, removed=0, decided_seconds=round(decided, 3)).to_json()))
         return 0
     say(
         f"model {model_dir}: {len(fetch)} file(s), {human(total)} to copy from {P.source} over the fabric, "
@@ -404,16 +404,9 @@ def sync_model():
     for relative in links:
         place_link(os.path.join(root, relative), entries[relative]["target"])
     say(progress.line() + f" — {len(fetch)} file(s), {len(links)} link(s), {len(extra)} removed")
-    print(
-        json.dumps(
-            {
-                "copied_bytes": progress.done,
-                "files": len(fetch),
-                "removed": len(extra),
-                "decided_seconds": round(decided, 3),
-            }
-        )
-    )
+    decided = round(decided, 3)
+    copied = ModelCopied(copied_bytes=progress.done, files=len(fetch), removed=len(extra), decided_seconds=decided)
+    print(json.dumps(copied.to_json()))
     return 0
 
 

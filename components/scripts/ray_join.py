@@ -46,7 +46,7 @@ def main():
         gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
         if not missing and gpus >= P.gpus_needed:
             say(f"Ray ready after {time.monotonic() - start:.1f} s: {len(nodes)} node(s) alive, {gpus:g} GPU")
-            print(json.dumps({"alive": sorted(seen), "gpus": gpus}))
+            print(json.dumps(ClusterSeen(alive=sorted(seen), gpus=gpus).to_json()))
             return 0
         now = time.monotonic()
         if now >= deadline:

@@ -253,7 +253,7 @@ def smoke():
             "completionTokens": usage.get("completion_tokens"),
             "answeredBy": answer.get("model"),
         }
-    print(json.dumps({"router": FRONT, "models": results}))
+    print(json.dumps(KeeperResult(router=FRONT, models=results).to_json()))
 
 
 def front_answers():
@@ -277,7 +277,7 @@ def main():
         return serve()
     if mode == "ready":
         wait_until(lambda: registered() is not None and front_answers(), P.timeout, "vllm-router answering")
-        print(json.dumps({"router": FRONT, "workers": registered()}))
+        print(json.dumps(KeeperResult(router=FRONT, workers=registered()).to_json()))
         return None
     if mode == "workers":
         with Locked():
@@ -285,7 +285,7 @@ def main():
             write_json(KEY, {"sha256": P.api_key_sha256})
         goal = wanted()
         wait_until(lambda: registered() == goal, P.timeout, f"the router routing to {sorted(goal)}")
-        print(json.dumps({"workers": goal, "drained": read_json(DRAINED, [])}))
+        print(json.dumps(KeeperResult(workers=goal, drained=read_json(DRAINED, [])).to_json()))
         return None
     if mode == "smoke":
         return smoke()
@@ -309,7 +309,7 @@ def main():
         wait_until(lambda: (registered() or {}).get(worker.url) == worker.model, P.timeout,
                    f"{worker.url} back in the router")  # fmt: skip
         say(f"{worker.replica} ({worker.url}) back in the router for {worker.model}")
-    print(json.dumps({"mode": mode, "worker": worker.url, "drained": read_json(DRAINED, [])}))
+    print(json.dumps(KeeperResult(mode=mode, worker=worker.url, drained=read_json(DRAINED, [])).to_json()))
     return None
 
 

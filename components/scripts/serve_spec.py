@@ -73,24 +73,24 @@ def main():
                 print(f"settings handed over, but vLLM on {P.node} does not start: {status['failed']}")
                 print(f"--- last 60 lines of {LOG} ---")
                 print(tail(60))
-                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
+                print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
             if status.get("vllm_pid"):
                 if unchanged:
                     print(f"vLLM already running with these settings (pid {status['vllm_pid']})")
                 else:
                     print(f"vLLM started (pid {status['vllm_pid']}); log: {LOG}")
-                print(json.dumps({"vllm_pid": status["vllm_pid"], "fingerprint": P.fingerprint}))
+                print(json.dumps(HandoverResult(vllm_pid=status["vllm_pid"], fingerprint=P.fingerprint).to_json()))
                 return 0
             if status.get("state") == "waiting for Ray":
                 print(f"settings handed over; vLLM starts once Ray shows every node ({P.node})")
-                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
+                print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
             if status.get("state") == "waiting for the GPU turn":
                 # another replica on this node is starting: this one starts after it (the readiness step waits)
                 held = (status.get("turn") or "").replace("waiting: ", "")
                 print(f"settings handed over; vLLM starts on {P.node} once the node's GPU turn is free ({held})")
-                print(json.dumps({"vllm_pid": None, "fingerprint": P.fingerprint}))
+                print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
         time.sleep(0.5)
     print(

@@ -57,13 +57,10 @@ if where is None:
     shown = json.dumps(answer)[:500]
     print(f"smoke test failed: the server generated nothing (no content, no reasoning, no tokens): {shown}")
     sys.exit(1)
-print(
-    json.dumps(
-        {
-            "latency_seconds": round(latency, 3),
-            "completion_tokens": usage.get("completion_tokens", 0),
-            "prompt_tokens": usage.get("prompt_tokens", 0),
-            "generated_in": where,
-        }
-    )
+result = SmokeResult(
+    latency_seconds=round(latency, 3),
+    completion_tokens=usage.get("completion_tokens", 0),
+    prompt_tokens=usage.get("prompt_tokens", 0),
+    generated_in=where,
 )
+print(json.dumps(result.to_json()))

@@ -167,7 +167,7 @@ def main():
                 served = [m.get("id") for m in json.loads(body).get("data", [])]
                 if P.model in served:
                     print(f"vLLM ready after {elapsed:.1f} s: {P.base_url}/v1 serves {P.model}", flush=True)
-                    print(json.dumps({"ready_seconds": round(elapsed, 1)}))
+                    print(json.dumps(ReadyResult(ready_seconds=round(elapsed, 1)).to_json()))
                     return 0
                 return fail(f"/v1/models lists {served}, not {P.model!r}")
             if status in (401, 403):

@@ -9,8 +9,7 @@ import pulumi
 
 from components.config import ClusterConfig
 from components.plan import fabric
-from components.plan.preflight import last_json
-from components.plan.programs import script_program
+from components.plan.programs import last_json, script_program
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
 from components.scripts.node_contract import FabricFacts
