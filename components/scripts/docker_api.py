@@ -1,5 +1,5 @@
 # The Docker Engine API over its unix socket (DOCKER_HOST when it is unix://, else /var/run/docker.sock),
-# for the scripts that talk to it: prepended (by components.render.script) to image_pull.py and
+# for the scripts that talk to it: prepended (by components.plan.programs.script) to image_pull.py and
 # node_fabric_copy.py, which each still travel as one program. Standard library only, no side effects.
 import http.client
 import json

@@ -1,5 +1,5 @@
 # Runs on a node's HOST over SSH (its own python3, standard library only) as `python3 -`, PARAMS
-# prepended by components.render.script_program. Pulls the image through the Docker Engine API
+# prepended by components.plan.programs.script_program. Pulls the image through the Docker Engine API
 # (the daemon of DOCKER_HOST when it is a unix:// socket, else /var/run/docker.sock) and prints,
 # every `progress_seconds`, how far it is: bytes of bytes, rate, layers done. A pull that is not
 # done within `timeout_seconds` fails with that limit named. Registry credentials come from

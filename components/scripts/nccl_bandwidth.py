@@ -1,5 +1,5 @@
 # The fabric gate's NCCL test (fabric.bandwidthTest: nccl): runs in the node's IMAGE as `python3 -`
-# (PARAMS is prepended by components.render.script_program) through `docker run --gpus all
+# (PARAMS is prepended by components.plan.programs.script_program) through `docker run --gpus all
 # --network host` with the Ray container's NCCL environment, on every node at once, once the fabric
 # gate passed and every node has the image. One rank a node (its first GPU): an all-reduce of
 # PARAMS["megabytes"] MiB, `warmup` times then `iterations` timed, as nccl-tests' all_reduce_perf

@@ -1,5 +1,5 @@
 # Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. Greedy answers (temperature 0) to a fixed set of conversations, the
+# components.plan.programs.script_program. Greedy answers (temperature 0) to a fixed set of conversations, the
 # later turns of each sent with the earlier turns and their answers (a prefix the server has cached), with
 # the generated token ids (vLLM's `return_token_ids`; the text where a server gives none). Prints one JSON
 # line: {"answers": [{"id", "tokenIds", "text", "finishReason"}], and with PARAMS' baseline "agreement"};

@@ -1,5 +1,5 @@
 # Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. A short fixed load against vLLM's /v1/completions, streamed so that
+# components.plan.programs.script_program. A short fixed load against vLLM's /v1/completions, streamed so that
 # the time to first token is real: the image's `vllm bench serve` (random dataset) when PARAMS["tool"]
 # says so (or "auto" finds it), else a load of its own (threads, standard library). Prints one JSON line
 # of figures (they become the `benchmark` stack output and part of the release) and exits 1 when more

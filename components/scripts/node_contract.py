@@ -374,18 +374,8 @@ class NcclFacts(Contract):
     log_tail: Optional[list] = None  # with an error: NCCL's warnings and NET lines
     python: Optional[str] = None  # with an error
 
-    OMIT_NONE = (
-        "torch",
-        "nccl",
-        "import_seconds",
-        "init_seconds",
-        "correct",
-        "bytes",
-        "seconds",
-        "iterations",
-        "error",
-        "log_tail",
-        "python",
+    OMIT_NONE = tuple(
+        "torch nccl import_seconds init_seconds correct bytes seconds iterations error log_tail python".split()
     )
 
 
@@ -532,17 +522,7 @@ class KeeperParams(Contract):
     run_dir: Optional[str] = None  # tests only
 
     # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
-    OMIT_NONE = (
-        "timeout",
-        "workers",
-        "api_key_sha256",
-        "worker",
-        "models",
-        "api_key",
-        "prompt",
-        "max_tokens",
-        "run_dir",
-    )
+    OMIT_NONE = tuple("timeout workers api_key_sha256 worker models api_key prompt max_tokens run_dir".split())
 
 
 # --- what the checks read of a node: the model, the image, the memory ---------------------------------------
@@ -697,12 +677,16 @@ class HfDownloaded(Contract):
 
 @dataclass(frozen=True)
 class ImageCopied(Contract):
+    """node_fabric_copy.py as an image receiver: the image id now on this node (nothing copied: it was here)."""
+
     image_id: str
     copied_bytes: int
 
 
 @dataclass(frozen=True)
 class ModelCopied(Contract):
+    """node_fabric_copy.py as a model receiver: what it copied, what it removed, how long deciding took."""
+
     copied_bytes: int
     files: int
     removed: int

@@ -1,5 +1,5 @@
 # The authenticated channel of the fabric copy (node_fabric_copy.py, which this is prepended to by
-# components.render.SCRIPT_HELPERS): the client proves the stack's copy token with an HMAC over both
+# components.plan.programs.SCRIPT_HELPERS): the client proves the stack's copy token with an HMAC over both
 # sides' nonces (the token never crosses the link), the depot proves it back, both derive
 # per-direction keys, and every frame carries an HMAC over its sequence number, kind and payload.
 # Standard library only, no side effects.

@@ -1,5 +1,5 @@
 # The model directory as the fabric copy sees it (node_fabric_copy.py, which this is prepended to by
-# components.render.SCRIPT_HELPERS): what is synced (a directory, or a Hugging Face snapshot with the
+# components.plan.programs.SCRIPT_HELPERS): what is synced (a directory, or a Hugging Face snapshot with the
 # blobs its links point at), its manifest (sizes, times, links, the extents of sparse files), and
 # what a receiver must fetch, fix or remove to match it. Standard library only, no side effects.
 import errno

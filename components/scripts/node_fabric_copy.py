@@ -1,6 +1,6 @@
 # Copies the image and the model between nodes over the fabric link, with no registry and nothing
 # passing through the machine running Pulumi. One script, three roles (PARAMS prepended by
-# components.render.script_program; standard library only):
+# components.plan.programs.script_program; standard library only):
 #
 # * "serve" — the depot: the main process of the `spark-vllm-depot` container on the source node
 #   (host network, bound to the source's fabric address). It serves the one image id it was given

@@ -1,5 +1,5 @@
 # The fabric gate's probe: runs on a node's HOST as `python3 -` (PARAMS is prepended by
-# components.render.script_program), on every node at once, before any container of the stack.
+# components.plan.programs.script_program), on every node at once, before any container of the stack.
 # It only reads and measures, then prints one JSON line of facts; components/fabric.py judges them
 # (per node and across the nodes) and the deploy stops there when they show a problem.
 #

@@ -1,5 +1,5 @@
 # What the GPUs have free and who holds them, from nvidia-smi where there is one (the supervisor's,
-# prepended to it by components.render.SCRIPT_HELPERS). Standard library only, no side effects.
+# prepended to it by components.plan.programs.SCRIPT_HELPERS). Standard library only, no side effects.
 import os
 import subprocess
 

@@ -1,5 +1,5 @@
 # What the supervisor waits for before it starts vLLM, and what it watches while vLLM runs (prepended to
-# supervisor.py by components.render.SCRIPT_HELPERS; its Supervisor is a MemoryWaits): the memory vLLM's
+# supervisor.py by components.plan.programs.SCRIPT_HELPERS; its Supervisor is a MemoryWaits): the memory vLLM's
 # start-up check asks for — the GPUs' own, or a GB10's unified memory — and, with memory.oomGuard, the OS's
 # reserve. Standard library only, no side effects.
 

@@ -1,5 +1,5 @@
 # The node's own metrics for Prometheus (metrics.nodePort; prepended to supervisor.py by
-# components.render.SCRIPT_HELPERS): the node's memory (MemTotal, MemAvailable: on a GB10 the GPU's too),
+# components.plan.programs.SCRIPT_HELPERS): the node's memory (MemTotal, MemAvailable: on a GB10 the GPU's too),
 # the GPUs' own memory where nvidia-smi reports it, and what the supervisor counts of vLLM (restarts, whether
 # it serves, the OOM guard's endings). Served on the node's fabric address, which only the other nodes reach
 # with network.guard. Standard library only.

@@ -1,5 +1,5 @@
 # Everything a process started, and ending all of it (the supervisor's, prepended to it by
-# components.render.SCRIPT_HELPERS): vLLM is several processes (the API server, an engine core, workers)
+# components.plan.programs.SCRIPT_HELPERS): vLLM is several processes (the API server, an engine core, workers)
 # and only the last to go frees the GPU. Standard library only, no side effects.
 import os
 import signal

@@ -1,5 +1,5 @@
 # Runs inside a node's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. Waits until Ray shows the expected nodes alive (and, on the
+# components.plan.programs.script_program. Waits until Ray shows the expected nodes alive (and, on the
 # head, the GPUs TP×PP needs); on timeout prints what is missing and `ray status`, exits 1.
 import json
 import subprocess

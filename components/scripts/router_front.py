@@ -1,4 +1,4 @@
-# The router's front (router_keeper.py's, prepended to it by components.render.SCRIPT_HELPERS): the stack's endpoint
+# The router's front (router_keeper.py's, prepended to it by components.plan.programs.SCRIPT_HELPERS): the endpoint
 # itself, on router.port, in front of vllm-router on loopback (router.innerPort). Clients discover models with
 # `GET /v1/models` (the OpenAI SDK's models.list(), chat front ends, gateways) and expect OpenAI's list; vllm-router
 # 0.1.17 answers its own {"models": [...]} there, and a 500 while a worker is down (its issue 135). So the front

@@ -1,5 +1,5 @@
 # Runs inside a node's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. Hands vLLM's settings to the container's supervisor
+# components.plan.programs.script_program. Hands vLLM's settings to the container's supervisor
 # (components/scripts/supervisor.py) and waits until it has taken them up:
 #
 # * the same settings already running: nothing changes ("already running with these settings");
@@ -39,7 +39,7 @@ def tail(lines):
 def keep_node_specific_env():
     """With Ray: vLLM copies the driver's NCCL_*/UCX_*/VLLM_* values to every worker unless they are listed in
     VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json; listed, each node keeps its own interface names, and
-    the API key stays with the API server (render.py HEAD_ONLY_ENV)."""
+    the API key stays with the API server (components/plan/serving.py HEAD_ONLY_ENV)."""
     root = P.env.get("VLLM_CONFIG_ROOT")
     if not root or not P.ray_non_carry_over:
         return

@@ -1,5 +1,5 @@
 # Runs inside the head's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. One short chat completion: it proves the server generates (text,
+# components.plan.programs.script_program. One short chat completion: it proves the server generates (text,
 # reasoning, or tokens up to the limit); prints its latency, token counts and where the tokens went as
 # JSON (they become stack outputs); exits 1 when it fails.
 import json

@@ -55,7 +55,7 @@ RUN = P.run_dir
 SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
 # What vLLM is, from the serve step's spec: argv, env, fingerprint, recovery (max_restarts,
 # window_seconds, backoff_seconds, max_backoff_seconds, gpu_wait_seconds: the stack's `recovery` keys,
-# every one rendered by components.render.supervisor_spec, so their defaults live in the config alone),
+# every one rendered by components.plan.container.supervisor_spec, so their defaults live in the config alone),
 # health_url (the head), ray_ready (the Ray head: {address, nodes, gpus}). In the spec, not the
 # container, so that changing them (a node added, another port) touches no container.
 # Ray's `ray start --block` drains "for up to 30 s" on SIGTERM. By then vLLM is stopped and there is

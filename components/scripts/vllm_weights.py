@@ -1,4 +1,4 @@
-# Which weight files vLLM loads from a model directory: prepended (by components.render.script) to the
+# Which weight files vLLM loads from a model directory: prepended (by components.plan.programs.script) to the
 # scripts that need it (model_fingerprint.py on the node, hf_download.py in the image), and imported by
 # components.preflight. Standard library only, no side effects.
 #

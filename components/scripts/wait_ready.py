@@ -1,5 +1,5 @@
 # Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.render.script_program. Waits until /health answers 200 and /v1/models lists the
+# components.plan.programs.script_program. Waits until /health answers 200 and /v1/models lists the
 # served model; prints a progress line regularly; when the container's supervisor gives up on
 # vLLM (it kept exiting) or the time runs out, prints the log tail and a hint for the known
 # causes, and exits 1. While vLLM restarts after an exit, it keeps waiting.

@@ -4,8 +4,12 @@ every resource the same, or the list of what it would change. For a refactor tha
 
     sudo venv/bin/python -m tests.e2e.upgrade_preview 6b86d2e            # the single-model rehearsal stack
     sudo venv/bin/python -m tests.e2e.upgrade_preview 6b86d2e --fleet    # several models on three nodes
+    sudo venv/bin/python -m tests.e2e.upgrade_preview 01f991f --up       # then `pulumi up` it: what restarted
 
-Exit status 0 when nothing would change, 1 when something would, 2 when it cannot run here. The older
+Exit status 0 when nothing would change, 1 when something would, 2 when it cannot run here. With --up this
+checkout's program then runs `pulumi up` on that stack, and says how long it took, which containers it replaced
+and which vLLM it started anew (each serve step's vLLM pid, before and after, from the state): what an upgrade
+across these commits costs a running stack. The older
 checkout borrows this one's Pulumi CLI, stand-in plugins and venv (the CLI and plugins are built here, not
 committed), but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
 a cache (building the older one there would take this checkout's out from under the suite's registry), so
@@ -22,7 +26,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, ROOT, RehearsalStack, cli_missing
 from tests.e2e.rehearsal import CACHE_DIR
@@ -47,11 +53,60 @@ def _rehearse(checkout: Path, *args: str) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
 
 
+def _serving(stack: RehearsalStack) -> dict[str, dict[str, Any]]:
+    """From the stack's state: each container's id, and each serve step's vLLM pid (its last JSON line)."""
+    state = json.loads(stack.cli("stack", "export", "--show-secrets").stdout)
+    found: dict[str, dict[str, Any]] = {"containers": {}, "vllm": {}}
+    for resource in state.get("deployment", {}).get("resources", []):
+        name, outputs = resource["urn"].rsplit("::", 1)[1], resource.get("outputs") or {}
+        if resource["type"] == "docker:index/container:Container":
+            found["containers"][name] = resource.get("id")
+        elif resource["type"] == "command:remote:Command" and name.endswith("-serve"):
+            found["vllm"][name] = _pid(_plain(outputs.get("stdout")))
+    return found
+
+
+def _plain(value: Any) -> str:
+    """An output as `stack export --show-secrets` writes it: a secret as {"plaintext": its JSON}."""
+    if isinstance(value, dict) and "plaintext" in value:
+        value = json.loads(value["plaintext"])
+    return str(value or "")
+
+
+def _pid(stdout: str) -> Any:
+    """The vLLM pid a serve step's HandoverResult names (its last line that is one)."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "vllm_pid" in found:
+            return found["vllm_pid"]
+    return None
+
+
+def _upgrade(stack: RehearsalStack) -> dict[str, Any]:
+    """`pulumi up` with this checkout on the older stack: its time, what it replaced, which vLLM started anew."""
+    before = _serving(stack)
+    started = time.monotonic()
+    run = stack.up()
+    seconds = round(time.monotonic() - started, 1)
+    after = _serving(stack)
+    return {
+        "seconds": seconds,
+        "summary": run.change_summary,
+        "containersReplaced": sorted(n for n, i in before["containers"].items() if after["containers"].get(n) != i),
+        "vllmRestarted": sorted(n for n, pid in before["vllm"].items() if after["vllm"].get(n) != pid),
+        "vllmPids": after["vllm"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="upgrade_preview", description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     parser.add_argument("commit", help="the older commit whose program deploys the stack")
     parser.add_argument("--fleet", action="store_true", help="the rehearsal's several-models stack")
+    parser.add_argument("--up", action="store_true", help="then `pulumi up` with this checkout: what it restarted")
     args = parser.parse_args(argv)
     if cli_missing():
         print(f"upgrade_preview: cannot run here: {cli_missing()}", file=sys.stderr)
@@ -64,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
             if deployed.returncode != 0:
                 print(deployed.stdout[-3000:], deployed.stderr[-3000:], sep="\n", file=sys.stderr)
                 return 2
-            run = RehearsalStack(workdir / "deployer", "rehearsal").preview()
+            stack = RehearsalStack(workdir / "deployer", "rehearsal")
+            run = stack.preview()
             changed = {name: op for name, op in run.ops.items() if op not in ("same", "read")}
-            print(json.dumps({"deployedBy": args.commit, "previewedBy": "this checkout",
-                              "summary": run.change_summary, "changed": changed}, indent=1))  # fmt: skip
+            report = {"deployedBy": args.commit, "previewedBy": "this checkout", "summary": run.change_summary,
+                      "changed": changed}  # fmt: skip
+            if args.up:
+                report["up"] = _upgrade(stack)
+            print(json.dumps(report, indent=1))
             return 1 if changed else 0
         finally:
             _rehearse(checkout, "teardown", "--workdir", str(workdir))
