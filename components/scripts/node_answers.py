@@ -21,12 +21,7 @@ def ask(messages):
         "seed": 0,
         "return_token_ids": True,
     }
-    request = urllib.request.Request(P.base_url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST")
-    request.add_header("Content-Type", "application/json")
-    if P.api_key:
-        request.add_header("Authorization", f"Bearer {P.api_key}")
-    with urllib.request.urlopen(request, timeout=P.timeout_seconds) as response:
-        answer = json.loads(response.read())
+    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds)
     choice = (answer.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     text = message.get("content") or ""

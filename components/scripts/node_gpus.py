@@ -22,19 +22,11 @@ def gpu_holders():
 def gpu_memory(visible):
     """[(index, total MiB, free MiB)] of the GPUs vLLM will use, from nvidia-smi; None where there is no
     nvidia-smi or it reports no sizes (a GB10's unified memory: [N/A])."""
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if result.returncode != 0:
+    rows = nvidia_smi("index,memory.total,memory.free")
+    if rows is None:
         return None
     gpus = []
-    for line in result.stdout.strip().splitlines():
+    for line in rows:
         parts = [part.strip() for part in line.split(",")]
         if len(parts) != 3 or not all(part.replace(".", "", 1).isdigit() for part in parts):
             return None
@@ -55,19 +47,22 @@ def visible_gpus(env):
 def unified_memory():
     """(MemTotal MiB, MemAvailable MiB) where the GPU shares the system's memory (a GB10: nvidia-smi reports
     its memory as [N/A]), else None. SPARK_VLLM_MEMINFO names another meminfo (tests)."""
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [row.strip() for row in result.stdout.strip().splitlines()]
-    if result.returncode != 0 or not rows or not all(row.startswith("[N/A]") for row in rows):
+    rows = nvidia_smi("memory.total")
+    if not rows or not all(row.startswith("[N/A]") for row in rows):
         return None
     return meminfo()
+
+
+def nvidia_smi(query):
+    """nvidia-smi's rows for `query` (CSV, no header, no units), stripped; None without nvidia-smi or when it fails."""
+    try:
+        result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=20)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    return [row.strip() for row in result.stdout.strip().splitlines()]
 
 
 def meminfo():

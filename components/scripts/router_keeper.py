@@ -233,14 +233,9 @@ def smoke():
     results = {}
     for model in P.models:
         body = {"model": model, "messages": [{"role": "user", "content": P.prompt}], "max_tokens": P.max_tokens}
-        request = urllib.request.Request(FRONT + "/v1/chat/completions", data=json.dumps(body).encode())
-        request.add_header("Content-Type", "application/json")
-        if P.api_key:
-            request.add_header("Authorization", f"Bearer {P.api_key}")
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=P.timeout) as response:
-                answer = json.loads(response.read())
+            answer = chat(FRONT, body, P.api_key, P.timeout)
         except urllib.error.HTTPError as error:
             raise SystemExit(
                 f"router: {model} answered {error.code}: {error.read().decode(errors='replace')[:500]}"

@@ -10,22 +10,15 @@ import urllib.request
 
 P = SmokeParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 
-body = json.dumps(
-    {
-        "model": P.model,
-        "messages": [{"role": "user", "content": P.prompt}],
-        "max_tokens": P.max_tokens,
-        "temperature": 0,
-    }
-).encode()
-request = urllib.request.Request(P.base_url + "/v1/chat/completions", data=body, method="POST")
-request.add_header("Content-Type", "application/json")
-if P.api_key:
-    request.add_header("Authorization", f"Bearer {P.api_key}")
+body = {
+    "model": P.model,
+    "messages": [{"role": "user", "content": P.prompt}],
+    "max_tokens": P.max_tokens,
+    "temperature": 0,
+}
 start = time.monotonic()
 try:
-    with urllib.request.urlopen(request, timeout=P.timeout_seconds) as response:
-        answer = json.loads(response.read())
+    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds)
 except urllib.error.HTTPError as error:
     print(f"smoke test failed: HTTP {error.code}: {error.read()[:500]!r}")
     sys.exit(1)
