@@ -81,7 +81,8 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
     """What a node's container is, for its supervisor (components/scripts/supervisor.py): the
     container's command. Only what changes the container itself belongs here; what vLLM is (its
     arguments, recovery, the cluster it waits for) comes from the serve step (`supervisor_spec`)."""
-    return SupervisorParams(
+    return params_of(
+        SupervisorParams,
         node=node.name,
         executor=cfg.executor,
         run_dir=RUN_DIR,
@@ -89,7 +90,7 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
         stop_grace_seconds=VLLM_STOP_GRACE_SECONDS,
         guard_marker=GUARD_MARKER_IN_NODE if cfg.network.guard else None,
         metrics_port=cfg.metrics.node_port,
-    ).to_json()
+    )
 
 
 def tenancy(cfg: ClusterConfig, co_tenants: list[Any]) -> Optional[Tenancy]:

@@ -122,7 +122,8 @@ def handover_params(
     if cfg.executor == "ray":
         env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT  # where serve_spec.py writes the non-carry-over list
     spec = supervisor_spec(cfg, node, shared)
-    params = HandoverParams(
+    return params_of(
+        HandoverParams,
         node=node.name,
         argv=argv,
         env=env,
@@ -133,7 +134,6 @@ def handover_params(
         timeout_seconds=SERVE_HANDOVER_SECONDS,
         ray_non_carry_over=[*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
     )
-    return params.to_json()
 
 
 def http_base(cfg: ClusterConfig) -> str:
@@ -142,7 +142,8 @@ def http_base(cfg: ClusterConfig) -> str:
 
 def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """wait_ready.py on the head: /health 200 and /v1/models listing `served`."""
-    params = ReadyParams(
+    return params_of(
+        ReadyParams,
         base_url=http_base(cfg),
         model=served,
         api_key=api_key,
@@ -153,12 +154,12 @@ def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         log_file=VLLM_LOG,
         status_file=STATUS_FILE,
     )
-    return params.to_json()
 
 
 def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """smoke.py on the head: one short chat completion."""
-    params = SmokeParams(
+    return params_of(
+        SmokeParams,
         base_url=http_base(cfg),
         model=served,
         api_key=api_key,
@@ -166,7 +167,6 @@ def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
         max_tokens=SMOKE_MAX_TOKENS,
         timeout_seconds=SMOKE_TIMEOUT_SECONDS,
     )
-    return params.to_json()
 
 
 # The conversations whose greedy answers a release with vllm.speculative must give as the same model does
