@@ -75,15 +75,12 @@ def last_json(stdout: str) -> dict[str, Any]:
     raise ValueError("the script printed no JSON line")
 
 
-def printed(stdout: str, chained: str | None = None) -> dict[str, Any]:
-    """What a script printed last, or in a chain what `chained` printed ({} when there is nothing)."""
+def printed(stdout: str) -> dict[str, Any]:
+    """What a script (or a chain: {"chain": {script: its line}}) printed last; {} when it printed nothing."""
     try:
-        found = last_json(stdout)
+        return last_json(stdout)
     except ValueError:
         return {}
-    if chained is not None:
-        return (found.get("chain") or {}).get(chained) or {}
-    return found
 
 
 def script_chain(steps: list[tuple[str, dict[str, Any]]]) -> str:

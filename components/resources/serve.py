@@ -82,7 +82,9 @@ def _through(contract: type, found: dict[str, Any]) -> dict[str, Any]:
 
 
 def smoke_summary(stdout: str) -> dict[str, Any]:
-    found = printed(stdout, "smoke.py" if '"chain"' in stdout else None)
+    found = printed(stdout)
+    if "chain" in found:  # with speculation: smoke.py first in the validation's chain
+        found = found["chain"].get("smoke.py") or {}
     result = SmokeResult.from_json(found) if found else None
     return {
         "latencySeconds": result.latency_seconds if result else None,
@@ -361,17 +363,19 @@ class VllmServer(pulumi.ComponentResource):
 
 def baseline_summary(stdout: str) -> dict[str, Any]:
     """The start without speculation, as the release keeps it: its answers and benchmark figures."""
-    found = printed(stdout, "node_answers.py")
+    chain = printed(stdout).get("chain") or {}
+    found = chain.get("node_answers.py")
     answers = [each.to_json() for each in AnswersResult.from_json(found).answers] if found else []
-    benchmark = _through(BenchmarkFigures, printed(stdout, "node_benchmark.py")) or None
+    benchmark = _through(BenchmarkFigures, chain.get("node_benchmark.py") or {}) or None
     return {"answers": answers, "benchmark": benchmark, "source": "a start without speculation"}
 
 
 def validation_summary(stdout: str) -> Optional[dict[str, Any]]:
     """With speculation, how the validation's answers compared ({"compared", "agreed"}); else None."""
-    if not printed(stdout).get("chain"):
+    chain = printed(stdout).get("chain")
+    if not chain:
         return None
-    found = printed(stdout, "node_answers.py")
+    found = chain.get("node_answers.py")
     agreement = AnswersResult.from_json(found).agreement if found else None
     return {"compared": agreement.compared if agreement else None, "agreed": agreement.agreed if agreement else None}
 

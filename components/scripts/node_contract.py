@@ -54,9 +54,9 @@ def _typed(kind, value):
     origin, args = getattr(kind, "__origin__", None), getattr(kind, "__args__", None) or ()
     if origin is typing.Union:  # Optional[X]
         return _typed(next(arg for arg in args if arg is not type(None)), value)
-    if origin in (list, List) and args and _is_contract(args[0]):
+    if origin is list and args and _is_contract(args[0]):
         return [args[0].from_json(item) for item in value]
-    if origin in (dict, Dict) and len(args) == 2 and _is_contract(args[1]):
+    if origin is dict and len(args) == 2 and _is_contract(args[1]):
         return {key: args[1].from_json(item) for key, item in value.items()}
     return kind.from_json(value) if _is_contract(kind) else value
 
@@ -127,7 +127,7 @@ class Served(Contract):
     oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
     tenancy: Optional[Tenancy] = None  # with deployments: who this is on the node, and who else is there
 
-    # only when set: turning the guard on restarts no vLLM, a single-model stack's spec stays as it was
+    # only when set: turning memory.oomGuard off restarts no vLLM, a single-model stack's spec stays as it was
     OMIT_NONE = ("oom_guard_mib", "tenancy")
 
 

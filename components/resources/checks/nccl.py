@@ -3,14 +3,13 @@ GPUs, once every node passed its checks; judged with the fabric gate's figures (
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pulumi
 
 from components.config import ClusterConfig
 from components.plan import fabric
-from components.plan.programs import script_program
+from components.plan.programs import last_json, script_program
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
 from components.scripts.node_contract import NcclFacts
@@ -39,10 +38,9 @@ class NcclTest(Check):
         """The fabric gate's figures with the test's (bus bandwidth per link); FabricGateError with enforce."""
         facts = {}
         for name, out in outs.items():
-            lines = [line for line in out.splitlines() if line.strip()]
             try:
-                facts[name] = NcclFacts.from_json(json.loads(lines[-1]))
-            except (IndexError, ValueError, TypeError):  # nothing, not JSON, or not the contract's
+                facts[name] = NcclFacts.from_json(last_json(out))
+            except (ValueError, TypeError):  # nothing, not JSON, or not the contract's
                 facts[name] = NcclFacts(error=f"the test printed no result: {out.strip()[-300:]!r}")
         gate = found["fabric-gate"]
         problems, figures = fabric.judge_nccl(cfg, facts, gate.get("links") or {})
