@@ -28,6 +28,7 @@ import json, os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import signal, time; time.sleep(600)"],
                          start_new_session=bool(os.environ.get("FAKE_VLLM_SETSID")))
 open(os.environ["CHILD_PID_FILE"], "a").write(f"{child.pid}\\n")
+open(os.environ["VLLM_PID_FILE"], "a").write(f"{os.getpid()}\\n")  # reaped by the test, its supervisor killed or not
 if os.environ.get("FAKE_VLLM_GPU_BUSY"):
     print("ValueError: Free memory on device cuda:0 (10.2/139.8 GiB) on startup is less than desired GPU memory "
           "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
@@ -136,6 +137,7 @@ class NodeSim:
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "PYTHONPATH": str(tmp_path / "site"),
             "CHILD_PID_FILE": str(tmp_path / "children"),
+            "VLLM_PID_FILE": str(tmp_path / "vllms"),
             "RAY_STARTS": str(tmp_path / "ray-starts"),
             "FAKE_RAY_NODES": str(tmp_path / "nodes.json"),
             "FAKE_GPU_FREE_MIB": str(tmp_path / "gpu-free"),
@@ -209,12 +211,16 @@ class NodeSim:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
-        children = self.tmp_path / "children"
-        for line in children.read_text().split() if children.exists() else []:
+        for line in [*pids_in(self.tmp_path / "children"), *pids_in(self.tmp_path / "vllms")]:
             try:
                 os.kill(int(line), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def pids_in(path: Path) -> list[str]:
+    """The pids a fake process wrote to `path`, one a line (none yet: no file)."""
+    return path.read_text().split() if path.exists() else []
 
 
 @pytest.fixture
