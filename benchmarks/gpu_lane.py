@@ -70,6 +70,12 @@ def judge(report: dict) -> list[tuple[str, str, bool | None]]:
         off = (own - theirs) / theirs
         rows.append(("benchmark: own load vs vllm bench serve, tok/s (within 10 %)", f"{off * 100:+.1f} %",
                      abs(off) <= TOOLS_AGREE))  # fmt: skip
+    reads = report.get("contract_reads")
+    if reads:  # reports since 2026-12-04: each script's output read as the program reads it
+        read = sum(1 for each in reads if each["read"])
+        failed = sorted({each["script"] for each in reads if not each["read"]})
+        said = f"{read}/{len(reads)}" + (f" ({', '.join(failed)} not)" if failed else "")
+        rows.append(("scripts' results read through their contracts (all)", said, read == len(reads)))
     stop = report.get("stop")
     if stop:
         used = max(stop.get("gpu_used_mib_after") or [0.0])

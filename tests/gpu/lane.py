@@ -43,7 +43,7 @@ from components.plan.container import cluster_wait_params, node_env, supervisor_
 from components.plan.engine import EngineSettings  # noqa: E402
 from components.plan.names import RUN_DIR  # noqa: E402
 from components.plan.preflight import memory_plan, node_memory  # noqa: E402
-from components.plan.programs import script, script_program  # noqa: E402
+from components.plan.programs import last_json, printed, script, script_program  # noqa: E402
 from components.plan.serving import (  # noqa: E402
     answers_params,
     benchmark_params,
@@ -52,10 +52,41 @@ from components.plan.serving import (  # noqa: E402
     serve_argv,
     smoke_params,
 )
+from components.scripts.node_contract import (  # noqa: E402
+    AnswersResult,
+    BenchmarkFigures,
+    ClusterSeen,
+    HandoverResult,
+    ImageFacts,
+    ReadyResult,
+    SmokeResult,
+)
 from tests.gpu.lane_cotenants import run_cotenants  # noqa: E402
 from tests.gpu.lane_cotenants import summary as cotenants_summary  # noqa: E402
 from tests.gpu.lane_router import router_phase  # noqa: E402
 from tests.gpu.model import SHAPES, make_model  # noqa: E402
+
+# What each script the lane runs prints, as the program reads it (its last JSON line through the contract;
+# the handover's through printed(), as serve.py's started() does): real vLLM's output meets the contract here.
+RESULTS = {
+    "ray_join.py": ClusterSeen,
+    "serve_spec.py": HandoverResult,
+    "wait_ready.py": ReadyResult,
+    "smoke.py": SmokeResult,
+    "node_answers.py": AnswersResult,
+    "node_benchmark.py": BenchmarkFigures,
+    "image_probe.py": ImageFacts,
+}
+
+
+def read_result(name: str, output: str) -> dict:
+    """What the program makes of `name`'s output: its result contract's fields, or why it could not read it."""
+    try:
+        found = printed(output) if name == "serve_spec.py" else last_json(output)
+        return RESULTS[name].from_json(found).to_json()
+    except (ValueError, TypeError, AttributeError) as error:
+        return {"error": f"{type(error).__name__}: {error}", "tail": output.strip()[-1500:]}
+
 
 KV_PATTERNS = {
     "available_kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
@@ -157,6 +188,7 @@ class Node:
         env.update(extra_env)
         self.env = env
         self.supervisor = None
+        self.reads: list[dict] = []  # each script run's result as the program reads it (RESULTS), in order
 
     def start(self) -> None:
         params = supervisor_params(self.cfg, self.node)
@@ -188,6 +220,11 @@ class Node:
             said = [part.decode(errors="replace") if isinstance(part, bytes) else part or "" for part in
                     (expired.stdout, expired.stderr)]  # fmt: skip
             return 124, "".join(said) + f"\n(ran past {timeout:g} s)", time.monotonic() - started
+        if name in RESULTS and result.returncode == 0:
+            read = read_result(name, result.stdout)
+            self.reads.append(
+                {"script": name, "read": "error" not in read, **({"error": read} if "error" in read else {})}
+            )
         return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
     def status(self) -> dict:
@@ -395,7 +432,8 @@ def run_lane(args) -> dict:
     probe = subprocess.run(
         [sys.executable, "-"], input=script("image_probe.py"), env=node.env, capture_output=True, text=True, timeout=300
     )
-    report["image_probe"] = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else probe.stderr
+    report["image_probe"] = read_result("image_probe.py", probe.stdout) if probe.returncode == 0 else probe.stderr
+    report["contract_reads"] = node.reads
 
     def step(name: str, code: int, output: str, seconds: float) -> bool:
         steps[name] = {"ok": code == 0, "seconds": round(seconds, 1), "tail": output.strip().splitlines()[-3:]}
@@ -476,9 +514,8 @@ def answers_phase(node: Node, cfg, served: str, api_key: str, report: dict, step
         baseline = json.loads(Path(args.answers_baseline).read_text())
     params = answers_params(cfg, served, api_key, baseline)
     code, output, seconds = node.exec_python("node_answers.py", params, 600)
-    lines = [line for line in output.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {"error": output.strip()[-2000:]}
-    step("answers", 0 if lines else 1, output, seconds)
+    result = read_result("node_answers.py", output)
+    step("answers", 1 if "error" in result else 0, output, seconds)
     report["answers"] = result
     report["answers_exit"] = code
     if args.answers_save and "answers" in result:
@@ -487,8 +524,8 @@ def answers_phase(node: Node, cfg, served: str, api_key: str, report: dict, step
     if baseline is None and "answers" in result:
         again = answers_params(cfg, served, api_key, result["answers"])
         code, output, _ = node.exec_python("node_answers.py", again, 600)
-        lines = [line for line in output.splitlines() if line.startswith("{")]
-        report["answers_repeat_agreement"] = json.loads(lines[-1]).get("agreement") if lines else output[-1000:]
+        repeat = read_result("node_answers.py", output)
+        report["answers_repeat_agreement"] = repeat.get("agreement", repeat)
 
 
 def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report: dict, step) -> None:
@@ -499,8 +536,7 @@ def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report
         params = benchmark_params(cfg, served, model_dir, api_key) | {"tool": tool}
         code, output, seconds = node.exec_python("node_benchmark.py", params, params["timeout_seconds"] + 360)
         step(f"benchmark_{tool}", code, output, seconds)
-        lines = [line for line in output.splitlines() if line.startswith("{")]
-        report["benchmark"][tool] = json.loads(lines[-1]) if code == 0 and lines else {"error": output.strip()[-2000:]}
+        report["benchmark"][tool] = read_result("node_benchmark.py", output) if code == 0 else {"error": output[-2000:]}
 
 
 def kill_and_recover(

@@ -82,6 +82,11 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
     assert report["memory_plan"]["maxModelLen"] == 4096
     assert "lane mp qwen3-8b" in result.stdout
     assert report["image_probe"]["vllm"] == "0.0.0-standin" and report["image_probe"]["vllm_nnodes"] is True
+    # each script's output read as the program reads it (its result contract), the recovery's readiness too
+    reads = report["contract_reads"]
+    assert [read["script"] for read in reads][:3] == ["serve_spec.py", "wait_ready.py", "smoke.py"]
+    assert "wait_ready.py" in [read["script"] for read in reads[3:]]
+    assert all(read["read"] for read in reads), reads
 
 
 @pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "
@@ -94,6 +99,7 @@ def test_real_vllm_on_a_gpu_serves_recovers_from_a_sigkill_and_a_stop_frees_the_
     report = json.loads((tmp_path / f"lane-{executor}-qwen3-8b.json").read_text())
     assert report["after_kill"]["serving_again_seconds"] is not None
     assert max(report["stop"]["gpu_used_mib_after"]) < 1024
+    assert report["contract_reads"] and all(read["read"] for read in report["contract_reads"])
 
 
 def test_the_restart_timeline_places_the_supervisor_and_vllm_s_first_lines_after_the_kill():

@@ -180,3 +180,14 @@ def test_the_gpu_lane_judges_every_sigkill_round_against_the_recovery_target():
     ]
     other_shape = judge({"model": "qwen3-30b-a3b", "after_kill": {"serving_again_seconds": 140.0}})
     assert other_shape[0][2] is True  # the 100 s target is the Qwen3-8B shape's
+
+
+def test_the_gpu_lane_counts_the_scripts_results_the_contract_could_not_read():
+    from benchmarks.gpu_lane import judge
+
+    reads = [{"script": "smoke.py", "read": True}, {"script": "node_benchmark.py", "read": False, "error": {}}]
+    assert judge({"contract_reads": reads}) == [
+        ("scripts' results read through their contracts (all)", "1/2 (node_benchmark.py not)", False)
+    ]
+    assert judge({"contract_reads": reads[:1]})[0][1:] == ("1/1", True)
+    assert judge({}) == []  # a report of before 2026-12-04 has no such figure
