@@ -5,11 +5,15 @@ every resource the same, or the list of what it would change. For a refactor tha
     sudo venv/bin/python -m tests.e2e.upgrade_preview 6b86d2e            # the single-model rehearsal stack
     sudo venv/bin/python -m tests.e2e.upgrade_preview 6b86d2e --fleet    # several models on three nodes
     sudo venv/bin/python -m tests.e2e.upgrade_preview 01f991f --up       # then `pulumi up` it: what restarted
+    sudo venv/bin/python -m tests.e2e.upgrade_preview 01f991f --up \
+        --set network.guard=true --set imageTransfer.method='"copy"' --set modelSync.enabled=true
 
 Exit status 0 when nothing would change, 1 when something would, 2 when it cannot run here. With --up this
 checkout's program then runs `pulumi up` on that stack, and says how long it took, which containers it replaced
 and which vLLM it started anew (each serve step's vLLM pid, before and after, from the state): what an upgrade
-across these commits costs a running stack. The older
+across these commits costs a running stack. `--set KEY=JSON` (dotted, repeatable) adds config that the older
+program applies with a second `up` before the preview: the guard's and the depot's containers exist only with
+theirs. The older
 checkout borrows this one's Pulumi CLI, stand-in plugins and venv (the CLI and plugins are built here, not
 committed), but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
 a cache (building the older one there would take this checkout's out from under the suite's registry), so
@@ -30,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, ROOT, RehearsalStack, cli_missing
+import yaml
+
+from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, PROJECT, ROOT, RehearsalStack, cli_missing
 from tests.e2e.rehearsal import CACHE_DIR
 
 OLDER_CACHE = CACHE_DIR.with_name(CACHE_DIR.name + "-older")
@@ -85,6 +91,36 @@ def _pid(stdout: str) -> Any:
     return None
 
 
+def with_settings(document: dict[str, Any], settings: list[str]) -> dict[str, Any]:
+    """A stack file's document with each `KEY=JSON` merged in: `network.guard=true` sets `guard` inside the
+    `spark-vllm:network` section, keeping its other keys; an undotted key sets the whole value."""
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {setting!r}: expected KEY=JSON, e.g. network.guard=true")
+        section, *path = key.split(".")
+        place = document.setdefault("config", {})
+        name = f"{PROJECT}:{section}"
+        if path:
+            place = place.setdefault(name, {})
+            for part in path[:-1]:
+                place = place.setdefault(part, {})
+            name = path[-1]
+        place[name] = json.loads(value)
+    return document
+
+
+def _with_config(checkout: Path, stack: RehearsalStack, settings: list[str]) -> subprocess.CompletedProcess:
+    """The stack file with each `KEY=JSON` of `settings` merged in (a dotted key into its section), then `pulumi
+    up` by the older checkout's program: a stack as that version deploys it with those settings."""
+    document = with_settings(yaml.safe_load(stack.config_file.read_text()), settings)
+    stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    up = "import sys; from pathlib import Path; from tests.e2e.cli_stack import RehearsalStack as S; S(Path(sys.argv[1])).up()"
+    env = {**os.environ, "SPARK_VLLM_REHEARSAL_CACHE": str(OLDER_CACHE)}
+    return subprocess.run([str(ROOT / "venv/bin/python"), "-c", up, str(stack.workdir)], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+
+
 def _upgrade(stack: RehearsalStack) -> dict[str, Any]:
     """`pulumi up` with this checkout on the older stack: its time, what it replaced, which vLLM started anew."""
     before = _serving(stack)
@@ -107,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("commit", help="the older commit whose program deploys the stack")
     parser.add_argument("--fleet", action="store_true", help="the rehearsal's several-models stack")
     parser.add_argument("--up", action="store_true", help="then `pulumi up` with this checkout: what it restarted")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="config the older program applies (a second `up`) before the preview, e.g. network.guard=true")  # fmt: skip
     args = parser.parse_args(argv)
     if cli_missing():
         print(f"upgrade_preview: cannot run here: {cli_missing()}", file=sys.stderr)
@@ -120,10 +158,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(deployed.stdout[-3000:], deployed.stderr[-3000:], sep="\n", file=sys.stderr)
                 return 2
             stack = RehearsalStack(workdir / "deployer", "rehearsal")
+            if args.set:
+                applied = _with_config(checkout, stack, args.set)
+                if applied.returncode != 0:
+                    print(applied.stdout[-3000:], applied.stderr[-3000:], sep="\n", file=sys.stderr)
+                    return 2
             run = stack.preview()
             changed = {name: op for name, op in run.ops.items() if op not in ("same", "read")}
-            report = {"deployedBy": args.commit, "previewedBy": "this checkout", "summary": run.change_summary,
-                      "changed": changed}  # fmt: skip
+            report = {"deployedBy": args.commit, "with": args.set, "previewedBy": "this checkout",
+                      "summary": run.change_summary, "changed": changed}  # fmt: skip
             if args.up:
                 report["up"] = _upgrade(stack)
             print(json.dumps(report, indent=1))
