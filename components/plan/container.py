@@ -14,6 +14,7 @@ from components.plan.names import (
     RUN_DIR,
     VLLM_STOP_GRACE_SECONDS,
 )
+from components.plan.programs import as_configured
 from components.scripts.node_contract import (
     ClusterWaitParams,
     RayReady,
@@ -105,18 +106,11 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenan
     """The part of vLLM's settings for a node's supervisor besides argv and env (a VllmSpec's); `shared`: its
     tenancy where the node holds other replicas too."""
     is_head = node.name == cfg.head_node.name
-    recovery = cfg.recovery
     ray_ready = None
     if cfg.executor == "ray" and is_head:
         ray_ready = RayReady(address=ray_address(cfg), nodes=len(cfg.nodes), gpus=cfg.world_size)
     return Served(
-        recovery=Recovery(
-            max_restarts=recovery.max_restarts,
-            window_seconds=recovery.window_seconds,
-            backoff_seconds=recovery.backoff_seconds,
-            max_backoff_seconds=recovery.max_backoff_seconds,
-            gpu_wait_seconds=recovery.gpu_wait_seconds,
-        ),
+        recovery=Recovery(**as_configured(Recovery, cfg.recovery)),
         # What vLLM asks of each GPU (or a GB10's unified memory) at start: the supervisor waits until it is
         # free, where nvidia-smi reads it (none in a container without GPUs: then vLLM's own check decides).
         gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,

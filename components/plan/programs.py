@@ -3,6 +3,7 @@ in the program text (never argv or the remote environment); several chained as o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from importlib import resources
@@ -126,3 +127,11 @@ INSTALL_SUPERVISOR = (
 def install_supervisor_argv(container: str) -> list[str]:
     """`docker exec -i CONTAINER python3 -c …`: writes the supervisor (on stdin) where supervisor_boot.py finds it."""
     return ["docker", "exec", "-i", container, "python3", "-c", INSTALL_SUPERVISOR.format(path=SUPERVISOR_IN_CONTAINER)]
+
+
+def as_configured(contract: type, section: Any) -> dict[str, Any]:
+    """Each field of `contract` that the config `section` (a pydantic model) has by the same name, with the
+    section's value: what a script takes exactly as the stack sets it (the benchmark's load, the recovery's
+    limits). A field the section lacks is the caller's to give."""
+    known = type(section).model_fields
+    return {field.name: getattr(section, field.name) for field in dataclasses.fields(contract) if field.name in known}

@@ -20,6 +20,7 @@ from components.plan.names import (
     STATUS_FILE,
     VLLM_LOG,
 )
+from components.plan.programs import as_configured
 from components.plan.shell import fingerprint
 from components.scripts.node_contract import (
     AnswersParams,
@@ -140,33 +141,26 @@ def http_base(cfg: ClusterConfig) -> str:
     return f"http://{local_http_host(cfg)}:{cfg.vllm.port}"
 
 
+def _at_endpoint(contract: type, cfg: ClusterConfig, served: str, api_key: str | None, **fields: Any) -> dict:
+    """A head step's parameters: `contract` with the served model's endpoint (its base URL, name and key)."""
+    return params_of(contract, base_url=http_base(cfg), model=served, api_key=api_key, **fields)
+
+
 def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """wait_ready.py on the head: /health 200 and /v1/models listing `served`."""
-    return params_of(
-        ReadyParams,
-        base_url=http_base(cfg),
-        model=served,
-        api_key=api_key,
-        timeout_seconds=cfg.vllm.ready_timeout_seconds,
-        poll_seconds=POLL_SECONDS,
-        progress_seconds=PROGRESS_SECONDS,
-        silent_seconds=SILENT_SECONDS,
-        log_file=VLLM_LOG,
-        status_file=STATUS_FILE,
-    )
+    waits = {"poll_seconds": POLL_SECONDS, "progress_seconds": PROGRESS_SECONDS, "silent_seconds": SILENT_SECONDS}
+    return _at_endpoint(
+        ReadyParams, cfg, served, api_key, timeout_seconds=cfg.vllm.ready_timeout_seconds, log_file=VLLM_LOG,
+        status_file=STATUS_FILE, **waits,
+    )  # fmt: skip
 
 
 def smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """smoke.py on the head: one short chat completion."""
-    return params_of(
-        SmokeParams,
-        base_url=http_base(cfg),
-        model=served,
-        api_key=api_key,
-        prompt=SMOKE_PROMPT,
-        max_tokens=SMOKE_MAX_TOKENS,
+    return _at_endpoint(
+        SmokeParams, cfg, served, api_key, prompt=SMOKE_PROMPT, max_tokens=SMOKE_MAX_TOKENS,
         timeout_seconds=SMOKE_TIMEOUT_SECONDS,
-    )
+    )  # fmt: skip
 
 
 # The conversations whose greedy answers a release with vllm.speculative must give as the same model does
@@ -188,34 +182,17 @@ def answers_params(
     cfg: ClusterConfig, served: str, api_key: str | None, baseline: list | None = None
 ) -> dict[str, Any]:
     """node_answers.py on the head: the validation conversations, compared with `baseline` when given."""
-    return params_of(
-        AnswersParams,
-        base_url=http_base(cfg),
-        model=served,
-        api_key=api_key,
-        conversations=[dict(each) for each in VALIDATION_CONVERSATIONS],
-        max_tokens=VALIDATION_MAX_TOKENS,
-        timeout_seconds=SMOKE_TIMEOUT_SECONDS,
-        baseline=baseline,
-    )
+    conversations = [dict(each) for each in VALIDATION_CONVERSATIONS]
+    return _at_endpoint(
+        AnswersParams, cfg, served, api_key, conversations=conversations, max_tokens=VALIDATION_MAX_TOKENS,
+        timeout_seconds=SMOKE_TIMEOUT_SECONDS, baseline=baseline,
+    )  # fmt: skip
 
 
 def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str | None) -> dict[str, Any]:
-    """node_benchmark.py on the head: the configured load against the served model (`model`: what vLLM
-    loaded, the tokenizer `vllm bench serve` needs)."""
-    bench = cfg.benchmark
-    return params_of(
-        BenchmarkParams,
-        base_url=http_base(cfg),
-        model=served,
-        model_path=model,
-        api_key=api_key,
-        tool=bench.tool,
-        concurrency=bench.concurrency,
-        requests=bench.requests,
-        prompt_tokens=bench.prompt_tokens,
-        output_tokens=bench.output_tokens,
-        max_errors=bench.max_errors,
-        timeout_seconds=bench.timeout_seconds,
-        trust_remote_code=cfg.vllm.trust_remote_code,
+    """node_benchmark.py on the head: the configured load (`benchmark`'s keys of the same names) against the
+    served model (`model`: what vLLM loaded, the tokenizer `vllm bench serve` needs)."""
+    load = as_configured(BenchmarkParams, cfg.benchmark)
+    return _at_endpoint(
+        BenchmarkParams, cfg, served, api_key, model_path=model, trust_remote_code=cfg.vllm.trust_remote_code, **load
     )

@@ -92,15 +92,27 @@ class DepotArgs:
     start_after: tuple = ()  # the source's fabric network, when managed
 
 
+@dataclass(frozen=True)
+class Receiver:
+    """A node that receives from the depot: the name its steps take (`<name>-image-copy`, `<name>-model-sync`),
+    its config, its SSH connection and the resource its steps belong to."""
+
+    name: str
+    node: NodeConfig
+    connection: command.remote.ConnectionArgs
+    parent: pulumi.Resource
+
+
 class Depot(pulumi.ComponentResource):
-    """The copy token (one per stack, a secret) and the depot container on the copy source."""
+    """The copy token (one per stack, a secret) and the depot container on the copy source; the receiving
+    nodes' steps (`receive_image`, `sync_model`)."""
 
     token: pulumi.Output[str]
     container: docker.Container
 
     def __init__(self, name: str, args: DepotArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:Depot", name, None, opts)
-        cfg = args.config
+        cfg = self._cfg = args.config
         copies_image = cfg.image_transfer.method == "copy"
         token = command.local.Command(
             "fabric-copy-token",
@@ -134,6 +146,37 @@ class Depot(pulumi.ComponentResource):
         )
         self.register_outputs({"container_id": self.container.id})
 
+    def receive_image(
+        self, at: Receiver, image_id: pulumi.Input[str], reference: pulumi.Input[str]
+    ) -> command.remote.Command:
+        """`<node>-image-copy`: the source's image id on this node, received over the fabric if missing."""
+        stdin = pulumi.Output.all(image_id, reference, self.token).apply(
+            lambda parts: receive_image_program(self._cfg, at.node, *parts)
+        )
+        # Copied again only for another image id; reading and loading are safe to repeat.
+        return self._step(at, "image-copy", self._cfg.image_transfer.timeout_seconds, stdin, [image_id])
+
+    def sync_model(
+        self, at: Receiver, model: pulumi.Input[str], source_fingerprint: pulumi.Input[str]
+    ) -> command.remote.Command:
+        """`<node>-model-sync`: this node's model directory made equal to the source's."""
+        stdin = pulumi.Output.all(model, self.token).apply(lambda parts: sync_model_program(self._cfg, at.node, *parts))
+        # Again when the model or what the source holds changes (its fingerprint).
+        return self._step(at, "model-sync", self._cfg.model_sync.timeout_seconds, stdin, [model, source_fingerprint])
+
+    def _step(
+        self, at: Receiver, what: str, timeout_seconds: int, stdin: pulumi.Output[str], triggers: list
+    ) -> command.remote.Command:
+        return remote_step(
+            f"{at.name}-{what}",
+            at.connection,
+            timeout_wrapper(timeout_seconds + 30),
+            stdin=pulumi.Output.secret(stdin),
+            triggers=triggers,
+            parent=at.parent,
+            depends_on=[self.container],
+        )
+
     @staticmethod
     def _mounts(cfg: ClusterConfig, model: str) -> list[docker.ContainerMountArgs]:
         mounts = []
@@ -143,56 +186,6 @@ class Depot(pulumi.ComponentResource):
             root = sync_root(model)
             mounts.append(docker.ContainerMountArgs(type="bind", source=root, target=root, read_only=True))
         return mounts
-
-
-def receive_image(
-    name: str,
-    cfg: ClusterConfig,
-    node: NodeConfig,
-    depot: Depot,
-    image_id: pulumi.Input[str],
-    reference: pulumi.Input[str],
-    connection: command.remote.ConnectionArgs,
-    parent: pulumi.Resource,
-) -> command.remote.Command:
-    """`<node>-image-copy`: the source's image id on this node, received over the fabric if missing."""
-    stdin = pulumi.Output.all(image_id, reference, depot.token).apply(
-        lambda parts: receive_image_program(cfg, node, parts[0], parts[1], parts[2])
-    )
-    return remote_step(
-        f"{name}-image-copy",
-        connection,
-        timeout_wrapper(cfg.image_transfer.timeout_seconds + 30),
-        stdin=pulumi.Output.secret(stdin),
-        # Copied again only for another image id; reading and loading are safe to repeat.
-        triggers=[image_id],
-        parent=parent,
-        depends_on=[depot.container],
-    )
-
-
-def sync_model(
-    name: str,
-    cfg: ClusterConfig,
-    node: NodeConfig,
-    depot: Depot,
-    model: pulumi.Input[str],
-    source_fingerprint: pulumi.Input[str],
-    connection: command.remote.ConnectionArgs,
-    parent: pulumi.Resource,
-) -> command.remote.Command:
-    """`<node>-model-sync`: this node's model directory made equal to the source's."""
-    stdin = pulumi.Output.all(model, depot.token).apply(lambda parts: sync_model_program(cfg, node, *parts))
-    return remote_step(
-        f"{name}-model-sync",
-        connection,
-        timeout_wrapper(cfg.model_sync.timeout_seconds + 30),
-        stdin=pulumi.Output.secret(stdin),
-        # Again when the model or what the source holds changes (its fingerprint).
-        triggers=[model, source_fingerprint],
-        parent=parent,
-        depends_on=[depot.container],
-    )
 
 
 DOWNLOAD_HF_HOME = "/spark-vllm-hf"  # container.hfCacheDir in the download's container

@@ -13,9 +13,9 @@ from components.config import ClusterConfig
 from components.config.replicas import replicas_of
 from components.plan.names import RUN_DIR
 from components.resources.depot import DEPOT_CONTAINER
-from components.resources.grafana import GRAFANA_CONTAINER
+from components.resources.grafana import GRAFANA
 from components.resources.guard import GUARD_CONTAINER
-from components.resources.metrics import PROMETHEUS_CONTAINER
+from components.resources.metrics import PROMETHEUS
 from components.resources.router import ROUTER_CONTAINER
 
 
@@ -27,9 +27,9 @@ def node_containers(cfg: ClusterConfig, node_name: str, container: Any) -> list[
     if cfg.uses_depot and node_name == cfg.copy_source.name:
         found.append(DEPOT_CONTAINER)
     if cfg.metrics.prometheus_node == node_name:
-        found.append(PROMETHEUS_CONTAINER)
+        found.append(PROMETHEUS.container)
     if cfg.metrics.grafana_node == node_name and cfg.metrics.prometheus_node:
-        found.append(GRAFANA_CONTAINER)
+        found.append(GRAFANA.container)
     if cfg.router.enabled and cfg.router.node == node_name:
         found.append(ROUTER_CONTAINER)
     return found

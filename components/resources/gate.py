@@ -22,7 +22,7 @@ from components.plan.speculation import message as speculation_message
 from components.resources.checks import OnNode
 from components.resources.checks.model_fingerprint import ModelFingerprint
 from components.resources.checks.preflight import Preflight
-from components.resources.depot import snapshot_of, sync_model
+from components.resources.depot import Receiver, snapshot_of
 from components.resources.node import NodeHost
 from components.resources.node_checks import (
     FabricVerdict,
@@ -157,12 +157,8 @@ def _node_checks(
         if node is source and transfer.download is not None:
             after.append(transfer.download)
         if syncing and source_model is not None:
-            connection = hosts[node.name].connection
-            after.append(
-                sync_model(
-                    node.name, cfg, node, transfer.depot, transfer.synced_model, source_model, connection, parent=parent
-                )
-            )
+            at = Receiver(node.name, node, hosts[node.name].connection, parent)
+            after.append(transfer.depot.sync_model(at, transfer.synced_model, source_model))
             reread.append(source_model)  # a new copy: check and fingerprint it again
         on = OnNode(cfg, node, release.image, transfer.images[node.name].image_id, model, tuple(reread))
         checks[node.name] = NodeChecks(

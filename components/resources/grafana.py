@@ -19,11 +19,10 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig
 from components.plan.dashboard import DATASOURCE_UID
-from components.resources.steps import data_service
+from components.resources.steps import DataKind, data_service
 
-GRAFANA_CONTAINER = "spark-vllm.grafana"  # a dot: no node's container (spark-vllm-<DNS label>) has it
-GRAFANA_VOLUME = "spark-vllm-grafana"
-GRAFANA_DATA = "/var/lib/grafana"
+# a dot in the container's name: no node's container (spark-vllm-<DNS label>) has it
+GRAFANA = DataKind("grafana", container="spark-vllm.grafana", volume="spark-vllm-grafana", data="/var/lib/grafana")
 PROVISIONING = "/tmp/spark-vllm-grafana/provisioning"
 DASHBOARDS = "/tmp/spark-vllm-grafana/dashboards"
 ENTRYPOINT = "/run.sh"  # the grafana/grafana image's own
@@ -109,18 +108,9 @@ class Grafana(pulumi.ComponentResource):
     ):
         super().__init__("spark-vllm:index:Grafana", name, None, opts)
         node = cfg.node_named(cfg.metrics.grafana_node)
+        envs = pulumi.Output.secret(password.apply(lambda secret: grafana_env(cfg, board, secret)))
         self.container = data_service(
-            node.name,
-            "grafana",
-            name=GRAFANA_CONTAINER,
-            image=cfg.metrics.grafana_image,
-            entrypoints=grafana_entrypoint(),
-            envs=pulumi.Output.secret(password.apply(lambda secret: grafana_env(cfg, board, secret))),
-            volume=GRAFANA_VOLUME,
-            data=GRAFANA_DATA,
-            restart=cfg.container.restart,
-            provider=provider,
-            parent=self,
-            depends_on=depends_on,
-        )
+            node.name, GRAFANA, image=cfg.metrics.grafana_image, entrypoints=grafana_entrypoint(), envs=envs,
+            restart=cfg.container.restart, provider=provider, parent=self, depends_on=depends_on,
+        )  # fmt: skip
         self.register_outputs({"container_id": self.container.id})

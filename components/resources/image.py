@@ -12,7 +12,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, ImageTransferConfig, NodeConfig
 from components.plan.programs import script_program
-from components.resources.depot import Depot, receive_image
+from components.resources.depot import Depot, Receiver
 from components.resources.steps import remote_step
 from components.scripts.node_contract import PullParams, params_of
 
@@ -100,9 +100,8 @@ class NodeImage(pulumi.ComponentResource):
         self.register_outputs({"image_id": self.image_id, "repo_digest": self.repo_digest})
 
     def _receive(self, name: str, args: NodeImageArgs, source: CopyFrom) -> None:
-        received = receive_image(
-            name, source.config, args.node, source.depot, source.image_id, args.reference, args.connection, self
-        )
+        at = Receiver(name, args.node, args.connection, self)
+        received = source.depot.receive_image(at, source.image_id, args.reference)
         image = docker.RemoteImage(
             f"{name}-image",
             name=source.image_id,  # the id itself: found on the node, never pulled

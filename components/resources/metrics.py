@@ -20,11 +20,10 @@ import pulumi_docker as docker
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import replicas_of
 from components.plan.shell import shell_line
-from components.resources.steps import data_service
+from components.resources.steps import DataKind, data_service
 
-PROMETHEUS_CONTAINER = "spark-vllm.prometheus"  # a dot: no node's container (spark-vllm-<DNS label>) has it
-PROMETHEUS_VOLUME = "spark-vllm-prometheus"
-PROMETHEUS_DATA = "/prometheus"
+# a dot in the container's name: no node's container (spark-vllm-<DNS label>) has it
+PROMETHEUS = DataKind("prometheus", "spark-vllm.prometheus", volume="spark-vllm-prometheus", data="/prometheus")
 PROMETHEUS_CONFIG_FILE = "/tmp/spark-vllm-prometheus.yml"
 CONFIG_ENV = "SPARK_VLLM_PROMETHEUS_CONFIG"
 
@@ -129,7 +128,7 @@ def prometheus_entrypoint(cfg: ClusterConfig) -> list[str]:
     prometheus = [
         "/bin/prometheus",
         f"--config.file={PROMETHEUS_CONFIG_FILE}",
-        f"--storage.tsdb.path={PROMETHEUS_DATA}",
+        f"--storage.tsdb.path={PROMETHEUS.data}",
         f"--storage.tsdb.retention.time={metrics.retention_days}d",
         f"--web.listen-address=0.0.0.0:{metrics.prometheus_port}",
     ]
@@ -154,17 +153,7 @@ class Prometheus(pulumi.ComponentResource):
         envs = pulumi.Output.from_input(config_text).apply(lambda text: [config_env(text)])
         # On the host network: it scrapes the nodes' fabric addresses, which the guard lets in.
         self.container = data_service(
-            node.name,
-            "prometheus",
-            name=PROMETHEUS_CONTAINER,
-            image=cfg.metrics.prometheus_image,
-            entrypoints=prometheus_entrypoint(cfg),
-            envs=envs,
-            volume=PROMETHEUS_VOLUME,
-            data=PROMETHEUS_DATA,
-            restart=cfg.container.restart,
-            provider=provider,
-            parent=self,
-            depends_on=depends_on,
-        )
+            node.name, PROMETHEUS, image=cfg.metrics.prometheus_image, entrypoints=prometheus_entrypoint(cfg),
+            envs=envs, restart=cfg.container.restart, provider=provider, parent=self, depends_on=depends_on,
+        )  # fmt: skip
         self.register_outputs({"container_id": self.container.id})

@@ -6,6 +6,7 @@ output of an earlier stack, which must exist and be validated (its smoke test pa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -116,14 +117,26 @@ def describe_benchmark(bench: dict[str, Any] | None) -> str:
     )
 
 
-def check_promotable(
-    release: Any,
-    stack: str,
-    fingerprint: str | None = None,
-    copies_image: bool = False,
-    floors: ReleaseConfig | None = None,
-) -> dict[str, Any]:
-    """The release of stack `stack`, or ReleaseError saying why it cannot be promoted."""
+@dataclass(frozen=True)
+class Promotion:
+    """What a stack asks of the release it promotes: from which stack, the pinned fingerprint
+    (promoteFingerprint), whether an image id without a registry will do (imageTransfer.method copy: the copy
+    source holds it), and the floors on the release's figures (`release`)."""
+
+    stack: str
+    fingerprint: Optional[str] = None
+    copies_image: bool = False
+    floors: Optional[ReleaseConfig] = None
+
+    @classmethod
+    def of(cls, cfg: ClusterConfig) -> Promotion:
+        copies = cfg.image_transfer.method == "copy"
+        return cls(str(cfg.promote_from), cfg.promote_fingerprint, copies, cfg.release)
+
+
+def check_promotable(release: Any, asked: Promotion) -> dict[str, Any]:
+    """The release of stack `asked.stack`, or ReleaseError saying why it cannot be promoted."""
+    stack, fingerprint, copies_image = asked.stack, asked.fingerprint, asked.copies_image
     if not isinstance(release, dict):
         raise ReleaseError(
             f"promoteFrom {stack!r}: that stack has no `release` output (deploy it first, with smokeTest on)"
@@ -138,7 +151,7 @@ def check_promotable(
             f"promoteFrom {stack!r}: its release {release.get('fingerprint', '?')} is not validated "
             "(its smoke test did not pass or was turned off); refusing to promote it"
         )
-    problems = floor_problems(release, stack, floors)
+    problems = floor_problems(release, stack, asked.floors)
     if problems:
         raise ReleaseError("\n".join(problems))
     if fingerprint is not None and release.get("fingerprint") != fingerprint:
@@ -175,15 +188,12 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
             engine=pulumi.Output.from_input(EngineSettings.of(cfg)),
             origin="config",
         )
-    stack = cfg.promote_from
-    pinned = cfg.promote_fingerprint
-    copies = cfg.image_transfer.method == "copy"
+    asked = Promotion.of(cfg)
+    stack = asked.stack
     release = (
         pulumi.StackReference(stack)
         .get_output("release")
-        .apply(
-            lambda r: _announce(stack, check_promotable(_single_model(r, stack), stack, pinned, copies, cfg.release))
-        )
+        .apply(lambda r: _announce(stack, check_promotable(_single_model(r, stack), asked)))
     )
     defaults = EngineSettings.of(cfg)
     return ReleaseSource(
@@ -205,21 +215,18 @@ def _single_model(release: Any, stack: str) -> Any:
 
 
 def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
-    stack = cfg.promote_from
-    copies = cfg.image_transfer.method == "copy"
+    asked = Promotion.of(cfg)
     release = (
-        pulumi.StackReference(stack)
+        pulumi.StackReference(asked.stack)
         .get_output("release")
-        .apply(
-            lambda r: check_promotable_deployment(r, stack, deployment, cfg.promote_fingerprint, copies, cfg.release)
-        )
+        .apply(lambda r: check_promotable_deployment(r, asked, deployment))
     )
     defaults = EngineSettings.of(cfg)
     return ReleaseSource(
         image=release.apply(lambda r: r["image"]),
         model=release.apply(lambda r: r["deployments"][deployment]["model"]),
         engine=release.apply(lambda r: defaults.promoted(r["deployments"][deployment].get("engine") or {})),
-        origin=stack,
+        origin=asked.stack,
         baseline=release.apply(lambda r: kept_baseline(r["deployments"][deployment])),
     )
 
@@ -230,28 +237,22 @@ def kept_baseline(release: dict[str, Any]) -> Optional[dict[str, Any]]:
     return spec.get("baseline") if isinstance(spec, dict) else None
 
 
-def check_promotable_deployment(
-    release: Any,
-    stack: str,
-    deployment: str,
-    fingerprint: str | None = None,
-    copies_image: bool = False,
-    floors: ReleaseConfig | None = None,
-) -> dict[str, Any]:
-    """The release of stack `stack` with its deployment `deployment`, or ReleaseError saying why it cannot
+def check_promotable_deployment(release: Any, asked: Promotion, deployment: str) -> dict[str, Any]:
+    """The release of stack `asked.stack` with its deployment `deployment`, or ReleaseError saying why it cannot
     be promoted: the stack's release as a whole as check_promotable judges one (image, validated, pinned
     fingerprint), that deployment in it, and the floors on that deployment's benchmark."""
+    stack = asked.stack
     if isinstance(release, dict) and "deployments" not in release:
         raise ReleaseError(
             f"promoteFrom {stack!r}: its release is a single-model stack's; this stack has deployments: deploy "
             f"{stack} with the same deployments first"
         )
-    whole = check_promotable(release, stack, fingerprint, copies_image, None)
+    whole = check_promotable(release, dataclasses.replace(asked, floors=None))
     found = (whole.get("deployments") or {}).get(deployment)
     if not isinstance(found, dict) or not found.get("model"):
         have = sorted(whole.get("deployments") or {})
         raise ReleaseError(f"promoteFrom {stack!r}: its release has no deployment {deployment!r} (it has {have})")
-    problems = floor_problems(found, f"{stack}' deployment '{deployment}", floors)
+    problems = floor_problems(found, f"{stack}' deployment '{deployment}", asked.floors)
     if problems:
         raise ReleaseError("\n".join(problems))
     return _announce(stack, whole)

@@ -5,6 +5,7 @@ node's vLLM container: the copy depot, network.guard, Prometheus)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import pulumi
@@ -96,24 +97,26 @@ def service_container(
     )
 
 
+@dataclass(frozen=True)
+class DataKind:
+    """One of the stack's data services (Prometheus, Grafana): its resources `<node>-<role>`, its container's
+    name on the node, and the named volume that holds its data (mounted at `data`), outliving the container."""
+
+    role: str
+    container: str
+    volume: str
+    data: str
+
+
 def data_service(
-    node: str,
-    role: str,
-    *,
-    image: str,
-    volume: str,
-    data: str,
-    provider: docker.Provider,
-    parent: pulumi.Resource,
-    **service: Any,
+    node: str, kind: DataKind, *, image: str, provider: docker.Provider, parent: pulumi.Resource, **service: Any
 ) -> docker.Container:
-    """A service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node), its
-    data on a named volume that outlives the container, its environment a secret (Prometheus, Grafana);
-    `service`: the rest of service_container's arguments."""
+    """A data service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node), its
+    data on its volume, its environment a secret; `service`: the rest of service_container's arguments."""
     opts = pulumi.ResourceOptions(parent=parent, provider=provider)
-    pulled = docker.RemoteImage(f"{node}-{role}-image", name=image, keep_locally=True, opts=opts)
-    mounts = [docker.ContainerMountArgs(type="volume", source=volume, target=data)]
+    pulled = docker.RemoteImage(f"{node}-{kind.role}-image", name=image, keep_locally=True, opts=opts)
+    mounts = [docker.ContainerMountArgs(type="volume", source=kind.volume, target=kind.data)]
     return service_container(
-        f"{node}-{role}", image=pulled.image_id, mounts=mounts, secret_envs=True, node=node, role=role,
-        provider=provider, parent=parent, **service,
+        f"{node}-{kind.role}", name=kind.container, image=pulled.image_id, mounts=mounts, secret_envs=True, node=node,
+        role=kind.role, provider=provider, parent=parent, **service,
     )  # fmt: skip

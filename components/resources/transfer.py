@@ -4,7 +4,7 @@ modelSync the depot serving the model (a repo id downloaded once on the source f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import pulumi
@@ -46,40 +46,73 @@ class Transfer:
     synced_model: pulumi.Input[str]  # what the depot serves and every other node's sync writes
 
 
-def _source_depot(
-    parent: pulumi.Resource,
-    cfg: ClusterConfig,
-    release: ReleaseSource,
-    hosts: dict[str, NodeHost],
-    hf_token: Optional[pulumi.Output[str]],
-    image: NodeImage,
-    guarded: list,
-) -> tuple[Depot, Optional[command.remote.Command], pulumi.Output]:
-    """The copy source's depot (what the other nodes copy from over the fabric), after its guard (`guarded`):
-    a repo id downloaded there first; with modelSync the model directory it serves."""
-    source = cfg.copy_source
-    networks = [h.fabric_network for h in hosts.values() if h.fabric_network is not None]
-    download, synced = None, release.model
-    if cfg.downloads_once:
-        # A repo id: fetched once here, then served like a directory (the depot mounts it).
-        download = download_model(
-            source.name, cfg, source, image.image_id, release.model, hf_token, hosts[source.name].connection,
-            after=guarded, parent=parent,
-        )  # fmt: skip
-    if cfg.model_sync.enabled:
-        synced = release.model.apply(lambda model: model_directory(cfg, model))
-    depot = Depot(
-        "spark-vllm-copy",
-        DepotArgs(
-            config=cfg,
-            image_id=image.image_id,
-            model=synced,
-            provider=hosts[source.name].provider,
-            start_after=(*networks, *guarded, *([download] if download else [])),
-        ),
-        opts=pulumi.ResourceOptions(parent=parent),
-    )
-    return depot, download, synced
+@dataclass
+class _Making:
+    """What create_transfer makes, one kind of resource a method, from what it is given once."""
+
+    parent: pulumi.Resource
+    cfg: ClusterConfig
+    release: ReleaseSource
+    hosts: dict[str, NodeHost]
+    hf_token: Optional[pulumi.Output[str]]
+    guards: dict[str, NodeGuard] = field(default_factory=dict)
+
+    @property
+    def opts(self) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self.parent)
+
+    def node_image(self, node: NodeConfig, copy_from: Optional[CopyFrom] = None) -> NodeImage:
+        cfg, host = self.cfg, self.hosts[node.name]
+        return NodeImage(
+            node.name,
+            NodeImageArgs(
+                node=node,
+                reference=self.release.image,
+                keep_locally=cfg.container.keep_image,
+                transfer=cfg.image_transfer,
+                provider=host.provider,
+                connection=host.connection,
+                copy_from=copy_from,
+            ),
+            opts=self.opts,
+        )
+
+    def guard(self, node: NodeConfig, image: NodeImage) -> None:
+        """network.guard on `node`: its rules in place before anything of the stack listens there."""
+        if self.cfg.network.guard:
+            host = self.hosts[node.name]
+            args = NodeGuardArgs(
+                config=self.cfg, node=node, image_id=image.image_id, provider=host.provider, connection=host.connection
+            )
+            self.guards[node.name] = NodeGuard(node.name, args, opts=self.opts)
+
+    def source_depot(self, image: NodeImage) -> tuple[Depot, Optional[command.remote.Command], pulumi.Output]:
+        """The copy source's depot (what the other nodes copy from over the fabric), after its guard: a repo id
+        downloaded there first; with modelSync the model directory it serves."""
+        cfg, source = self.cfg, self.cfg.copy_source
+        guarded = [self.guards[source.name].ready] if source.name in self.guards else []
+        networks = [h.fabric_network for h in self.hosts.values() if h.fabric_network is not None]
+        download, synced = None, self.release.model
+        if cfg.downloads_once:
+            # A repo id: fetched once here, then served like a directory (the depot mounts it).
+            download = download_model(
+                source.name, cfg, source, image.image_id, self.release.model, self.hf_token,
+                self.hosts[source.name].connection, after=guarded, parent=self.parent,
+            )  # fmt: skip
+        if cfg.model_sync.enabled:
+            synced = self.release.model.apply(lambda model: model_directory(cfg, model))
+        depot = Depot(
+            "spark-vllm-copy",
+            DepotArgs(
+                config=cfg,
+                image_id=image.image_id,
+                model=synced,
+                provider=self.hosts[source.name].provider,
+                start_after=(*networks, *guarded, *([download] if download else [])),
+            ),
+            opts=self.opts,
+        )
+        return depot, download, synced
 
 
 def create_transfer(
@@ -91,51 +124,23 @@ def create_transfer(
 ) -> Transfer:
     """Every node's image. The copy source's is pulled (or found); with imageTransfer.method copy the
     others receive that image id from the source's depot over the fabric."""
+    making = _Making(parent, cfg, release, hosts, hf_token)
     source = cfg.copy_source
-    opts = pulumi.ResourceOptions(parent=parent)
-
-    def node_image(node: NodeConfig, copy_from: Optional[CopyFrom] = None) -> NodeImage:
-        host = hosts[node.name]
-        return NodeImage(
-            node.name,
-            NodeImageArgs(
-                node=node,
-                reference=release.image,
-                keep_locally=cfg.container.keep_image,
-                transfer=cfg.image_transfer,
-                provider=host.provider,
-                connection=host.connection,
-                copy_from=copy_from,
-            ),
-            opts=opts,
-        )
-
-    def guard(node: NodeConfig, image: NodeImage) -> None:
-        """network.guard on `node`: its rules in place before anything of the stack listens there."""
-        if cfg.network.guard:
-            host = hosts[node.name]
-            args = NodeGuardArgs(
-                config=cfg, node=node, image_id=image.image_id, provider=host.provider, connection=host.connection
-            )
-            guards[node.name] = NodeGuard(node.name, args, opts=opts)
-
-    images = {source.name: node_image(source)}
-    guards: dict[str, NodeGuard] = {}
-    guard(source, images[source.name])
+    images = {source.name: making.node_image(source)}
+    making.guard(source, images[source.name])
     depot, download, synced = None, None, release.model
     if cfg.uses_depot:
-        guarded = [guards[source.name].ready] if source.name in guards else []
-        depot, download, synced = _source_depot(parent, cfg, release, hosts, hf_token, images[source.name], guarded)
+        depot, download, synced = making.source_depot(images[source.name])
     copy_from = None
     if depot is not None and cfg.image_transfer.method == "copy":
         copy_from = CopyFrom(config=cfg, depot=depot, image_id=images[source.name].image_id)
     for node in cfg.nodes:
         if node.name != source.name:
-            images[node.name] = node_image(node, copy_from)
-            guard(node, images[node.name])
+            images[node.name] = making.node_image(node, copy_from)
+            making.guard(node, images[node.name])
     return Transfer(
         images={node.name: images[node.name] for node in cfg.nodes},
-        guards=guards,
+        guards=making.guards,
         depot=depot,
         download=download,
         synced_model=synced,

@@ -20,7 +20,13 @@ from components.plan.memory import GIB, NodeMemory, engine_knobs, model_shape, p
 from components.plan.programs import script_program
 from components.plan.serving import answers_params, serve_argv
 from components.plan.speculation import mtp_layers, speculation_problems
-from components.resources.release import check_promotable, floor_problems, release_record, speculation_record
+from components.resources.release import (
+    Promotion,
+    check_promotable,
+    floor_problems,
+    release_record,
+    speculation_record,
+)
 from tests.gpu.model import SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,7 +301,7 @@ def test_promotion_floors_hold_acceptance_and_speedup():
         "runs without speculative decoding" in floor_problems(without, "dev", ReleaseConfig(minAcceptanceLength=2))[0]
     )
     with pytest.raises(Exception, match="minSpeculativeSpeedup"):
-        check_promotable(without, "dev", floors=ReleaseConfig(minSpeculativeSpeedup=1.1))
+        check_promotable(without, Promotion("dev", floors=ReleaseConfig(minSpeculativeSpeedup=1.1)))
 
 
 # --- against the stand-in: the validation's answers, the benchmark's acceptance ---------------------------
