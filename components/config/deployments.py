@@ -88,6 +88,8 @@ class DeploymentConfig(ModelSettings, _Placed):
 
 
 class RouterConfig(_Model):
+    """`router`: vllm-router in front of the deployments, one OpenAI-compatible endpoint for them all."""
+
     enabled: Optional[bool] = Field(
         None,
         description="Run the router (vllm-router) in front of the deployments: one OpenAI-compatible endpoint "

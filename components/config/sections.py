@@ -42,6 +42,8 @@ class _Model(BaseModel):
 
 
 class NodeConfig(_Model):
+    """`nodes[]`: one machine: how SSH reaches it (its management side) and its fabric link."""
+
     name: DnsLabel = Field(description="Node name: a DNS label, unique. Names resources and containers.")
     host: HostName = Field(description="SSH address of the node on the management network.")
     user: PosixUser = Field("root", description="SSH user; needs access to Docker (root or the docker group).")
@@ -87,6 +89,8 @@ class SpeculativeConfig(_Model):
 
 
 class VllmConfig(_Model):
+    """`vllm`: what `vllm serve` is given beside the model and the parallelism, and how long the deploy waits."""
+
     host: ipaddress.IPv4Address = Field(
         ipaddress.IPv4Address("0.0.0.0"), description="Address vLLM binds on the head node (`--host`)."
     )
@@ -137,6 +141,8 @@ class VllmConfig(_Model):
 
 
 class RayConfig(_Model):
+    """`ray`: the Ray cluster the Ray executor runs on: its ports, dashboard, auth and join wait."""
+
     port: Port = Field(6379, description="Ray GCS port on the head node.")
     join_timeout_seconds: PositiveInt = Field(
         300, description="How long to wait for every node and TP×PP GPUs to appear in Ray before starting vLLM."
@@ -161,6 +167,8 @@ class RayConfig(_Model):
 
 
 class NcclConfig(_Model):
+    """`nccl`: NCCL's settings in every node container."""
+
     debug: Optional[Literal["VERSION", "WARN", "INFO", "TRACE"]] = Field(
         None, description="NCCL_DEBUG. INFO shows whether NCCL uses NET/IB (RDMA) or NET/Socket."
     )
@@ -168,6 +176,8 @@ class NcclConfig(_Model):
 
 
 class NetworkConfig(_Model):
+    """`network`: the fabric network the program keeps on each node, its MTU, and network.guard."""
+
     manage: bool = Field(False, description="Write and apply a netplan drop-in for the fabric interface.")
     prefix_length: int = Field(24, ge=1, le=32, description="Prefix length of fabricAddress.")
     mtu: Optional[int] = Field(None, ge=576, le=9216, description="MTU of the fabric interface (e.g. 9000).")
@@ -184,6 +194,8 @@ class NetworkConfig(_Model):
 
 
 class FabricConfig(_Model):
+    """`fabric`: the fabric gate, each node's link checked before anything of the stack starts."""
+
     gate: Literal["enforce", "warn", "off"] = Field(
         "enforce",
         description="The fabric gate, on every node before any container: the fabric interface (up, carrier, MTU, "
@@ -223,6 +235,8 @@ class FabricConfig(_Model):
 
 
 class UlimitsConfig(_Model):
+    """`container.ulimits`: the node containers' limits."""
+
     memlock: int = Field(
         -1, ge=-1, description="Locked-memory limit in bytes; -1 = unlimited (RDMA registers GPU memory)."
     )
@@ -231,6 +245,8 @@ class UlimitsConfig(_Model):
 
 
 class ContainerConfig(_Model):
+    """`container`: the node containers (Ray's or vLLM-mp's): GPUs, mounts, restart and what they keep."""
+
     gpus: bool = Field(True, description="Give the containers every GPU (`--gpus all`). false for CPU-only hosts.")
     hf_cache_dir: Optional[AbsolutePath] = Field(
         None,
@@ -264,6 +280,8 @@ class ContainerConfig(_Model):
 
 
 class RecoveryConfig(_Model):
+    """`recovery`: how the supervisor starts vLLM again after a crash, and when it stops trying."""
+
     max_restarts: PositiveInt = Field(
         5,
         description="vLLM exits within windowSeconds before each node's supervisor stops restarting it "
@@ -283,6 +301,8 @@ class RecoveryConfig(_Model):
 
 
 class ImageTransferConfig(_Model):
+    """`imageTransfer`: how the image reaches the nodes: pulled by each, or copied from the copy source."""
+
     method: Literal["pull", "copy"] = Field(
         "pull",
         description="'pull': every node pulls `image` from its registry. 'copy': the copy source (fabricCopy.source) "
@@ -300,6 +320,8 @@ class ImageTransferConfig(_Model):
 
 
 class ModelSyncConfig(_Model):
+    """`modelSync`: the model directory copied from the copy source to every other node over the fabric."""
+
     enabled: bool = Field(
         False,
         description="Copy the model directory from the copy source (fabricCopy.source) to every node where it "
@@ -311,6 +333,8 @@ class ModelSyncConfig(_Model):
 
 
 class FabricCopyConfig(_Model):
+    """`fabricCopy`: where the copies come from: the copy source's depot and its port."""
+
     source: Optional[DnsLabel] = Field(
         None,
         description="The node the others receive the image (imageTransfer.method copy) and the model (modelSync) "
@@ -320,6 +344,8 @@ class FabricCopyConfig(_Model):
 
 
 class MemoryConfig(_Model):
+    """`memory`: the memory plan (does the model fit each node) and the OOM guard."""
+
     os_reserve_gib: float = Field(
         8,
         gt=0,
@@ -339,6 +365,8 @@ class MemoryConfig(_Model):
 
 
 class SshConfig(_Model):
+    """`ssh`: how the remote commands reach the nodes."""
+
     dial_error_limit: int = Field(
         20,
         ge=1,
@@ -350,6 +378,8 @@ class SshConfig(_Model):
 
 
 class BenchmarkConfig(_Model):
+    """`benchmark`: a short fixed load after the smoke test; its figures go to the outputs and the release."""
+
     enabled: bool = Field(
         False,
         description="After the smoke test, a short fixed load against the endpoint from the head; its figures "
@@ -369,6 +399,8 @@ class BenchmarkConfig(_Model):
 
 
 class ReleaseConfig(_Model):
+    """`release`: the floors a promoted release's figures must meet."""
+
     min_output_tokens_per_second: Optional[float] = Field(
         None, gt=0, description="With promoteFrom: refuse a release whose benchmark made fewer output tokens/s."
     )
@@ -391,6 +423,8 @@ class ReleaseConfig(_Model):
 
 
 class MetricsConfig(_Model):
+    """`metrics`: the Prometheus targets, and the stack's own Prometheus and Grafana where a node is named."""
+
     prometheus_node: Optional[DnsLabel] = Field(
         None,
         description="A node that runs Prometheus (container spark-vllm.prometheus, data on the volume "
@@ -417,4 +451,6 @@ class MetricsConfig(_Model):
 
 
 class SecurityConfig(_Model):
+    """`security`: security switches."""
+
     require_host_keys: bool = Field(False, description="Refuse nodes without hostKey instead of warning.")
