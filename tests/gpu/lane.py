@@ -58,6 +58,7 @@ from components.scripts.node_contract import (  # noqa: E402
     ClusterSeen,
     HandoverResult,
     ImageFacts,
+    KeeperResult,
     ReadyResult,
     SmokeResult,
 )
@@ -67,7 +68,7 @@ from tests.gpu.lane_router import router_phase  # noqa: E402
 from tests.gpu.model import SHAPES, make_model  # noqa: E402
 
 # What each script the lane runs prints, as the program reads it (its last JSON line through the contract;
-# the handover's through printed(), as serve.py's started() does): real vLLM's output meets the contract here.
+# the handover's and the router keeper's through printed(), as serve.py and cluster.py do): real vLLM's output meets the contract here.
 RESULTS = {
     "ray_join.py": ClusterSeen,
     "serve_spec.py": HandoverResult,
@@ -76,13 +77,15 @@ RESULTS = {
     "node_answers.py": AnswersResult,
     "node_benchmark.py": BenchmarkFigures,
     "image_probe.py": ImageFacts,
+    "router_keeper.py": KeeperResult,
 }
+PRINTED = ("serve_spec.py", "router_keeper.py")  # read as the program reads them: printed(), a line or none
 
 
 def read_result(name: str, output: str) -> dict:
     """What the program makes of `name`'s output: its result contract's fields, or why it could not read it."""
     try:
-        found = printed(output) if name == "serve_spec.py" else last_json(output)
+        found = printed(output) if name in PRINTED else last_json(output)
         return RESULTS[name].from_json(found).to_json()
     except (ValueError, TypeError, AttributeError) as error:
         return {"error": f"{type(error).__name__}: {error}", "tail": output.strip()[-1500:]}
@@ -220,12 +223,16 @@ class Node:
             said = [part.decode(errors="replace") if isinstance(part, bytes) else part or "" for part in
                     (expired.stdout, expired.stderr)]  # fmt: skip
             return 124, "".join(said) + f"\n(ran past {timeout:g} s)", time.monotonic() - started
-        if name in RESULTS and result.returncode == 0:
-            read = read_result(name, result.stdout)
-            self.reads.append(
-                {"script": name, "read": "error" not in read, **({"error": read} if "error" in read else {})}
-            )
+        if result.returncode == 0:
+            self.record(name, result.stdout)
         return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+    def record(self, name: str, stdout: str) -> None:
+        """`name`'s output as the program reads it, kept in `reads` (a script without a result contract: none)."""
+        if name in RESULTS:
+            read = read_result(name, stdout)
+            said = {"error": read} if "error" in read else {}
+            self.reads.append({"script": name, "read": not said, **said})
 
     def status(self) -> dict:
         try:

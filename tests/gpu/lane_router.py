@@ -91,6 +91,8 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
         done = subprocess.run([sys.executable, "-"], input=script_program("router_keeper.py", {**base, "mode": mode,
                               "timeout": timeout, **extra}), env=node.env, capture_output=True, text=True,
                               timeout=timeout + 60)  # fmt: skip
+        if done.returncode == 0:
+            node.record("router_keeper.py", done.stdout)
         return done.returncode, done.stdout + done.stderr, time.monotonic() - started
 
     log = open(node.out / "router-keeper.log", "w")

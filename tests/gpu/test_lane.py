@@ -220,3 +220,23 @@ def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_w
     assert kill["serving_again_seconds"] is not None and kill["kv_gib_after"] == kill["kv_gib_before"]
     assert kill["others_health"]["qwen3-30b-a3b"]["failed"] == 0 and kill["others_health"]["qwen3-30b-a3b"]["ok"] > 0
     assert "lane cotenants (pinned)" in result.stdout
+
+
+def test_the_lane_reads_each_result_as_the_program_does_and_says_what_it_could_not_read(tmp_path):
+    """A script's last JSON line through its contract (the router keeper's and the handover's through printed()):
+    the vllm-router keeper's ready line as the H200 printed it (2026-12-04) after a log line, then lines the
+    contract refuses."""
+    ready = '[router-keeper] 16:12:21 router up\n{"router": "http://127.0.0.1:8080", "workers": {}}\n'
+    assert lane.read_result("router_keeper.py", ready) == {"router": "http://127.0.0.1:8080", "workers": {}}
+    unknown = lane.read_result("wait_ready.py", '{"ready_seconds": 1.5, "readySeconds": 1.5}\n')
+    assert unknown["error"].startswith("TypeError") and "readySeconds" in unknown["error"]
+    assert lane.read_result("smoke.py", "no JSON at all")["error"].startswith("ValueError")
+    node = lane.Node.__new__(lane.Node)
+    node.reads = []
+    node.record("router_keeper.py", ready)
+    node.record("wait_ready.py", "{}")
+    node.record("supervisor.py", "{}")  # no result contract: not a read
+    assert [(each["script"], each["read"]) for each in node.reads] == [
+        ("router_keeper.py", True),
+        ("wait_ready.py", False),
+    ]
