@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from components.plan.programs import printed
 from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, PROJECT, ROOT, RehearsalStack, cli_missing
 from tests.e2e.rehearsal import CACHE_DIR
 
@@ -53,10 +54,15 @@ def _older_checkout(commit: str, into: Path) -> Path:
     return checkout
 
 
-def _rehearse(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+def _older(checkout: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python ARGV…` in the older checkout, with its own image cache."""
     env = {**os.environ, "SPARK_VLLM_REHEARSAL_CACHE": str(OLDER_CACHE)}
-    return subprocess.run([str(ROOT / "venv/bin/python"), "-m", "tests.e2e.rehearsal", *args], cwd=checkout,
-                          env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    return subprocess.run([str(ROOT / "venv/bin/python"), *argv], cwd=checkout, env=env, capture_output=True,
+                          text=True, timeout=1800)  # fmt: skip
+
+
+def _rehearse(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    return _older(checkout, "-m", "tests.e2e.rehearsal", *args)
 
 
 def _serving(stack: RehearsalStack) -> dict[str, dict[str, Any]]:
@@ -68,7 +74,7 @@ def _serving(stack: RehearsalStack) -> dict[str, dict[str, Any]]:
         if resource["type"] == "docker:index/container:Container":
             found["containers"][name] = resource.get("id")
         elif resource["type"] == "command:remote:Command" and name.endswith("-serve"):
-            found["vllm"][name] = _pid(_plain(outputs.get("stdout")))
+            found["vllm"][name] = printed(_plain(outputs.get("stdout"))).get("vllm_pid")  # its HandoverResult
     return found
 
 
@@ -77,18 +83,6 @@ def _plain(value: Any) -> str:
     if isinstance(value, dict) and "plaintext" in value:
         value = json.loads(value["plaintext"])
     return str(value or "")
-
-
-def _pid(stdout: str) -> Any:
-    """The vLLM pid a serve step's HandoverResult names (its last line that is one)."""
-    for line in reversed(stdout.splitlines()):
-        try:
-            found = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(found, dict) and "vllm_pid" in found:
-            return found["vllm_pid"]
-    return None
 
 
 def with_settings(document: dict[str, Any], settings: list[str]) -> dict[str, Any]:
@@ -116,9 +110,7 @@ def _with_config(checkout: Path, stack: RehearsalStack, settings: list[str]) -> 
     document = with_settings(yaml.safe_load(stack.config_file.read_text()), settings)
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
     up = "import sys; from pathlib import Path; from tests.e2e.cli_stack import RehearsalStack as S; S(Path(sys.argv[1])).up()"
-    env = {**os.environ, "SPARK_VLLM_REHEARSAL_CACHE": str(OLDER_CACHE)}
-    return subprocess.run([str(ROOT / "venv/bin/python"), "-c", up, str(stack.workdir)], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    return _older(checkout, "-c", up, str(stack.workdir))
 
 
 def _upgrade(stack: RehearsalStack) -> dict[str, Any]:
