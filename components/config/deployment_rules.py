@@ -263,17 +263,17 @@ def prometheus_reaches_replicas(cfg: Any) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: str, who: str, sources) -> list[str]:
-    """What keeps `client` (a node) from a deployment's API server on node `head`: a loopback bind, or a guard
-    whose network.apiSources leave the client's fabric address out."""
-    host = deployment.vllm.host
+def unreached(host_key: str, host: Any, server: str, client: Any, client_key: str, who: str, sources) -> list[str]:
+    """What keeps `client` (a node, named by `client_key`) from `server` (an API server on another node, whose
+    bind `host` is `host_key`): a loopback bind, or network.guard's `sources` leaving the client's fabric
+    address out."""
     if host.is_loopback:
         return [
             problem(
-                f"deployments[{index}].vllm.host",
+                host_key,
                 str(host),
-                f"an address {client_key} {client.name} reaches: {deployment.name}'s API server on node {head} "
-                "would listen on its loopback only (0.0.0.0, the default, or that node's fabric address)",
+                f"an address {client_key} {client.name} reaches: {server} would listen on its loopback only "
+                "(0.0.0.0, the default, or that node's fabric address)",
             )
         ]
     if sources and not any(client.fabric_address in source for source in sources):
@@ -282,10 +282,15 @@ def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: 
                 "network.apiSources",
                 [str(source) for source in sources],
                 f"a network holding {client.fabric_address}, {client_key} {client.name}'s fabric address: the guard "
-                f"would fence {deployment.name}'s API server on node {head} from {who}",
+                f"would fence {server} from {who}",
             )
         ]
     return []
+
+
+def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: str, who: str, sources) -> list[str]:
+    server = f"{deployment.name}'s API server on node {head}"
+    return unreached(f"deployments[{index}].vllm.host", deployment.vllm.host, server, client, client_key, who, sources)
 
 
 # vLLM 0.25's flag for a KV cache set in bytes; argparse takes any unique prefix of it, the shortest being
@@ -319,44 +324,6 @@ def pinned_kv_cache_is_the_plans(cfg: Any) -> list[str]:
                         "change that share instead",
                     )
                 )
-    return problems
-
-
-def single_model_router_problems(cfg: Any, valid: Any) -> list[str]:
-    """A single-model stack may put the router in front of its one replica too (router.enabled): the same rules of
-    exposure and reach, under the single-model keys."""
-    router = cfg.router
-    if not valid(router) or not router.enabled or not isinstance(cfg.nodes, list):
-        return []
-    problems: list[str] = []
-    nodes = {node.name: node for node in cfg.nodes if valid(node)}
-    home = nodes.get(router.node)
-    head = cfg.head if valid(cfg.head) and cfg.head is not None else (cfg.nodes[0].name if cfg.nodes else None)
-    if home is None or head is None or head == home.name or not valid(cfg.vllm) or not valid(cfg.network):
-        return problems
-    host = cfg.vllm.host
-    if host.is_loopback:
-        problems.append(
-            problem(
-                "vllm.host",
-                str(host),
-                f"an address router.node {home.name} reaches: vLLM on the head ({head}) would listen on its loopback "
-                "only (0.0.0.0, the default, or the head's fabric address)",
-            )
-        )
-    elif (
-        cfg.network.guard
-        and cfg.network.api_sources
-        and not any(home.fabric_address in source for source in cfg.network.api_sources)
-    ):
-        problems.append(
-            problem(
-                "network.apiSources",
-                [str(source) for source in cfg.network.api_sources],
-                f"a network holding {home.fabric_address}, router.node {home.name}'s fabric address: the guard would "
-                f"fence vLLM on the head ({head}) from the router that sends it requests",
-            )
-        )
     return problems
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from components.config.deployment_rules import single_model_router_problems
+from components.config.deployment_rules import unreached
 from components.config.errors import problem
 from components.config.listeners import node_listeners
 from components.config.node_rules import names_a_node  # registers the nodes' rules, first
-from components.config.replicas import DEPLOYMENT_ROOTS, _valid, deployment_problems
+from components.config.replicas import DEPLOYMENT_ROOTS, deployment_problems
 from components.config.runner import rule, run
 from components.config.vllm_args import read_extra_args
 
@@ -25,8 +25,6 @@ def run_rules(source: Any) -> list[str]:
     if fleet:
         problems += deployment_problems(source, lambda replica: run(replica, only=_of_one_model))
     late = run(source, only=lambda each: stack_level(each) and each.deferred)
-    if not fleet:
-        late += single_model_router_problems(source, _valid)
     keys = {line.split(": ")[0] for line in problems}
     return problems + [line for line in late if line.split(": ")[0] not in keys]
 
@@ -139,6 +137,22 @@ def grafana_has_what_it_needs(cfg: Any) -> list[str]:
 @rule("router.enabled", "router.node", "nodes[].name")
 def router_runs_on_a_node(cfg: Any) -> list[str]:
     return names_a_node(cfg, "router.node", cfg.router.node) if cfg.router.enabled else []
+
+
+@rule("router.enabled", "router.node", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.guard",
+      "network.apiSources", deferred=True)  # fmt: skip
+def router_reaches_vllm(cfg: Any) -> list[str]:
+    """The router on another node than the head sends it every request: vLLM there must listen where the router
+    reaches it, and network.guard must let the router's fabric address in. With deployments this runs on each
+    replica's view (router.node among its nodes); deployment_rules.router_reaches_replicas judges the rest."""
+    router = cfg.router
+    home = next((node for node in cfg.nodes if node.name == router.node), None)
+    head = _head(cfg)
+    if not router.enabled or home is None or home.name == head:
+        return []
+    sources = cfg.network.api_sources if cfg.network.guard else []
+    server, who = f"vLLM on the head ({head})", "the router that sends it requests"
+    return unreached("vllm.host", cfg.vllm.host, server, home, "router.node", who, sources)
 
 
 @rule("metrics.prometheusNode", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.apiSources")

@@ -317,6 +317,24 @@ def test_a_single_model_stacks_router_needs_the_key_and_must_reach_vllm_too():
     load_cluster_config({**copy.deepcopy(SINGLE), "apiKey": KEY})
 
 
+def test_the_router_reaching_vllm_is_one_registered_rule_for_one_model_and_for_each_replica():
+    """One rule judges it (rules.router_reaches_vllm, in the registry): on the single-model keys, and on a
+    replica's view where router.node is one of its nodes but not its head, one line under deployments[i]."""
+    from components.config import rules
+    from components.config.runner import RULES
+
+    assert rules.router_reaches_vllm in {each.check for each in RULES}
+    worker = fleet(dep("big", ["spark-01", "spark-02"], 30000, 0.6, tensorParallelSize=2, vllm=LOOPBACK),
+                   router={"enabled": True, "node": "spark-02"})  # fmt: skip
+    line = only(worker, "deployments[0].vllm.host")
+    assert "router.node spark-02 reaches" in line and "spark-01" in line
+    # its keys read invalid elsewhere: the rule still runs, and the other problem is listed beside it
+    broken = {**copy.deepcopy(SINGLE), "apiKey": KEY, "vllm": {"host": "127.0.0.1"}, "maxModelLen": "long"}
+    broken["router"]["node"] = "spark-02"
+    assert "router.node spark-02 reaches" in only(broken, "vllm.host")
+    assert only(broken, "maxModelLen")
+
+
 def test_the_deployment_rules_are_registered_and_judge_what_their_keys_allow():
     """Deployment rules sit in the rule registry with the keys they read: a deployment whose other fields fail
     their own rules is still judged on those keys (its served name here), and its own problem is listed too."""
