@@ -131,14 +131,23 @@ def machine_address() -> tuple[str, str]:
 
 
 def stack_config(
-    executor: str, model: str, max_model_len: int, utilization: float, extra_args: list[str], fabric: tuple[str, str]
+    executor: str,
+    model: str,
+    max_model_len: int,
+    utilization: float,
+    extra_args: list[str],
+    fabric: tuple[str, str],
+    tensor_parallel: int = 1,
 ) -> dict:
-    """The stack config of a one-node stack on this machine (`fabric`: its address and interface)."""
+    """The stack config of a one-node stack on this machine (`fabric`: its address and interface; with
+    `tensor_parallel` above 1, that many of its GPUs, tensor-parallel)."""
+    node = {"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1]}
     return {
-        "nodes": [{"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1]}],
+        "nodes": [{**node, "gpus": tensor_parallel} if tensor_parallel > 1 else node],
         "image": "lane",
         "model": model,
         "executor": executor,
+        "tensorParallelSize": tensor_parallel,
         "maxModelLen": max_model_len,
         "vllm": {
             "gpuMemoryUtilization": utilization,
@@ -402,7 +411,9 @@ def run_lane(args) -> dict:
     forgotten = forget_caches(tuple(args.keep_caches.split(","))) if args.keep_caches is not None else None
     model_dir = str(make_model(args.model, Path(args.models)))
     fabric = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
-    raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric)
+    raw = stack_config(
+        args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric, args.tensor_parallel
+    )
     if args.stable_key:
         raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
     if args.max_num_seqs is not None:
@@ -417,6 +428,7 @@ def run_lane(args) -> dict:
     report: dict = {
         "executor": args.executor,
         "model": args.model,
+        "tensor_parallel_size": args.tensor_parallel,
         "max_model_len": args.max_model_len,
         "gpu_memory_utilization": args.utilization,
         "date": time.strftime("%Y-%m-%d"),
@@ -600,7 +612,8 @@ def stop(node: Node, report: dict) -> None:
 
 
 def report_path(report: dict, out: Path) -> Path:
-    return out / f"lane-{report['executor']}-{report['model']}.json"
+    tp = report.get("tensor_parallel_size", 1)
+    return out / f"lane-{report['executor']}-{report['model']}{f'-tp{tp}' if tp > 1 else ''}.json"
 
 
 def save(report: dict, out: Path) -> None:
@@ -667,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm.maxNumSeqs by hand (default auto): the plan's verdict is recorded, and vLLM runs with it anyway",
     )
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="tensorParallelSize on the one node, with that many of the machine's GPUs (nodes[].gpus)",
+    )
     parser.add_argument("--speculative", default=None, help="vllm.speculative as METHOD:TOKENS, e.g. mtp:3")
     parser.add_argument("--answers-save", default=None, help="with 'answers': keep this run's answers in FILE")
     parser.add_argument(

@@ -4,10 +4,18 @@
 
 No Docker there: each rank is `python3 -` fed the program `<node>-fabric-nccl` would feed `docker run`
 (components/scripts/nccl_bandwidth.py with nccl_params), in the environment its `-e` options set
-(nccl_argv). Cases: one node (world 1: NCCL's communicator on the GPU, the all-reduce, its check and
-timing, what NCCL says of its network), and two ranks at once as two nodes would run them (the
-rendezvous on the head's address), which on a machine of one GPU ends in NCCL's own error: then
-what the judge (components/plan/fabric_nccl.py judge_nccl) makes of each outcome. Writes nccl.json to --out.
+(nccl_argv). Cases, then what the judge (components/plan/fabric_nccl.py judge_nccl) makes of each:
+
+- one node: world 1 (NCCL's communicator on the GPU, the all-reduce, its check and timing, what NCCL
+  says of its network);
+- two nodes: two ranks at once as two nodes run them (the rendezvous on the head's address), each rank a
+  host of its own to NCCL (NCCL_HOSTID: NCCL tells hosts apart by that hash, and between processes of one
+  host takes shared-memory and NVLink paths two nodes do not have), so the all-reduce crosses the network
+  NCCL picked, as between two Sparks; on its own GPU where the machine has one a rank;
+- two ranks of one host: the same without NCCL_HOSTID, which on one GPU ends in NCCL's own `Duplicate GPU
+  detected`, and on two is what NCCL does between two GPUs of one host (P2P/NVLink).
+
+Writes nccl.json to --out.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from components.config import load_cluster_config  # noqa: E402
 from components.plan import fabric  # noqa: E402
 from components.plan.programs import script_program  # noqa: E402
 from components.scripts.node_contract import NcclFacts  # noqa: E402
-from tests.gpu.lane import machine_address  # noqa: E402
+from tests.gpu.lane import gpu_total_mib, machine_address  # noqa: E402
 
 
 def stack(nodes: int, address: str, interface: str) -> dict:
@@ -75,8 +83,21 @@ def rendered(cfg, node) -> tuple[str, dict[str, str]]:
     return script_program("nccl_bandwidth.py", fabric.nccl_params(cfg, node)), env
 
 
-def run_ranks(cfg) -> dict[str, dict]:
-    """Every node's test at once, as `pulumi up` starts them; each one's JSON line."""
+def as_nodes(names: list[str], gpus: int, hosts: bool) -> dict[str, dict[str, str]]:
+    """What makes ranks of this one machine stand for nodes: each rank's own GPU where the machine has one for
+    each (a Spark's container sees its one GPU), and with `hosts` a host of its own to NCCL (NCCL_HOSTID)."""
+    env: dict[str, dict[str, str]] = {name: {} for name in names}
+    for index, name in enumerate(names):
+        if gpus >= len(names) > 1:
+            env[name]["CUDA_VISIBLE_DEVICES"] = str(index)
+        if hosts:
+            env[name]["NCCL_HOSTID"] = f"spark-vllm-lane-{name}"
+    return env
+
+
+def run_ranks(cfg, emulated: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+    """Every node's test at once, as `pulumi up` starts them (`emulated`: a rank's environment beside the
+    rendered one, as_nodes); each one's JSON line."""
     started, processes = time.monotonic(), {}
     for node in cfg.nodes:
         program, env = rendered(cfg, node)
@@ -86,7 +107,7 @@ def run_ranks(cfg) -> dict[str, dict]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, **env},
+            env={**os.environ, **env, **(emulated or {}).get(node.name, {})},
         )
         processes[node.name].stdin.write(program)
         processes[node.name].stdin.close()
@@ -107,15 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fabric", default=None, help="ADDRESS:INTERFACE (default: the first off loopback)")
     args = parser.parse_args(argv)
     address, interface = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
-    report: dict = {"date": time.strftime("%Y-%m-%d"), "address": address, "interface": interface, "cases": {}}
-    for name, nodes in (("one node", 1), ("two ranks", 2)):
+    gpus = len(gpu_total_mib())
+    report: dict = {"date": time.strftime("%Y-%m-%d"), "address": address, "interface": interface, "gpus": gpus,
+                    "cases": {}}  # fmt: skip
+    for name, nodes, hosts in (("one node", 1, False), ("two nodes", 2, True), ("two ranks of one host", 2, False)):
         cfg = one_machine_config(stack(nodes, address, interface))
-        facts = run_ranks(cfg)
+        emulated = as_nodes([node.name for node in cfg.nodes], gpus, hosts)
+        facts = run_ranks(cfg, emulated)
         typed = {
             node: NcclFacts.from_json({k: v for k, v in each.items() if k != "exit"}) for node, each in facts.items()
         }
         problems, figures = fabric.judge_nccl(cfg, typed, {})  # as the gate reads them (the exit code is the lane's)
-        report["cases"][name] = {"facts": facts, "problems": problems, "figures": figures}
+        report["cases"][name] = {"emulated": emulated, "facts": facts, "problems": problems, "figures": figures}
         print(json.dumps(report["cases"][name], indent=1)[:3000], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -163,13 +163,41 @@ def test_the_nccl_lane_runs_the_rendered_test_per_rank_and_judges_it(tmp_path):
         pytest.skip("torch is installed here: the opt-in GPU lane runs this for real")
     assert nccl.main(["--out", str(tmp_path), "--fabric", "127.0.0.1:lo"]) == 1
     report = json.loads((tmp_path / "nccl.json").read_text())
-    two = report["cases"]["two ranks"]
-    assert [facts["rank"] for facts in two["facts"].values()] == [0, 1]
-    assert [problem.split(":", 1)[0] for problem in two["problems"]] == [
-        "fabric gate gpu-1 (NCCL test)",
-        "fabric gate gpu-2 (NCCL test)",
-    ]
-    assert all("the image has no torch" in problem for problem in two["problems"])
+    for case in ("two nodes", "two ranks of one host"):
+        two = report["cases"][case]
+        assert [facts["rank"] for facts in two["facts"].values()] == [0, 1]
+        assert [problem.split(":", 1)[0] for problem in two["problems"]] == [
+            "fabric gate gpu-1 (NCCL test)",
+            "fabric gate gpu-2 (NCCL test)",
+        ]
+        assert all("the image has no torch" in problem for problem in two["problems"])
+    hosts = {name: env.get("NCCL_HOSTID") for name, env in report["cases"]["two nodes"]["emulated"].items()}
+    assert None not in hosts.values() and len(set(hosts.values())) == 2  # a host of its own each, to NCCL
+    assert not any(env for env in report["cases"]["two ranks of one host"]["emulated"].values())
+
+
+def test_the_lane_serves_tensor_parallel_on_that_many_gpus_of_its_one_node():
+    from components.config import load_cluster_config
+    from components.plan.serving import serve_argv
+
+    raw = lane.stack_config("mp", "/models/m", 4096, 0.9, [], ("10.1.2.3", "eth0"), tensor_parallel=2)
+    cfg = load_cluster_config(raw)
+    assert cfg.nodes[0].gpus == 2 and "--tensor-parallel-size=2" in serve_argv(cfg, "/models/m")
+    report = {"executor": "mp", "model": "qwen3-8b", "tensor_parallel_size": 2}
+    assert lane.report_path(report, Path("/o")).name == "lane-mp-qwen3-8b-tp2.json"
+    assert lane.report_path({**report, "tensor_parallel_size": 1}, Path("/o")).name == "lane-mp-qwen3-8b.json"
+
+
+def test_ranks_stand_for_nodes_with_a_gpu_and_a_host_of_their_own_where_the_machine_allows():
+    from tests.gpu.nccl import as_nodes
+
+    two = as_nodes(["gpu-1", "gpu-2"], gpus=2, hosts=True)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in two.values()] == ["0", "1"]
+    assert two["gpu-1"]["NCCL_HOSTID"] != two["gpu-2"]["NCCL_HOSTID"]
+    one_gpu = as_nodes(["gpu-1", "gpu-2"], gpus=1, hosts=True)  # both ranks on the one GPU, apart to NCCL
+    assert not any("CUDA_VISIBLE_DEVICES" in env for env in one_gpu.values())
+    assert as_nodes(["gpu-1"], gpus=2, hosts=False) == {"gpu-1": {}}  # one node: the machine as it is
+    assert as_nodes(["gpu-1", "gpu-2"], gpus=2, hosts=False)["gpu-2"] == {"CUDA_VISIBLE_DEVICES": "1"}
 
 
 @pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "
@@ -178,8 +206,12 @@ def test_the_nccl_test_on_a_real_gpu_all_reduces_correctly_and_says_its_network(
     from tests.gpu import nccl
 
     assert nccl.main(["--out", str(tmp_path)]) == 0
-    one = json.loads((tmp_path / "nccl.json").read_text())["cases"]["one node"]["facts"]["gpu-1"]
+    cases = json.loads((tmp_path / "nccl.json").read_text())["cases"]
+    one = cases["one node"]["facts"]["gpu-1"]
     assert one["correct"] is True and one["network"] in ("IB", "Socket") and one["seconds"] > 0
+    two = cases["two nodes"]  # apart to NCCL: the sum crosses its network, as between two Sparks
+    assert all(facts["correct"] is True for facts in two["facts"].values()), two
+    assert two["figures"]["busBandwidthGbps"] > 0
 
 
 def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_with_the_standin(tmp_path):
