@@ -29,11 +29,19 @@ def all_processes():
     return found
 
 
-def describe(pid):
-    """`pid 812 VLLM::EngineCore` (its name, else the start of its command line)."""
+def process_name(pid):
+    """A process's name (/proc/PID/comm: its first 15 characters, `VLLM::EngineCor`); "" when it is gone."""
     try:
         with open(f"/proc/{pid}/comm") as handle:
-            name = handle.read().strip()
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def describe(pid):
+    """`pid 812 VLLM::EngineCore` (its name, else the start of its command line)."""
+    name = process_name(pid)
+    try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             line = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:

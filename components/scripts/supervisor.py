@@ -38,6 +38,9 @@
 # still holds it, for at most recovery gpu_wait_seconds. A start that vLLM itself refuses because the
 # GPU is still busy ("Free memory on device ... on startup is less than desired GPU memory
 # utilization") is not a crash: it does not count against max_restarts, it waits for the GPU again.
+# vLLM's engine core gone while its API server lives on is vLLM's exit too: after stop_grace_seconds
+# without it the supervisor ends the rest (the API server does not always follow: on two H200s the engine
+# core failed at start, its workers hung in CUDA's abort, and the API server waited on them for good).
 # SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
 # and exits 0.
 import collections
@@ -66,6 +69,7 @@ LEFTOVER_GRACE_SECONDS = 2  # after vLLM exited: what it left behind gets SIGTER
 # The GPU's other processes changing their memory by more than this while vLLM started: its memory refusal is
 # theirs to answer for (a neighbour starting, stopping or growing), not a refusal of its own settings.
 DISTURBED_MIB = 1024
+ENGINE_CORE = "VLLM::EngineCor"  # vLLM's engine core (VLLM::EngineCore, VLLM::EngineCore_DP0…) as /proc's comm has it
 TURN_HOLD_SECONDS = 1800  # vllm.readyTimeoutSeconds' default, for a single-model stack's spec that names none
 # A rank without an API server (mp, --headless) has what the turn protects once its workers have their KV cache
 KV_CACHE_LINES = ("Available KV cache memory", "memory for KV Cache as specified", "GPU KV cache size")
@@ -144,6 +148,9 @@ class Supervisor(MemoryWaits):
         self.others_at_start = None  # MiB the GPU's other processes held when vLLM started (None: unknown)
         self.quiet_refusals = 0  # memory refusals in a row with the GPU otherwise quiet
         self.started_wall = None  # wall-clock time of vLLM's last start
+        self.engine_seen = False  # this start of vLLM has had an engine core (a headless rank never has)
+        self.engine_gone_at = None  # since when it has none
+        self.ended_why = None  # why the supervisor itself ended vLLM, for its exit record
 
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
@@ -229,6 +236,7 @@ class Supervisor(MemoryWaits):
             )
         self.tree = Tree(self.vllm.pid)
         self.next_remember = now
+        self.engine_seen, self.engine_gone_at, self.ended_why = False, None, None
         with open(f"{RUN}/vllm.pid", "w") as handle:
             handle.write(str(self.vllm.pid))
         self.started_at = now
@@ -426,6 +434,24 @@ class Supervisor(MemoryWaits):
         if not self.tree.end(LEFTOVER_GRACE_SECONDS):
             say(f"still running after SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
 
+    def watch_engine(self, now):
+        """Ends vLLM once its engine core has been gone for stop_grace_seconds while the API server lives on:
+        the next step reads that as vLLM's exit (its reason from the log, a restart, the crash-loop count)."""
+        if any(process_name(pid).startswith(ENGINE_CORE) for pid in self.tree.alive()):
+            self.engine_seen, self.engine_gone_at = True, None
+            return
+        if not self.engine_seen:
+            return
+        if self.engine_gone_at is None:
+            self.engine_gone_at = now
+        elif now - self.engine_gone_at >= P.stop_grace_seconds:
+            say(
+                f"vLLM's engine core exited {now - self.engine_gone_at:.0f} s ago and its API server (pid "
+                f"{self.vllm.pid}) did not follow: ending what is left of vLLM"
+            )
+            self.engine_seen, self.ended_why = False, "its engine core exited and its API server did not follow"
+            self.tree.end(P.stop_grace_seconds, reap=self.vllm.poll)
+
     def output_since_start(self):
         try:
             with open(LOG, "rb") as handle:
@@ -443,6 +469,8 @@ class Supervisor(MemoryWaits):
         self.ray_ready = False
         output = self.output_since_start()
         error = exit_reason(code, output)
+        if self.ended_why:  # the supervisor ended it
+            error, self.ended_why = f"{self.ended_why}; its log's last error: {error_line(output) or 'none'}", None
         self.last_exit = {"code": code, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": error}
         recovery = self.recovery
         if GPU_BUSY_MESSAGE in output:
@@ -535,6 +563,7 @@ class Supervisor(MemoryWaits):
         elif self.vllm is not None and now >= self.next_remember:
             self.tree.remember()  # so that a SIGKILLed API server's children are still known
             self.next_remember = now + (0.5 if now - self.started_at < 60 else 2)
+            self.watch_engine(now)
         if spec and self.vllm is None and not self.failed:
             formed = self.cluster_formed(now)  # asked during the backoff too: the query overlaps the wait
             now = time.monotonic()

@@ -59,6 +59,13 @@ if os.environ.get("FAKE_VLLM_REFUSE"):  # vLLM 0.25 refusing its settings at sta
     sys.exit(1)
 if os.environ.get("FAKE_VLLM_KV_LINE"):  # a worker's line once its KV cache is allocated (vLLM 0.25's gpu_worker.py)
     print("(Worker pid=2) INFO 12-03 10:11:12 [gpu_worker.py:436] Available KV cache memory: 56.24 GiB", flush=True)
+if os.environ.get("FAKE_VLLM_ENGINE_DIES"):  # vLLM 0.25 on two H200s: the engine core fails, the API server waits on
+    subprocess.Popen([sys.executable, "-c", "import sys, time\\n"  # for good
+                      "open('/proc/self/comm', 'w').write('VLLM::EngineCore')\\n"
+                      f"time.sleep({float(os.environ['FAKE_VLLM_ENGINE_DIES'])})\\n"
+                      "print('(EngineCore pid=1789) ERROR 12-04 18:16:25 [core.py:1231] RuntimeError: Worker failed "
+                      "with error CUBLAS_STATUS_INTERNAL_ERROR', flush=True)\\n"
+                      "sys.exit(1)"])  # fmt: skip
 if os.environ.get("FAKE_VLLM_CRASH_AFTER"):
     time.sleep(float(os.environ["FAKE_VLLM_CRASH_AFTER"]))
     print(os.environ.get("FAKE_VLLM_CRASH_LINE", "ERROR EngineCore failed: out of memory"), flush=True)
@@ -291,6 +298,27 @@ def test_a_crash_loop_stops_after_max_restarts_and_says_why(node):
     assert json.loads(again.stdout.strip().splitlines()[-1])["vllm_pid"] is None
     assert "out of memory" in again.stdout  # the log tail
     del result
+
+
+def test_an_engine_core_gone_while_the_api_server_waits_on_is_vllms_exit(node):
+    """The API server outliving its engine core would never serve nor exit: after the stop grace (2 s here) the
+    supervisor ends it, says why, and restarts vLLM as after any exit, the engine's error as the reason."""
+    node.start(FAKE_VLLM_ENGINE_DIES="1")
+    node.serve(timeout=5, health_url=None)
+    first = node.status()["vllm_pid"]
+    assert wait_for(lambda: node.status().get("restarts_total", 0) >= 1, 20)
+    assert "did not follow: ending what is left of vLLM" in node.log()
+    exit_ = node.status()["last_exit"]
+    assert exit_["error"].startswith("its engine core exited and its API server did not follow; its log's last error:")
+    assert "RuntimeError: Worker failed with error" in exit_["error"]
+    assert node.status()["vllm_pid"] != first
+
+
+def test_a_live_engine_core_is_left_alone(node):
+    node.start(FAKE_VLLM_ENGINE_DIES="600")
+    node.serve(timeout=5, health_url=None)
+    holds_for(lambda: node.status().get("restarts_total") == 0, 4, "vLLM with its engine core, not restarted")
+    assert "did not follow" not in node.log()
 
 
 def test_a_start_vllm_refuses_for_its_own_settings_ends_the_loop_at_once(node):
