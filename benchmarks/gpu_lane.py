@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     missed = 0
     for path in sorted(folder.glob("lane-*.json")):
         report = json.loads(path.read_text())
-        print(f"{report['executor']:4} {report['model']:14} vLLM {report.get('vllm_version')} on "
-              f"{', '.join(report.get('gpu') or ['?'])}, {report.get('date')}")  # fmt: skip
+        tp = report.get("tensor_parallel_size", 1)
+        shape = f"{report['model']} TP={tp}" if tp > 1 else report["model"]
+        gpus = ", ".join(report.get("gpu") or ["?"])
+        print(f"{report['executor']:4} {shape:14} vLLM {report.get('vllm_version')} on {gpus}, {report.get('date')}")
         for what, figure, met in judge(report):
             mark = {True: "met", False: "MISSED", None: ""}[met]
             missed += met is False
