@@ -76,9 +76,12 @@ class Tree:
         self.seen = {}  # pid -> start time: processes once below the leader
 
     def remember(self):
+        """Keeps every process of it now in `seen`; returns them (what alive() would say)."""
         processes = all_processes()
-        for pid in self._members(processes):
+        members = self._members(processes)
+        for pid in members:
             self.seen.setdefault(pid, processes[pid][3])
+        return members
 
     def _members(self, processes):
         mine = {pid for pid, (_, pgid, sid, _) in processes.items() if self.leader in (pgid, sid)}

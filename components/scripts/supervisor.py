@@ -434,10 +434,11 @@ class Supervisor(MemoryWaits):
         if not self.tree.end(LEFTOVER_GRACE_SECONDS):
             say(f"still running after SIGKILL: {', '.join(describe(p) for p in sorted(self.tree.alive()))}")
 
-    def watch_engine(self, now):
-        """Ends vLLM once its engine core has been gone for stop_grace_seconds while the API server lives on:
-        the next step reads that as vLLM's exit (its reason from the log, a restart, the crash-loop count)."""
-        if any(process_name(pid).startswith(ENGINE_CORE) for pid in self.tree.alive()):
+    def watch_engine(self, now, alive):
+        """Ends vLLM once its engine core has been gone for stop_grace_seconds while the API server lives on
+        (`alive`: vLLM's processes now): the next step reads that as vLLM's exit (its reason from the log, a
+        restart, the crash-loop count)."""
+        if any(process_name(pid).startswith(ENGINE_CORE) for pid in alive):
             self.engine_seen, self.engine_gone_at = True, None
             return
         if not self.engine_seen:
@@ -561,9 +562,9 @@ class Supervisor(MemoryWaits):
         if self.vllm is not None and self.vllm.poll() is not None:
             self.vllm_exited(now)
         elif self.vllm is not None and now >= self.next_remember:
-            self.tree.remember()  # so that a SIGKILLed API server's children are still known
+            alive = self.tree.remember()  # so that a SIGKILLed API server's children are still known
             self.next_remember = now + (0.5 if now - self.started_at < 60 else 2)
-            self.watch_engine(now)
+            self.watch_engine(now, alive)
         if spec and self.vllm is None and not self.failed:
             formed = self.cluster_formed(now)  # asked during the backoff too: the query overlaps the wait
             now = time.monotonic()

@@ -141,9 +141,10 @@ def stack_config(
 ) -> dict:
     """The stack config of a one-node stack on this machine (`fabric`: its address and interface; with
     `tensor_parallel` above 1, that many of its GPUs, tensor-parallel)."""
-    node = {"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1]}
+    node = {"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1],
+            "gpus": tensor_parallel}  # fmt: skip
     return {
-        "nodes": [{**node, "gpus": tensor_parallel} if tensor_parallel > 1 else node],
+        "nodes": [node],
         "image": "lane",
         "model": model,
         "executor": executor,
