@@ -556,45 +556,64 @@ def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
 
 PROMETHEUS_PACKAGE = "prometheus"  # Debian's: the rehearsal's real Prometheus (one binary, linked to libc only)
 PROMETHEUS_REPO = "spark-vllm-rehearsal-prometheus"
+# Debian's HAProxy (the edge, components/plan/edge.py) and the libraries it links that the rehearsal image and a
+# bookworm host lack: unpacked, not installed (an install would start a haproxy service on the host).
+HAPROXY_PACKAGES = ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+HAPROXY_REPO = "spark-vllm-rehearsal-haproxy"
+
+
+def debian_root(cache_dir: Path, packages: tuple[str, ...]) -> Path:
+    """`packages` (`apt-get download`, this machine's apt sources) unpacked into one tree, kept in
+    CACHE/debian-<first package>; the tree's `.complete` says it is whole."""
+    root = Path(cache_dir) / f"debian-{packages[0]}"
+    if (root / ".complete").exists():
+        return root
+    with _locked(Path(cache_dir) / f"debian-{packages[0]}.lock"):
+        if (root / ".complete").exists():
+            return root
+        work = root.with_name(root.name + ".work")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        (work / "debs").mkdir(parents=True)
+        _run(["apt-get", "download", *packages], cwd=work / "debs")
+        for deb in sorted((work / "debs").glob("*.deb")):
+            _run(["dpkg-deb", "-x", str(deb), str(work / "root")])
+        (work / "root" / ".complete").write_text(" ".join(packages) + "\n")
+        (work / "root").rename(root)
+        shutil.rmtree(work, ignore_errors=True)
+    return root
+
+
+def haproxy_command(cache_dir: Path) -> list[str]:
+    """argv that runs Debian's haproxy from its unpacked tree on this (bookworm) machine."""
+    root = debian_root(cache_dir, HAPROXY_PACKAGES)
+    libs = ":".join(str(root / sub) for sub in ("usr/lib/x86_64-linux-gnu", "usr/lib"))
+    return ["env", f"LD_LIBRARY_PATH={libs}", str(root / "usr" / "sbin" / "haproxy")]
 
 
 def prometheus_binary(cache_dir: Path) -> Path:
-    """/usr/bin/prometheus of Debian's package (`apt-get download`, this machine's apt sources), kept in
-    CACHE/prometheus."""
-    target = Path(cache_dir) / "prometheus" / "prometheus"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = target.parent / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    _run(["apt-get", "download", PROMETHEUS_PACKAGE], cwd=work)
-    deb = next(work.glob(f"{PROMETHEUS_PACKAGE}_*.deb"))
-    _run(["dpkg-deb", "-x", str(deb), str(work / "root")])
-    shutil.copy2(work / "root" / "usr" / "bin" / "prometheus", target.with_suffix(".part"))
-    target.with_suffix(".part").rename(target)
-    shutil.rmtree(work, ignore_errors=True)
-    return target
+    """/usr/bin/prometheus of Debian's package (`apt-get download`, this machine's apt sources)."""
+    return debian_root(cache_dir, (PROMETHEUS_PACKAGE,)) / "usr" / "bin" / "prometheus"
 
 
-def publish_prometheus(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
-    """A Prometheus image in the registry: the rehearsal image (`base`, pulled from the registry by the
-    daemon at `docker_host`) with Debian's prometheus as /bin/prometheus, where prom/prometheus has it.
-    Returns its registry reference (tagged by the base and the binary)."""
+def _publish_derived(
+    cache_dir: Path, registry: str, docker_host: str, base: ImageInfo, repo: str, tree: Path, dockerfile: str
+) -> str:
+    """An image in the registry built FROM the rehearsal image (`base`, pulled from the registry by the daemon
+    at `docker_host`) with `tree` as the build context; tagged by the base, the tree's files and `dockerfile`.
+    Returns its registry reference."""
     cache_dir = Path(cache_dir).resolve()
-    binary = prometheus_binary(cache_dir)
-    digest = hashlib.sha256(base.ref.encode() + b"\0" + binary.read_bytes()).hexdigest()[:12]
-    remote = f"{registry}/{PROMETHEUS_REPO}:{digest}"
+    digest = hashlib.sha256(base.ref.encode() + b"\0" + dockerfile.encode())
+    for path in sorted(p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
+    remote = f"{registry}/{repo}:{digest.hexdigest()[:12]}"
     with _locked(cache_dir / "registry.lock"):
-        if registry_image_id(registry, f"{PROMETHEUS_REPO}:{digest}"):
+        if registry_image_id(registry, remote.split("/", 1)[1]):
             return remote
-        context = cache_dir / "prometheus" / "context"
+        context = cache_dir / f"{repo}-context"
         shutil.rmtree(context, ignore_errors=True)
-        context.mkdir(parents=True)
-        shutil.copy2(binary, context / "prometheus")
-        (context / "Dockerfile").write_text(
-            f"FROM {base.ref}\nCOPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
-        )
+        shutil.copytree(tree, context, symlinks=True)
+        (context / "Dockerfile").write_text(f"FROM {base.ref}\n{dockerfile}")
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
         docker(docker_host, "build", "-q", "-t", remote, str(context), env=env)
         docker(docker_host, "push", remote)
@@ -602,6 +621,28 @@ def publish_prometheus(cache_dir: Path, registry: str, docker_host: str, base: I
             docker(docker_host, "rmi", remote, base.ref)
         shutil.rmtree(context, ignore_errors=True)
     return remote
+
+
+def publish_prometheus(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
+    """A Prometheus image in the registry: the rehearsal image with Debian's prometheus as /bin/prometheus,
+    where prom/prometheus has it. Returns its registry reference."""
+    tree = debian_root(cache_dir, (PROMETHEUS_PACKAGE,)) / "usr" / "bin"
+    dockerfile = "COPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
+    return _publish_derived(cache_dir, registry, docker_host, base, PROMETHEUS_REPO, tree, dockerfile)
+
+
+def publish_haproxy(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
+    """An HAProxy image in the registry, laid out as the official `haproxy` image is where the edge relies on it:
+    the binary on PATH (/usr/local/sbin/haproxy), a shell, and the user `haproxy` (uid 99) it runs as. Returns
+    its registry reference."""
+    tree = debian_root(cache_dir, HAPROXY_PACKAGES) / "usr"
+    dockerfile = (
+        "COPY . /usr/\n"
+        "RUN ldconfig && ln -s /usr/sbin/haproxy /usr/local/sbin/haproxy"
+        " && groupadd -g 99 haproxy && useradd -u 99 -g 99 -d /var/lib/haproxy -s /usr/sbin/nologin haproxy\n"
+        "USER haproxy\n"
+    )
+    return _publish_derived(cache_dir, registry, docker_host, base, HAPROXY_REPO, tree, dockerfile)
 
 
 def _archive_id(cache_dir: Path) -> str:

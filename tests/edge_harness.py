@@ -1,0 +1,179 @@
+"""A real HAProxy (Debian's, unpacked: tests/e2e/image/build.py haproxy_command) running the edge's rendered
+configuration on loopback, in front of an upstream that records every byte it receives: what the edge lets
+through is what that upstream saw."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from components.plan.edge import EdgeSpec, render
+from tests.e2e.image.build import haproxy_command
+from tests.e2e.rehearsal import CACHE_DIR
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Recorder:
+    """An upstream on loopback that answers every request with 200 and its own request line, and keeps each
+    connection's bytes as they came."""
+
+    port: int = field(default_factory=free_port)
+    received: list[bytes] = field(default_factory=list)
+
+    def start(self) -> Recorder:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        index = len(self.received)
+        self.received.append(b"")
+        buf = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.received[index] += data
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    head, _, rest = buf.partition(b"\r\n\r\n")
+                    body_len = _content_length(head)
+                    if body_len is None:  # chunked: to its last chunk
+                        end = rest.find(b"0\r\n\r\n")
+                        if end < 0:
+                            break
+                        buf = rest[end + 5 :]
+                    else:
+                        if len(rest) < body_len:
+                            break
+                        buf = rest[body_len:]
+                    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                    answer = json.dumps({"upstream": line}).encode()
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                        + str(len(answer)).encode()
+                        + b"\r\n\r\n"
+                        + answer
+                    )
+
+    def request_lines(self) -> list[str]:
+        lines = []
+        for raw in self.received:
+            for head in raw.split(b"\r\n\r\n"):
+                first = head.split(b"\r\n", 1)[0].decode("latin-1")
+                if first.split(" ")[0] in ("GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"):
+                    lines.append(first)
+        return lines
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"transfer-encoding":
+            return None
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+@dataclass
+class Edge:
+    """HAProxy with `spec` (host and upstream filled in), its log in `log`."""
+
+    spec: EdgeSpec
+    directory: Path
+
+    def start(self) -> Edge:
+        self.config = self.directory / "haproxy.cfg"
+        self.config.write_text(render(self.spec))
+        self.log = self.directory / "haproxy.log"
+        self.process = subprocess.Popen(
+            [*haproxy_command(CACHE_DIR), "-W", "-db", "-f", str(self.config)],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # listening, and the master past its start (a reload's signal is heard)
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.spec.port), timeout=1):
+                if b"Loading success" in self.log.read_bytes():
+                    return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {self.log.read_text()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not listen: {self.log.read_text()}")
+
+    def reload(self, spec: EdgeSpec) -> None:
+        """The new configuration, as the edge's step applies it: written, then SIGUSR2 to the master."""
+        self.spec = spec
+        self.config.write_text(render(spec))
+        self.process.send_signal(12)  # SIGUSR2
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def edge_spec(upstream: Recorder, **changes) -> EdgeSpec:
+    base = EdgeSpec(host="127.0.0.1", port=free_port(), upstream_host="127.0.0.1", upstream_port=upstream.port)
+    return replace(base, **changes)
+
+
+def exchange(port: int, raw: bytes, wait: float = 2.0) -> bytes:
+    """`raw` sent on one connection; everything answered until the edge closes it or `wait` passes quietly."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(raw)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (TimeoutError, OSError):
+                return answer
+            if not data:
+                return answer
+            answer += data
+
+
+def statuses(answer: bytes) -> list[int]:
+    """The status codes of every answer on a connection, in order."""
+    found = []
+    for line in answer.split(b"\r\n"):
+        if line.startswith(b"HTTP/1."):
+            parts = line.split(b" ")
+            if len(parts) > 1 and parts[1].isdigit():
+                found.append(int(parts[1]))
+    return found

@@ -1,0 +1,320 @@
+"""The edge (components/plan/edge.py): its configuration rendered, and a real HAProxy running it in front of an
+upstream that records every byte. The attack table is spellings of the same few intents (reach vllm-router's
+admin API or vLLM's unguarded routes, get a completion without the key, smuggle a request past the edge): each
+must be refused, and the upstream must never see anything but the routes the endpoint serves."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from components.plan.edge import ROUTES, EdgeSpec, Timeouts, key_digest, quoted, render
+from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
+
+KEY = "sk-edge-test-key"
+CHAT = b'{"model":"small","messages":[{"role":"user","content":"hi"}]}'
+
+# What must never reach the upstream: vllm-router's admin API (unauthenticated in 0.1.17) and vLLM's routes that
+# its --api-key does not guard (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX: /v1, /v2, /inference
+# only) or that are not the endpoint's to serve.
+FORBIDDEN = (
+    "/workers", "/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=http://x", "/list_workers",
+    "/flush_cache", "/get_loads", "/invocations", "/tokenize", "/detokenize", "/pooling", "/classify", "/score",
+    "/rerank", "/v1/rerank", "/metrics", "/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
+    "/collective_rpc", "/v1/load_lora_adapter", "/server_info", "/v2/rerank", "/inference/v1/generate",
+)  # fmt: skip
+
+
+def spellings(path: str, host: str) -> list[str]:
+    """One target written the ways an HTTP/1.1 parser might read as `path`."""
+    bare = path.split("?", 1)[0]
+    name = bare.lstrip("/")
+    return [
+        path,
+        f"http://{host}{path}",  # absolute-form, the Host header agreeing
+        f"http://x{path}",  # absolute-form, the Host header disagreeing
+        f"/{path}",  # a doubled slash
+        f"/v1/..{path}",  # dot segments
+        f"/v1/chat/completions/../..{path}",
+        f"/v1/./.{path}",
+        f"/v1/models/%2e%2e/%2e%2e{path}",  # encoded dot segments
+        "/%" + format(ord(name[0]), "02x") + name[1:],  # a percent-encoded first letter
+        "/%" + format(ord(name[0]), "02X") + name[1:],
+        "/" + name.upper(),  # another case
+        f"{bare};x",  # a `;` parameter
+        f"/v1/chat/completions;/../..{path}",
+        f"/v1/chat/completions%2F..%2F..{bare}",
+        f"/v1/chat/completions/..%2F..{bare}",
+    ]
+
+
+@pytest.fixture
+def upstream():
+    recorder = Recorder().start()
+    yield recorder
+    recorder.close()
+
+
+@pytest.fixture
+def edge(upstream, tmp_path):
+    running = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),)), tmp_path).start()
+    yield running
+    running.close()
+
+
+def request(method: str, target: str, host: str, key: str | None = KEY, body: bytes = b"", version="HTTP/1.1") -> bytes:
+    head = f"{method} {target} {version}\r\nHost: {host}\r\nConnection: close\r\n"
+    if key is not None:
+        head += f"Authorization: Bearer {key}\r\n"
+    if body or method == "POST":
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+def upstream_saw_only_routes(upstream: Recorder) -> None:
+    time.sleep(0.1)  # what was forwarded has arrived
+    for line in upstream.request_lines():
+        method, target, _ = line.split(" ")
+        assert target in ROUTES and method in ROUTES[target], f"the upstream received {line!r}"
+
+
+# --- the configuration, rendered -------------------------------------------------------------------
+
+
+def test_quoted_takes_every_character_literally():
+    assert quoted('a"b$HOME\\c') == '"a\\"b\\$HOME\\\\c"'
+
+
+@pytest.mark.parametrize("hostile", ["a\nb", "a\rb", "a\x00b", "a\x7fb"])
+def test_a_control_character_cannot_reach_the_configuration(hostile):
+    with pytest.raises(ValueError, match="control character"):
+        quoted(hostile)
+
+
+def test_the_configuration_holds_digests_never_a_key():
+    text = render(EdgeSpec("0.0.0.0", 8080, "127.0.0.1", 29001, key_digests=(key_digest(KEY),)))
+    assert KEY not in text
+    assert key_digest(KEY) in text
+
+
+def test_without_keys_no_key_is_asked_for_but_routes_still_are():
+    text = render(EdgeSpec("0.0.0.0", 8080, "127.0.0.1", 29001))
+    assert "keyed" not in text
+    assert "status 404" in text
+
+
+# --- a real HAProxy ---------------------------------------------------------------------------------
+
+
+def test_a_client_with_the_key_reaches_every_route(edge, upstream):
+    host = f"127.0.0.1:{edge.spec.port}"
+    for target, methods in ROUTES.items():
+        answer = exchange(edge.spec.port, request(methods[0], target, host, body=CHAT if methods[0] == "POST" else b""))
+        assert statuses(answer) == [200], (target, answer)
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"upstream": f"{methods[0]} {target} HTTP/1.1"}
+
+
+def test_an_absolute_form_target_reaches_the_upstream_in_origin_form(edge, upstream):
+    host = f"127.0.0.1:{edge.spec.port}"
+    answer = exchange(edge.spec.port, request("POST", f"http://{host}/v1/chat/completions?x=1", host, body=CHAT))
+    assert statuses(answer) == [200]
+    assert upstream.request_lines() == ["POST /v1/chat/completions?x=1 HTTP/1.1"]
+
+
+@pytest.mark.parametrize("key", [None, "wrong", KEY.upper(), KEY + "x", ""])
+@pytest.mark.parametrize("method,target", [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                                           ("GET", "/v1/models")])  # fmt: skip
+def test_no_completion_and_no_model_list_without_the_key(edge, upstream, key, method, target):
+    host = f"127.0.0.1:{edge.spec.port}"
+    answer = exchange(edge.spec.port, request(method, target, host, key=key, body=CHAT if method == "POST" else b""))
+    assert statuses(answer) == [401]
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("authorization", [f"bearer {KEY}", f"Bearer  {KEY}", KEY, f"Basic {KEY}", f"Bearer{KEY}"])
+def test_the_key_counts_only_as_vllm_reads_it(edge, upstream, authorization):
+    raw = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nAuthorization: {authorization}\r\n"
+        f"Content-Length: {len(CHAT)}\r\nConnection: close\r\n\r\n"
+    ).encode() + CHAT
+    assert statuses(exchange(edge.spec.port, raw)) == [401]
+    assert upstream.received == []
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_first(edge, upstream):
+    for first, second in ((KEY, "wrong"), ("wrong", KEY)):
+        raw = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {first}\r\n"
+            f"Authorization: Bearer {second}\r\nContent-Length: {len(CHAT)}\r\nConnection: close\r\n\r\n"
+        ).encode() + CHAT
+        assert statuses(exchange(edge.spec.port, raw)) in ([400], [401])
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("key", [KEY, None, "wrong"])
+@pytest.mark.parametrize("path", FORBIDDEN)
+def test_no_spelling_of_a_route_not_served_reaches_the_upstream(edge, upstream, path, key):
+    host = f"127.0.0.1:{edge.spec.port}"
+    for target in spellings(path, host):
+        for method in ("GET", "POST", "DELETE"):
+            answer = exchange(edge.spec.port, request(method, target, host, key=key, body=b"{}"))
+            found = statuses(answer)
+            assert found and found[0] in (400, 401, 404, 405), (method, target, answer[:200])
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("version", ["HTTP/1.0", "HTTP/1.1"])
+def test_http_1_0_is_held_to_the_same_routes(edge, upstream, version):
+    raw = f"GET /workers {version}\r\n\r\n".encode()
+    assert statuses(exchange(edge.spec.port, raw))[0] in (400, 401, 404)
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("raw", [b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: h\r\n\r\n",
+                                 b"TRACE / HTTP/1.1\r\nHost: h\r\n\r\n", b"GET workers HTTP/1.1\r\nHost: h\r\n\r\n",
+                                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"])  # fmt: skip
+def test_other_request_forms_are_refused(edge, upstream, raw):
+    exchange(edge.spec.port, raw)
+    assert upstream.received == []
+
+
+HIDDEN = b"GET /workers HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def smuggled(framing: bytes, body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n" + framing
+        + b"\r\n" + body
+    )  # fmt: skip
+
+
+SMUGGLING = {
+    "Transfer-Encoding and Content-Length": smuggled(
+        b"Content-Length: 44\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "Content-Length then Transfer-Encoding": smuggled(
+        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "a header line ended by a bare LF": smuggled(
+        b"X-A: 1\nTransfer-Encoding: chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "Transfer-Encoding with an obs-fold": smuggled(
+        b"Transfer-Encoding:\r\n chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "Transfer-Encoding not chunked": smuggled(
+        b"Transfer-Encoding: identity\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "two Content-Lengths": smuggled(b"Content-Length: 0\r\nContent-Length: 44\r\n", HIDDEN),
+    "a space before the colon": smuggled(
+        b"Transfer-Encoding : chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
+    ),
+    "a chunk size with garbage": smuggled(b"Transfer-Encoding: chunked\r\n", b"0x\r\n\r\n" + HIDDEN),
+}
+
+
+@pytest.mark.parametrize("name", SMUGGLING)
+def test_no_request_is_smuggled_past_the_edge(edge, upstream, name):
+    exchange(edge.spec.port, SMUGGLING[name])
+    time.sleep(0.1)
+    assert not any(b"/workers" in raw for raw in upstream.received), upstream.received
+    upstream_saw_only_routes(upstream)
+
+
+def test_an_oversized_head_is_refused(edge, upstream):
+    raw = request("POST", "/v1/chat/completions", "h", body=CHAT).replace(
+        b"\r\n\r\n", b"\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 1
+    )
+    assert statuses(exchange(edge.spec.port, raw))[:1] in ([400], [431], [])
+    assert upstream.received == []
+
+
+# --- the model list, answered by the edge itself ------------------------------------------------------
+
+
+@pytest.fixture
+def catalogue_edge(upstream, tmp_path):
+    models = [{"id": "Qwen/Qwen3-8B", "root": "/models/qwen", "max_model_len": 8192}, {"id": "small", "root": None}]
+    running = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),), models=models), tmp_path).start()
+    yield running
+    running.close()
+
+
+def body_of(answer: bytes):
+    return json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def test_the_model_list_is_openais_with_every_declared_model(catalogue_edge, upstream):
+    answer = exchange(catalogue_edge.spec.port, request("GET", "/v1/models", "h"))
+    listed = body_of(answer)
+    assert listed["object"] == "list"
+    assert [card["id"] for card in listed["data"]] == ["Qwen/Qwen3-8B", "small"]
+    assert listed["data"][0]["root"] == "/models/qwen" and listed["data"][0]["max_model_len"] == 8192
+    assert listed["data"][1]["root"] == "small"
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("target", ["/v1/models/Qwen/Qwen3-8B", "/v1/models/Qwen%2FQwen3-8B"])
+def test_one_models_card_as_written_or_encoded(catalogue_edge, target):
+    assert body_of(exchange(catalogue_edge.spec.port, request("GET", target, "h")))["id"] == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize("target", ["/v1/models/nope", "/v1/models/../../workers", "/v1/models/small/../../workers"])
+def test_an_unknown_model_card_is_404_and_never_forwarded(catalogue_edge, upstream, target):
+    assert statuses(exchange(catalogue_edge.spec.port, request("GET", target, "h"))) == [404]
+    assert statuses(exchange(catalogue_edge.spec.port, request("GET", target, "h", key=None))) == [401]
+    assert upstream.received == []
+
+
+def test_a_model_id_with_every_awkward_character_round_trips(upstream, tmp_path):
+    awkward = "we\"ird $HOME \\x/y#z'q"
+    edge = Edge(edge_spec(upstream, models=[{"id": awkward}]), tmp_path).start()
+    try:
+        listed = body_of(exchange(edge.spec.port, request("GET", "/v1/models", "h", key=None)))
+        assert listed["data"][0]["id"] == awkward
+    finally:
+        edge.close()
+
+
+# --- outliving abuse ---------------------------------------------------------------------------------
+
+
+def test_slow_and_idle_clients_are_dropped_and_the_endpoint_still_answers(upstream, tmp_path):
+    edge = Edge(edge_spec(upstream, max_connections=8, timeouts=Timeouts(head=1, idle=1)), tmp_path).start()
+    try:
+        held = [socket.create_connection(("127.0.0.1", edge.spec.port)) for _ in range(8)]
+        for index, sock in enumerate(held):  # half send a head that never ends, half nothing at all
+            if index % 2:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\n")
+        started = time.monotonic()
+        for sock in held:
+            sock.settimeout(5)
+            while sock.recv(4096):
+                pass
+            sock.close()
+        assert time.monotonic() - started < 4
+        answer = exchange(edge.spec.port, request("GET", "/health", "h", key=None))
+        assert statuses(answer) == [200]
+    finally:
+        edge.close()
+
+
+def test_a_reload_keeps_the_listener_and_applies_new_keys(upstream, tmp_path):
+    edge = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),)), tmp_path).start()
+    try:
+        second = "sk-second-key-0001"
+        edge.reload(edge_spec(upstream, port=edge.spec.port, key_digests=(key_digest(second),)))
+
+        def applied() -> bool:  # the old process stops listening once the new one does: a moment with both
+            old = exchange(edge.spec.port, request("POST", "/v1/completions", "h", body=b"{}"))
+            new = exchange(edge.spec.port, request("POST", "/v1/completions", "h", key=second, body=b"{}"))
+            return statuses(old) == [401] and statuses(new) == [200]
+
+        deadline, streak = time.monotonic() + 10, 0
+        while streak < 5 and time.monotonic() < deadline:
+            streak = streak + 1 if applied() else 0
+        assert streak == 5
+    finally:
+        edge.close()
