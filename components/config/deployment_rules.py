@@ -227,24 +227,39 @@ def router_exposes_nothing(cfg: Any) -> list[str]:
     ]
 
 
-REACH = ("nodes[*].fabricAddress", "network.guard", "network.apiSources", "deployments[].vllm.host")
+@rule(*PLACED, "router.enabled", deferred=True)
+def several_replicas_have_the_router(cfg: Any) -> list[str]:
+    """The edge in front of the endpoint has one upstream: one vLLM, or vllm-router in front of several (each
+    vLLM listens on its head's fabric address only, components/plan/endpoint.py)."""
+    count = sum(deployment.replicas for _, deployment in placed(cfg))
+    if cfg.router.enabled or count < 2:
+        return []
+    return [
+        problem(
+            "router.enabled",
+            False,
+            f"on (its default here) with {count} replicas: the endpoint's edge sends every request to vllm-router, "
+            "which routes it by its model; no vLLM listens on the network by itself",
+        )
+    ]
+
+
+REACH = ("nodes[*].fabricAddress", "deployments[].vllm.host")
 
 
 @rule(*PLACED, *REACH, "router.enabled", "router.node", deferred=True)
 def router_reaches_replicas(cfg: Any) -> list[str]:
-    """The router sends each request to a replica's API server: one listening on loopback of another node, or
-    fenced by network.guard from the router node's fabric address, never answers it."""
+    """The router sends each request to a replica's API server: one listening on loopback of another node never
+    answers it (network.guard lets every node's fabric address in: network.apiSources limits the edge alone)."""
     router = cfg.router
     home = next((node for node in cfg.nodes if node.name == router.node), None)
     if not router.enabled or home is None:
         return []
-    sources = cfg.network.api_sources if cfg.network.guard else []
     found = []
     for index, deployment in placed(cfg):
         away = [group[0] for group in _groups(deployment) if group[0] != home.name]
         if away:  # a replica on the router's own node is reached on loopback
-            found += _unreached(index, deployment, away[0], home, "router.node", "the router that sends it requests",
-                                sources)  # fmt: skip
+            found += _unreached(index, deployment, away[0], home, "router.node")
     return list(dict.fromkeys(found))
 
 
@@ -258,39 +273,29 @@ def prometheus_reaches_replicas(cfg: Any) -> list[str]:
     found = []
     for index, deployment in placed(cfg):
         if scraper.name not in deployment.nodes:
-            found += _unreached(index, deployment, deployment.nodes[0], scraper, "metrics.prometheusNode",
-                                "its Prometheus that scrapes /metrics there", cfg.network.api_sources)  # fmt: skip
+            found += _unreached(index, deployment, deployment.nodes[0], scraper, "metrics.prometheusNode")
     return list(dict.fromkeys(found))
 
 
-def unreached(host_key: str, host: Any, server: str, client: Any, client_key: str, who: str, sources) -> list[str]:
+def unreached(host_key: str, host: Any, server: str, client: Any, client_key: str) -> list[str]:
     """What keeps `client` (a node, named by `client_key`) from `server` (an API server on another node, whose
-    bind `host` is `host_key`): a loopback bind, or network.guard's `sources` leaving the client's fabric
-    address out."""
+    bind `host` is `host_key`): a loopback bind. (vLLM listens on its head's fabric address, behind the edge:
+    network.guard lets every node's fabric address reach it, whatever network.apiSources says.)"""
     if host.is_loopback:
         return [
             problem(
                 host_key,
                 str(host),
                 f"an address {client_key} {client.name} reaches: {server} would listen on its loopback only "
-                "(0.0.0.0, the default, or that node's fabric address)",
-            )
-        ]
-    if sources and not any(client.fabric_address in source for source in sources):
-        return [
-            problem(
-                "network.apiSources",
-                [str(source) for source in sources],
-                f"a network holding {client.fabric_address}, {client_key} {client.name}'s fabric address: the guard "
-                f"would fence {server} from {who}",
+                "(0.0.0.0, the default: the head's fabric address)",
             )
         ]
     return []
 
 
-def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: str, who: str, sources) -> list[str]:
+def _unreached(index: int, deployment: Any, head: str, client: Any, client_key: str) -> list[str]:
     server = f"{deployment.name}'s API server on node {head}"
-    return unreached(f"deployments[{index}].vllm.host", deployment.vllm.host, server, client, client_key, who, sources)
+    return unreached(f"deployments[{index}].vllm.host", deployment.vllm.host, server, client, client_key)
 
 
 # vLLM 0.25's flag for a KV cache set in bytes; argparse takes any unique prefix of it, the shortest being

@@ -10,7 +10,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from components.config.deployments import RouterConfig
-from components.config.sections import FabricConfig, FabricCopyConfig, MetricsConfig, NodeConfig, RayConfig, VllmConfig
+from components.config.sections import (
+    EdgeConfig,
+    FabricConfig,
+    FabricCopyConfig,
+    MetricsConfig,
+    NodeConfig,
+    RayConfig,
+    VllmConfig,
+)
 
 # Ray's listeners: (key under `ray`, on the head only, what listens there).
 RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
@@ -64,8 +72,12 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
     head_name = cfg.head if cfg.head is not None else cfg.nodes[0].name
     is_head = node.name == head_name
     vllm = cfg.vllm
-    if is_head:
+    if is_head and cfg.router.enabled:
         found.add("vllm.port", "vLLM API server", vllm.port, default=_single(VllmConfig, "port"))
+    elif is_head:  # the edge takes the endpoint's port, vLLM another behind it
+        found.add("vllm.port", "the endpoint's edge", vllm.port, default=_single(VllmConfig, "port"))
+        found.add("edge.vllmPort", "vLLM API server, behind the edge", cfg.edge.vllm_port,
+                  default=_single(EdgeConfig, "vllm_port"))  # fmt: skip
     if cfg.executor == "mp" and is_head and len(cfg.nodes) > 1:
         found.add("vllm.masterPort", "vLLM rank 0 with executor mp", vllm.master_port,
                   default=_single(VllmConfig, "master_port"))  # fmt: skip
@@ -114,10 +126,11 @@ def _service_listeners(found: _Found, cfg: Any, node: Any, head_name: str) -> No
                   default=_single(MetricsConfig, "grafana_port"))  # fmt: skip
     router = cfg.router
     if router.enabled and router.node == node.name:
-        found.add("router.port", "the router (vllm-router)", router.port, default=_single(RouterConfig, "port"))
+        found.add("router.port", "the endpoint's edge, before vllm-router", router.port,
+                  default=_single(RouterConfig, "port"))  # fmt: skip
         found.add("router.metricsPort", "the router's metrics", router.metrics_port,
                   default=_single(RouterConfig, "metrics_port"))  # fmt: skip
-        found.add("router.innerPort", "vllm-router behind the router's front, on loopback", router.inner_port,
+        found.add("router.innerPort", "vllm-router behind the edge, on loopback", router.inner_port,
                   default=_single(RouterConfig, "inner_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = transfer.method == "copy" or sync.enabled is True

@@ -12,6 +12,7 @@ from components.config.deployments import DeploymentConfig, ModelSettings, Route
 from components.config.sections import (
     BenchmarkConfig,
     ContainerConfig,
+    EdgeConfig,
     FabricConfig,
     FabricCopyConfig,
     ImageTransferConfig,
@@ -188,6 +189,9 @@ class ClusterConfig(ModelSettings, _Machines):
     )
     router: RouterConfig = Field(
         default_factory=RouterConfig, description="One endpoint for every deployment (vllm-router)."
+    )
+    edge: EdgeConfig = Field(
+        default_factory=EdgeConfig, description="The endpoint's gate (HAProxy): keys and routes checked first."
     )
     promote_from: Optional[StackName] = Field(
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."

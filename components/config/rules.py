@@ -139,26 +139,25 @@ def router_runs_on_a_node(cfg: Any) -> list[str]:
     return names_a_node(cfg, "router.node", cfg.router.node) if cfg.router.enabled else []
 
 
-@rule("router.enabled", "router.node", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.guard",
-      "network.apiSources", deferred=True)  # fmt: skip
+@rule("router.enabled", "router.node", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", deferred=True)
 def router_reaches_vllm(cfg: Any) -> list[str]:
     """The router on another node than the head sends it every request: vLLM there must listen where the router
-    reaches it, and network.guard must let the router's fabric address in. With deployments this runs on each
-    replica's view (router.node among its nodes); deployment_rules.router_reaches_replicas judges the rest."""
+    reaches it. With deployments this runs on each replica's view (router.node among its nodes);
+    deployment_rules.router_reaches_replicas judges the rest."""
     router = cfg.router
     home = next((node for node in cfg.nodes if node.name == router.node), None)
     head = _head(cfg)
     if not router.enabled or home is None or home.name == head:
         return []
-    sources = cfg.network.api_sources if cfg.network.guard else []
-    server, who = f"vLLM on the head ({head})", "the router that sends it requests"
-    return unreached("vllm.host", cfg.vllm.host, server, home, "router.node", who, sources)
+    return unreached("vllm.host", cfg.vllm.host, f"vLLM on the head ({head})", home, "router.node")
 
 
-@rule("metrics.prometheusNode", "nodes[].name", "nodes[].fabricAddress", "head", "vllm.host", "network.apiSources")
+@rule("metrics.prometheusNode", "nodes[].name", "head", "vllm.host")
 def prometheus_reaches_vllm(cfg: Any) -> list[str]:
     """The metrics' Prometheus node reaches vLLM on the head (of each replica, with deployments: a
-    Prometheus on a node the replica does not run on is checked by components/config/replicas.py)."""
+    Prometheus on a node the replica does not run on is checked by components/config/replicas.py). vLLM
+    listens on the head's fabric address, which network.guard lets every node reach: network.apiSources
+    limits the edge alone."""
     wanted = cfg.metrics.prometheus_node
     nodes = {node.name: node for node in cfg.nodes}
     if wanted is None or wanted not in nodes:
@@ -170,16 +169,6 @@ def prometheus_reaches_vllm(cfg: Any) -> list[str]:
                 "metrics.prometheusNode",
                 node.name,
                 f"the head ({head}): vLLM binds {cfg.vllm.host} (vllm.host), which only the head itself reaches",
-            )
-        )
-    sources = cfg.network.api_sources
-    if node.name != head and sources and not any(node.fabric_address in source for source in sources):
-        problems.append(
-            problem(
-                "network.apiSources",
-                [str(source) for source in sources],
-                f"a network holding {node.fabric_address}, metrics.prometheusNode {node.name}'s fabric address: "
-                "its Prometheus scrapes vLLM's /metrics on the head",
             )
         )
     return problems
@@ -298,7 +287,7 @@ PORT_KEYS = (
     "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
     "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
     "metrics.nodePort", "metrics.grafanaNode", "metrics.grafanaPort", "router.enabled", "router.node", "router.port",
-    "router.metricsPort", "router.innerPort",
+    "router.metricsPort", "router.innerPort", "edge.vllmPort",
     "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
 )  # fmt: skip
 

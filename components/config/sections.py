@@ -92,9 +92,17 @@ class VllmConfig(_Model):
     """`vllm`: what `vllm serve` is given beside the model and the parallelism, and how long the deploy waits."""
 
     host: ipaddress.IPv4Address = Field(
-        ipaddress.IPv4Address("0.0.0.0"), description="Address vLLM binds on the head node (`--host`)."
+        ipaddress.IPv4Address("0.0.0.0"),
+        description="Where the model's API is served on the head node. Without the router: the address the edge "
+        "(the stack's endpoint) listens on, vLLM itself listening behind it on the head's fabric address (or on "
+        "this address, when it is not 0.0.0.0). Behind the router: the address vLLM binds (`--host`), 0.0.0.0 "
+        "meaning the head's fabric address: vLLM never listens on the management network.",
     )
-    port: Port = Field(8000, description="HTTP port of the OpenAI-compatible server (`--port`).")
+    port: Port = Field(
+        8000,
+        description="Without the router: the endpoint's port, the edge's (vLLM itself takes edge.vllmPort). Behind "
+        "the router: vLLM's own port (`--port`).",
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`), in (0, 1]."
     )
@@ -448,6 +456,31 @@ class MetricsConfig(_Model):
     )
     grafana_image: ImageRef = Field("grafana/grafana:12.0.2", description="Image of that Grafana.")
     grafana_port: Port = Field(3000, description="Port of that Grafana's web UI (GF_SERVER_HTTP_PORT).")
+
+
+class EdgeConfig(_Model):
+    """`edge`: HAProxy in front of the stack's endpoint (components/plan/edge.py), the one way in from the
+    network: the key checked and the route on its allow-list before anything reaches vllm-router or vLLM."""
+
+    image: ImageRef = Field(
+        "haproxy:3.0",
+        description="The HAProxy image (the official one; pinned to its digest at deploy, as the node pulled it). "
+        "It needs /bin/bash and haproxy on its PATH, as the official Debian-based image has them.",
+    )
+    max_connections: int = Field(
+        1024, ge=16, le=1000000, description="Client connections it holds at once; more wait in the kernel's queue."
+    )
+    head_timeout_seconds: int = Field(
+        10, ge=1, le=3600, description="How long a client may take to send a request's head (slow heads dropped)."
+    )
+    idle_timeout_seconds: int = Field(
+        60, ge=1, le=86400, description="How long a kept-alive client connection may sit idle between requests."
+    )
+    vllm_port: Port = Field(
+        29002,
+        description="Without the router: the port vLLM itself listens on behind the edge, on the head's fabric "
+        "address (the endpoint keeps vllm.port).",
+    )
 
 
 class SecurityConfig(_Model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
+from components.plan.endpoint import vllm_url
 from components.plan.names import (
     CONTAINER_PREFIX,
     GUARD_MARKER_IN_NODE,
@@ -114,7 +115,7 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenan
         # What vLLM asks of each GPU (or a GB10's unified memory) at start: the supervisor waits until it is
         # free, where nvidia-smi reads it (none in a container without GPUs: then vLLM's own check decides).
         gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
-        health_url=f"http://{local_http_host(cfg)}:{cfg.vllm.port}/health" if is_head else None,
+        health_url=f"{vllm_url(cfg)}/health" if is_head else None,
         ray_ready=ray_ready,
         oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,
         tenancy=shared,
@@ -161,8 +162,3 @@ def cluster_wait_params(cfg: ClusterConfig) -> dict[str, Any]:
         poll_seconds=POLL_SECONDS,
         progress_seconds=PROGRESS_SECONDS,
     )
-
-
-def local_http_host(cfg: ClusterConfig) -> str:
-    """Where the head node itself reaches vLLM: loopback unless vLLM is bound to one address."""
-    return "127.0.0.1" if str(cfg.vllm.host) == "0.0.0.0" else str(cfg.vllm.host)

@@ -34,7 +34,7 @@ SCRIPT_HELPERS = {
     "hf_download.py": ("node_contract.py", "vllm_weights.py", "node_common.py"),
     "ray_join.py": ("node_contract.py",),
     "node_benchmark.py": ("node_contract.py",),
-    "router_keeper.py": ("node_contract.py", "node_chat.py", "router_front.py"),
+    "router_keeper.py": ("node_contract.py", "node_chat.py"),
     "nccl_bandwidth.py": ("node_contract.py",),
     "node_fabric_gate.py": ("node_contract.py",),
     "image_pull.py": ("node_contract.py", "docker_api.py", "node_common.py"),

@@ -3,10 +3,10 @@ GPU lane renders the same (tests/gpu/lane_router.py)."""
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Optional
+from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
+from components.plan.endpoint import vllm_url
 from components.scripts.node_contract import KeeperParams, params_of
 
 
@@ -14,16 +14,9 @@ def router_node(cfg: ClusterConfig) -> NodeConfig:
     return next(node for node in cfg.nodes if node.name == cfg.router.node)
 
 
-def endpoint(cfg: ClusterConfig) -> str:
-    return f"http://{router_node(cfg).host}:{cfg.router.port}/v1"
-
-
 def replica_url(replica_cfg: ClusterConfig) -> str:
-    """Where the router reaches a replica's API server: its head's fabric address (vLLM on every address),
-    else the address vLLM binds."""
-    host = replica_cfg.vllm.host
-    address = replica_cfg.head_node.fabric_address if host.is_unspecified else host
-    return f"http://{address}:{replica_cfg.vllm.port}"
+    """Where the router reaches a replica's API server: where it listens, on its head's fabric address."""
+    return vllm_url(replica_cfg)
 
 
 def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:
@@ -43,8 +36,3 @@ def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]
         health_interval=router.health_check_interval_seconds,
         **extra,
     )
-
-
-def key_digest(api_key: Optional[str]) -> Optional[str]:
-    """What the router's front checks a client's key against: its sha256 (the key itself stays out of its state)."""
-    return hashlib.sha256(api_key.encode()).hexdigest() if api_key else None

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
-from components.plan.container import local_http_host, node_rank, supervisor_spec
+from components.plan.container import node_rank, supervisor_spec
+from components.plan.endpoint import vllm_host, vllm_port, vllm_url
 from components.plan.engine import EngineSettings
 from components.plan.names import (
     POLL_SECONDS,
@@ -72,8 +73,8 @@ def serve_argv(
         argv.append(f"--max-model-len={settings.max_model_len}")
     argv += [
         f"--gpu-memory-utilization={cfg.vllm.gpu_memory_utilization}",
-        f"--host={cfg.vllm.host}",
-        f"--port={cfg.vllm.port}",
+        f"--host={vllm_host(cfg)}",
+        f"--port={vllm_port(cfg)}",
         f"--served-model-name={cfg.vllm.served_model_name or model}",
     ]
     if settings.trust_remote_code:
@@ -138,7 +139,8 @@ def handover_params(
 
 
 def http_base(cfg: ClusterConfig) -> str:
-    return f"http://{local_http_host(cfg)}:{cfg.vllm.port}"
+    """vLLM's API server as the head's own steps reach it (readiness, smoke, answers, benchmark): directly."""
+    return vllm_url(cfg)
 
 
 def _at_endpoint(contract: type, cfg: ClusterConfig, served: str, api_key: str | None, **fields: Any) -> dict:

@@ -15,8 +15,10 @@ from components.config import ClusterConfig
 from components.config.replicas import Replica, co_tenants, replicas_of
 from components.plan.container import ray_address, tenancy
 from components.plan.dashboard import dashboard
+from components.plan.endpoint import edge_node, edge_spec, endpoint
 from components.plan.programs import printed
 from components.resources.diagnostics import diagnose_command, diagnostics_output
+from components.resources.edge import Edge
 from components.resources.gate import Gate, create_fabric_gate, create_gate
 from components.resources.grafana import Grafana, grafana_url
 from components.resources.metrics import Prometheus, prometheus_config, prometheus_url, targets
@@ -33,7 +35,6 @@ from components.resources.placement import (
 )
 from components.resources.release import ReleaseSource, release_record, speculation_record
 from components.resources.router import ReplicaSteps, Router, worker
-from components.resources.router import endpoint as router_endpoint
 from components.resources.serve import VllmServer, VllmServerArgs, log_follow_command, status_command
 from components.resources.ssh import SshAccess
 from components.resources.transfer import Transfer, create_transfer
@@ -118,12 +119,19 @@ class VllmCluster(pulumi.ComponentResource):
                 steps = self.router.undrain(replica, steps, server.smoke or server.ready)
                 last_undrain[replica.deployment] = steps.undrain
             self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
-        self.router_smoke = self._declare_workers(api_key) if self.router is not None else None
+        if self.router is not None:
+            self.router_smoke = self._declare_workers(cfg, transfer, api_key)
+        else:  # one replica: the edge in front of its vLLM
+            self.edge = create_edge(self, replicas[0].config, self.hosts, transfer, gates[replicas[0].name], api_key)
+            self.router_smoke = None
         self.dashboard = dashboard(cfg, pulumi.get_stack())
         self._outputs(cfg, transfer, api_key, secrets.get("grafanaAdminPassword"))
 
-    def _declare_workers(self, api_key: Optional[pulumi.Output[str]]) -> pulumi.Resource:
-        """Every replica's served name and model, declared to the router; its smoke test through it."""
+    def _declare_workers(
+        self, cfg: ClusterConfig, transfer: Transfer, api_key: Optional[pulumi.Output[str]]
+    ) -> pulumi.Resource:
+        """Every replica's served name and model, declared to the router; the edge in front of it, listing those
+        models; a smoke test through both."""
         count = len(self.runs)
         workers = pulumi.Output.all(
             *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
@@ -133,7 +141,13 @@ class VllmCluster(pulumi.ComponentResource):
                 for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
             ]
         )
-        _, smoke = self.router.declare(workers, [run.router_steps.undrain for run in self.runs], api_key)
+        cards = workers.apply(
+            lambda found: [{"id": w["model"], "root": w["root"], "max_model_len": w["max_model_len"]} for w in found]
+        )
+        self.edge = create_edge(self, cfg, self.hosts, transfer, self.runs[0].gate, api_key, cards)
+        _, smoke = self.router.declare(
+            workers, [run.router_steps.undrain for run in self.runs], api_key, self.edge.config
+        )
         return smoke
 
     def _outputs(
@@ -187,9 +201,7 @@ class VllmCluster(pulumi.ComponentResource):
         head = cfg.head_node
         self.containers = run.containers
         self.status_command = status_command(cfg, self.containers)
-        self.endpoint = pulumi.Output.from_input(
-            router_endpoint(cfg) if self.router is not None else f"http://{head.host}:{cfg.vllm.port}/v1"
-        )
+        self.endpoint = pulumi.Output.from_input(endpoint(cfg))
         self.served_model_name = run.server.served_model_name
         self.head_node = head.name
         self.executor = cfg.executor
@@ -205,7 +217,7 @@ class VllmCluster(pulumi.ComponentResource):
         runs = self.runs
         self.containers = {run.replica.name: run.containers for run in runs}
         self.status_command = status_command(cfg, on_nodes)
-        self.endpoint = pulumi.Output.from_input(router_endpoint(cfg) if self.router is not None else None)
+        self.endpoint = pulumi.Output.from_input(endpoint(cfg if self.router is not None else runs[0].replica.config))
         self.served_model_name = pulumi.Output.all(*[run.server.served_model_name for run in runs]).apply(
             lambda names: sorted(set(names))
         )
@@ -274,6 +286,31 @@ def create_router(
         hosts[name].connection,
         transfer.images[name].image_id,
         depends_on=[*after, *([guard.ready] if guard else [])],
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
+def create_edge(
+    parent: pulumi.Resource,
+    cfg: ClusterConfig,
+    hosts: dict[str, NodeHost],
+    transfer: Transfer,
+    gate: Gate,
+    api_key: Optional[pulumi.Output[str]],
+    models: Optional[pulumi.Input[list]] = None,
+) -> Edge:
+    """The edge on the endpoint's node (the router's, or the one replica's head), once the nodes passed their
+    checks and that node's guard holds; `cfg`: the stack's config with the router, the replica's view without."""
+    node = edge_node(cfg).name
+    guard = transfer.guards.get(node)
+    spec = pulumi.Output.all(api_key, models).apply(lambda found: edge_spec(cfg, found[0], found[1]))
+    return Edge(
+        "spark-vllm",
+        cfg,
+        spec,
+        hosts[node].provider,
+        hosts[node].connection,
+        depends_on=[gate.passed, *([guard.ready] if guard else [])],
         opts=pulumi.ResourceOptions(parent=parent),
     )
 

@@ -39,14 +39,21 @@ CHECK_SECONDS = 10
 READY_TIMEOUT_SECONDS = 90
 # with every node's sshPort: never matched
 PUBLIC_KEYS = ("vllm.port", "metrics.prometheusPort", "metrics.grafanaPort", "router.port")
-API_KEYS = ("vllm.port", "router.port")  # what network.apiSources limits
+API_KEYS = ("vllm.port", "router.port")  # what network.apiSources limits: the edge's port
+# Behind the router vllm.port is vLLM's own, on the fabric: only the nodes reach it (the router, Prometheus).
+FABRIC_ONLY = "vllm.port"
 
 
 def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> GuardSpec:
     """What the rules on `node` say: who the peers are, which ports only they reach."""
     index = cfg.nodes.index(node)
     listeners = stack_listeners(cfg, index)
-    public = [item for item in listeners if item.key.endswith(PUBLIC_KEYS) or item.key.endswith(".sshPort")]
+    public = [
+        item
+        for item in listeners
+        if (item.key.endswith(PUBLIC_KEYS) and not (cfg.router.enabled and item.key.endswith(FABRIC_ONLY)))
+        or item.key.endswith(".sshPort")
+    ]
     guarded = [item for item in listeners if item not in public]
     api = None
     sources = [str(source) for source in cfg.network.api_sources]
@@ -54,7 +61,7 @@ def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> GuardSpec:
     if sources and [r.own for r in here] == [True] and node.name == cfg.head_node.name and not cfg.router.enabled:
         api = GuardApi(sources=sources, port=cfg.vllm.port)  # a single-model stack's head: its one API server
     elif sources:  # every API server on the node, the router's too
-        ports = sorted({item.first for item in listeners if item.key.endswith(API_KEYS)})
+        ports = sorted({item.first for item in public if item.key.endswith(API_KEYS)})
         api = GuardApi(sources=sources, ports=ports) if ports else None
     return GuardSpec(
         peers=sorted(str(other.fabric_address) for other in cfg.nodes if other.name != node.name),

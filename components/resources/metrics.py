@@ -19,6 +19,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import replicas_of
+from components.plan.endpoint import vllm_host, vllm_port
 from components.plan.shell import shell_line
 from components.resources.steps import DataKind, data_service
 
@@ -29,10 +30,8 @@ CONFIG_ENV = "SPARK_VLLM_PROMETHEUS_CONFIG"
 
 
 def vllm_target(cfg: ClusterConfig) -> str:
-    """vLLM's address as the nodes reach it: the head's fabric address when vLLM binds every address."""
-    host = cfg.vllm.host
-    address = cfg.head_node.fabric_address if host.is_unspecified else host
-    return f"{address}:{cfg.vllm.port}"
+    """vLLM's address as the nodes reach it (its head's fabric address, behind the edge)."""
+    return f"{vllm_host(cfg)}:{vllm_port(cfg)}"
 
 
 def _vllm_jobs(cfg: ClusterConfig) -> list[tuple[str, dict[str, str]]]:

@@ -13,6 +13,7 @@ import pulumi_command as command
 from components.config import ClusterConfig
 from components.config.replicas import Replica
 from components.plan.container import node_env, supervisor_params
+from components.plan.endpoint import vllm_url
 from components.plan.shell import fingerprint, shell_line
 from components.resources.release import ReleaseSource, release_source, stack_release_record
 
@@ -158,7 +159,7 @@ def deployments_output(cfg: ClusterConfig, runs: list) -> dict[str, Any]:
         entry["replicas"].append(
             {
                 "name": replica.name,
-                "endpoint": f"http://{head.host}:{rcfg.vllm.port}/v1",
+                "endpoint": f"{vllm_url(rcfg)}/v1",  # on the fabric: from the nodes, not the network
                 "head": head.name,
                 "nodes": [node.name for node in rcfg.nodes],
                 "containers": run.containers,

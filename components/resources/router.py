@@ -23,7 +23,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig
 from components.plan.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.plan.programs import script_program
-from components.plan.router_params import endpoint, keeper_params, key_digest, replica_url, router_node  # noqa: F401
+from components.plan.router_params import keeper_params, replica_url, router_node
 from components.plan.shell import exec_python, fingerprint, with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, remote_step, service_container
 
@@ -123,15 +123,18 @@ class Router(pulumi.ComponentResource):
         return ReplicaSteps(steps.drain, undrain, steps.params, steps.triggers)
 
     def declare(
-        self, workers: pulumi.Input[list], undrains: Sequence[pulumi.Resource], api_key: Optional[pulumi.Input[str]]
+        self,
+        workers: pulumi.Input[list],
+        undrains: Sequence[pulumi.Resource],
+        api_key: Optional[pulumi.Input[str]],
+        edge: pulumi.Resource,
     ) -> tuple[command.remote.Command, command.remote.Command]:
-        """Every replica declared (what is not, leaves the router), then each model asked once through it."""
+        """Every replica declared (what is not, leaves the router), then each model asked once through it, from
+        the network's side of the edge (`edge`: its configuration applied)."""
         declared = self._step(
             "spark-vllm-router-workers",
-            pulumi.Output.all(workers, api_key).apply(
-                lambda p: keeper_params(
-                    self._cfg, "workers", timeout=STEP_TIMEOUT_SECONDS, workers=p[0], api_key_sha256=key_digest(p[1])
-                )
+            pulumi.Output.from_input(workers).apply(
+                lambda found: keeper_params(self._cfg, "workers", timeout=STEP_TIMEOUT_SECONDS, workers=found)
             ),
             STEP_TIMEOUT_SECONDS,
             triggers=[self.container.id, pulumi.Output.from_input(workers).apply(fingerprint)],
@@ -143,7 +146,7 @@ class Router(pulumi.ComponentResource):
             pulumi.Output.all(models, api_key).apply(lambda p: self._smoke_params(p[0], p[1])),
             SMOKE_TIMEOUT_SECONDS * 2,
             triggers=[declared.id, models],
-            depends_on=[declared],
+            depends_on=[declared, edge],
             secret_outputs=SECRET_IO,
         )
         return declared, smoke

@@ -111,9 +111,10 @@ class DataKind:
 def data_service(
     node: str, kind: DataKind, *, image: str, provider: docker.Provider, parent: pulumi.Resource, **service: Any
 ) -> docker.Container:
-    """A data service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node), its
-    data on its volume, its environment a secret; `service`: the rest of service_container's arguments."""
-    opts = pulumi.ResourceOptions(parent=parent, provider=provider)
+    """A data service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node, once what the
+    container waits for is there), its data on its volume, its environment a secret; `service`: the rest of
+    service_container's arguments."""
+    opts = pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(service.get("depends_on", ())))
     pulled = docker.RemoteImage(f"{node}-{kind.role}-image", name=image, keep_locally=True, opts=opts)
     mounts = [docker.ContainerMountArgs(type="volume", source=kind.volume, target=kind.data)]
     return service_container(

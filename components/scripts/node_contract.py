@@ -513,7 +513,6 @@ class KeeperParams(Contract):
     health_interval: float
     timeout: Optional[float] = None  # every mode but serve
     workers: Optional[List[RouterWorker]] = None  # workers
-    api_key_sha256: Optional[str] = None  # workers
     worker: Optional[RouterWorker] = None  # drain, undrain
     models: Optional[list] = None  # smoke
     api_key: Optional[str] = None  # smoke (secret)
@@ -522,7 +521,7 @@ class KeeperParams(Contract):
     run_dir: Optional[str] = None  # tests only
 
     # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
-    OMIT_NONE = tuple("timeout workers api_key_sha256 worker models api_key prompt max_tokens run_dir".split())
+    OMIT_NONE = tuple("timeout workers worker models api_key prompt max_tokens run_dir".split())
 
 
 # --- what the checks read of a node: the model, the image, the memory ---------------------------------------

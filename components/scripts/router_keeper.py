@@ -2,9 +2,10 @@
 # that talk to it through `docker exec` (modes "workers", "drain", "undrain", "ready"). Fed on stdin or as
 # the container's program, after PARAMS and node_contract.py (components/plan/programs.py). Standard library only.
 #
-# The stack's endpoint on router.port is the keeper's front (router_front.py): it answers /v1/models in OpenAI's
-# shape for every declared model, refuses vllm-router's admin API, and passes the rest to vllm-router, which
-# listens on loopback only (router.innerPort), where the keeper's steps reach its admin API.
+# The stack's endpoint on router.port is the edge (HAProxy, components/plan/edge.py) in its own container: it
+# checks the key and the route, answers /v1/models in OpenAI's shape for every declared model, and passes the
+# rest to vllm-router, which listens on loopback only (router.innerPort), where the keeper's steps reach its
+# admin API and nothing from the network does.
 #
 # The router is vllm-router (PyPI; vllm-project/router) in its IGW mode (--enable-igw): it routes a request
 # by its `model` to the workers registered for that model through its HTTP API (POST /workers with url and
@@ -19,7 +20,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,10 +29,10 @@ import urllib.request
 
 P = KeeperParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 RUN_DIR = P.run_dir or "/run/spark-vllm-router"  # run_dir: tests only
-WORKERS, DRAINED, KEY = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/key.json"
-FIELDS = ("url", "model", "root", "max_model_len")  # a declared worker, as workers.json keeps it
+WORKERS, DRAINED = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json"
+FIELDS = ("url", "model")  # a declared worker, as workers.json keeps it
 ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
-FRONT = f"http://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint
+FRONT = f"http://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint: the edge
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
 
 
@@ -153,17 +153,6 @@ def router_path():
     return target
 
 
-def catalogue():
-    """What the front lists at /v1/models: one entry a declared model (drained or not), and the key's sha256."""
-    entries = {}
-    for declared in read_json(WORKERS, []):
-        entries.setdefault(
-            declared["model"],
-            {"id": declared["model"], "root": declared.get("root"), "max_model_len": declared.get("max_model_len")},
-        )
-    return [entries[name] for name in sorted(entries)], read_json(KEY, {}).get("sha256")
-
-
 def router_argv():
     return [
         sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
@@ -178,8 +167,7 @@ def serve():
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     path = router_path()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-    Front(P.host, P.port, ("127.0.0.1", P.inner_port), catalogue, say).start()
-    say(f"the endpoint listens on {P.host}:{P.port}; vllm-router on 127.0.0.1:{P.inner_port}")
+    say(f"vllm-router on 127.0.0.1:{P.inner_port}, behind the edge on {P.host}:{P.port}")
     router, backoff, healthy = None, 1.0, False
     while not stopping:
         if router is None or router.poll() is not None:
@@ -251,16 +239,6 @@ def smoke():
     print(json.dumps(KeeperResult(router=FRONT, models=results).to_json()))
 
 
-def front_answers():
-    """Whether the endpoint (the front) takes connections."""
-    host, port = FRONT[len("http://") :].rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
 def _gone(url):
     now = registered()
     return now is not None and url not in now
@@ -271,13 +249,12 @@ def main():
     if mode == "serve":
         return serve()
     if mode == "ready":
-        wait_until(lambda: registered() is not None and front_answers(), P.timeout, "vllm-router answering")
+        wait_until(lambda: registered() is not None, P.timeout, "vllm-router answering")
         print(json.dumps(KeeperResult(router=FRONT, workers=registered()).to_json()))
         return None
     if mode == "workers":
         with Locked():
             write_json(WORKERS, [{k: getattr(w, k) for k in FIELDS} for w in P.workers])
-            write_json(KEY, {"sha256": P.api_key_sha256})
         goal = wanted()
         wait_until(lambda: registered() == goal, P.timeout, f"the router routing to {sorted(goal)}")
         print(json.dumps(KeeperResult(workers=goal, drained=read_json(DRAINED, [])).to_json()))

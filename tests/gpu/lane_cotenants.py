@@ -71,7 +71,7 @@ def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -
             }  # fmt: skip
             for index, (name, model, share) in enumerate(models)
         ],
-        "router": {"enabled": False},
+        "router": {"enabled": True},  # rendered as behind the router (the phase starts none): vllm.port each
     }
 
 

@@ -1,5 +1,6 @@
 """The GPU lane's `router` phase: the stack's router as the program renders it (scripts/router_keeper.py in
-its serve mode, running vllm-router 0.1.17 in IGW mode) in front of the lane's real vLLM, then the steps
+its serve mode, running vllm-router 0.1.17 in IGW mode, behind the edge: HAProxy with the configuration the
+program renders, tests/edge_harness.py) in front of the lane's real vLLM, then the steps
 `pulumi up` runs against it (workers, ready, smoke, drain, undrain) and what a client sees through it:
 the answer, the API key passed on to vLLM, /v1/models, the router's metrics, and what the hop adds to the
 time to first token (streamed requests alternating between vLLM and the router)."""
@@ -19,9 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from components.config import load_cluster_config  # noqa: E402
+from components.plan.endpoint import edge_spec, vllm_url  # noqa: E402
 from components.plan.names import SMOKE_MAX_TOKENS, SMOKE_PROMPT  # noqa: E402
 from components.plan.programs import script_program  # noqa: E402
-from components.plan.router_params import keeper_params, key_digest  # noqa: E402
+from components.plan.router_params import keeper_params  # noqa: E402
+from tests.edge_harness import Edge  # noqa: E402
 
 HOP_SAMPLES = 100  # each path
 
@@ -77,12 +80,13 @@ def status_of(url: str, key: str | None, body: dict | None = None) -> tuple[int,
 
 def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, step: Callable) -> None:
     """`node`: the lane's Node (its env has vllm-router importable); `raw`: the lane's stack config."""
+    direct_url = vllm_url(load_cluster_config(raw))  # the lane's vLLM, as the program rendered it: no router
     raw = {**raw, "router": {"enabled": True, "node": raw["nodes"][0]["name"]}}
     cfg = load_cluster_config(raw)
     fabric = str(cfg.head_node.fabric_address)
     run_dir = str(node.run_dir / "router")
     base = keeper_params(cfg, "serve", run_dir=run_dir)
-    worker = {"url": f"http://{fabric}:{cfg.vllm.port}", "model": served, "replica": "lane"}
+    worker = {"url": direct_url, "model": served, "replica": "lane"}
     result: dict = {"port": cfg.router.port, "policy": cfg.router.policy, "version": cfg.router.version}
     report["router"] = result
 
@@ -100,10 +104,12 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
                                env=node.env, text=True)  # fmt: skip
     serving.stdin.write(script_program("router_keeper.py", base))
     serving.stdin.close()
+    card = {"id": served, "root": cfg.model, "max_model_len": cfg.max_model_len}
+    edge = Edge(edge_spec(cfg, api_key, [card]), node.out).start()
     try:
         if not step("router_ready", *keeper("ready", 120)):
             return
-        if not step("router_workers", *keeper("workers", 120, workers=[worker], api_key_sha256=key_digest(api_key))):
+        if not step("router_workers", *keeper("workers", 120, workers=[worker])):
             return
         code, output, seconds = keeper("smoke", 180, models=[served], prompt=SMOKE_PROMPT,
                                        max_tokens=SMOKE_MAX_TOKENS, api_key=api_key)  # fmt: skip
@@ -121,7 +127,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
                                          if line.startswith("# TYPE")})[:40]  # fmt: skip
         direct, routed = [], []
         for _ in range(HOP_SAMPLES):
-            direct.append(first_token_ms(fabric, cfg.vllm.port, api_key, served))
+            direct.append(first_token_ms(*direct_url[len("http://") :].split(":"), api_key, served))
             routed.append(first_token_ms("127.0.0.1", cfg.router.port, api_key, served))
         result["ttft_ms"] = {"direct": summary(direct), "router": summary(routed)}
         result["hop_ms_p50"] = round(result["ttft_ms"]["router"]["p50"] - result["ttft_ms"]["direct"]["p50"], 3)
@@ -133,6 +139,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
             return
         result["after_undrain"] = status_of(router + "/v1/chat/completions", api_key, chat)[0]
     finally:
+        edge.close()
         serving.send_signal(signal.SIGTERM)
         try:
             serving.wait(30)

@@ -73,6 +73,7 @@ def test_each_replica_has_its_own_containers_and_steps_named_after_it(run):
     assert set(containers) == {
         "spark-vllm-big-spark-01", "spark-vllm-big-spark-02", "spark-vllm-coder-spark-03",
         "spark-vllm-small-spark-03", "spark-vllm-small-2-spark-03", "spark-vllm.guard", "spark-vllm.router",
+        "spark-vllm.edge",
     }  # fmt: skip
     labels = {item["label"]: item["value"] for item in containers["spark-vllm-small-2-spark-03"].inputs["labels"]}
     assert labels["spark-vllm.replica"] == "small-2" and labels["spark-vllm.node"] == "spark-03"
@@ -146,8 +147,9 @@ def test_adding_a_deployment_touches_no_other_deployment():
     assert not [name for name in result if name.startswith(("big", "small"))], result
     created = {name for name, what in result.items() if what == "create"}
     assert {"coder-spark-03-container", "coder-serve", "coder-router-undrain"} <= created
+    # the edge's configuration lists the new model: a reload, no container
     assert set(result) - created <= {"spark-vllm-router-workers", "spark-vllm-router-smoke", "spark-03-guard",
-                                     "spark-03-guard-host", "spark-03-guard-ready"}  # fmt: skip
+                                     "spark-03-guard-host", "spark-03-guard-ready", "spark-vllm-edge-config"}  # fmt: skip
     removed = changes(fleet(), before)
     assert {name for name, what in removed.items() if what == "delete"} >= {"coder-serve", "coder-spark-03-container"}
 
@@ -157,8 +159,8 @@ def test_the_outputs_name_every_deployment_and_the_router_is_the_endpoint(run):
     assert exports["endpoint"] == "http://spark-01.lan:8080/v1"
     small = exports["deployments"]["small"]
     assert [(r["name"], r["endpoint"]) for r in small["replicas"]] == [
-        ("small", "http://spark-03.lan:8001/v1"),
-        ("small-2", "http://spark-03.lan:8002/v1"),
+        ("small", "http://192.168.200.14:8001/v1"),  # on the fabric: the router's way in, not the network's
+        ("small-2", "http://192.168.200.14:8002/v1"),
     ]
     assert exports["containers"]["big"] == {
         "spark-01": "spark-vllm-big-spark-01",
@@ -238,7 +240,7 @@ def test_a_release_with_deployments_is_promoted_deployment_by_deployment():
 @pytest.mark.parametrize("variant", ["prod", "dev", "staging", "mp"])
 def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(variant):
     """The URNs of these stacks as the program made them before deployments existed (recorded at 2ecc6e7):
-    an existing stack previews with no resource added, removed or renamed."""
+    an existing stack previews with no resource removed or renamed; what is added is the edge alone."""
     from tests.program.test_program import stack_file
 
     expected = json.loads((HERE / "single_model_urns.json").read_text())[variant]
@@ -252,7 +254,10 @@ def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(var
         if variant == "staging":
             cfg = {**cfg, "nodes": [dict(n, hostKey=prod()["nodes"][0]["hostKey"]) for n in cfg["nodes"]]}
     found = sorted(r.urn for r in run_program(cfg, SECRETS, stack=stack, mocks=FakeCloud()).registrations)
-    assert found == expected
+    added = {urn.rsplit("::", 1)[1] for urn in set(found) - set(expected)}
+    head = cfg["nodes"][0]["name"]
+    assert set(expected) <= set(found)
+    assert added == {"spark-vllm", "spark-vllm-edge-config", f"{head}-edge", f"{head}-edge-image"}
 
 
 def handover(run, name: str) -> dict:

@@ -71,7 +71,7 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
     assert "IdentitiesOnly=yes" in opts
     # every resource on a node uses that node's provider
     for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
-        node = reg.name.split("-image")[0].split("-container")[0].split("-guard")[0]
+        node = reg.name.split("-edge")[0].split("-image")[0].split("-container")[0].split("-guard")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
     # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
     assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {
@@ -105,8 +105,12 @@ def test_remote_commands_retry_the_dial_as_ssh_dial_error_limit_says(run):
 
 
 def test_each_node_pulls_the_image_with_progress_and_a_timeout_and_keeps_it(run):
-    images = run.of_type(IMAGE)
+    images = [r for r in run.of_type(IMAGE) if not r.name.endswith("-edge-image")]
     assert {r.name for r in images} == {"spark-01-image", "spark-02-image"}
+    # the edge's HAProxy only where the endpoint is: the head
+    assert [(r.name, r.inputs["name"]) for r in run.of_type(IMAGE) if r.name.endswith("-edge-image")] == [
+        ("spark-01-edge-image", "haproxy:3.0")
+    ]
     assert all(r.inputs == {"name": "hellohal2064/vllm-qwen3.5-gb10", "keepLocally": True} for r in images)
     pull = run.named("spark-02-pull")
     assert pull.inputs["create"] == "timeout --kill-after=10 3630 python3 -"
@@ -227,7 +231,7 @@ def test_serve_hands_vllm_its_settings_in_the_head_container_with_the_key_off_th
     params = params_of(serve)
     assert "supervisor" in serve.inputs["stdin"] and params["run_dir"] == "/run/spark-vllm"
     assert params["spec"]["ray_ready"] == {"address": "192.168.200.12:6379", "nodes": 2, "gpus": 2}
-    assert params["spec"]["health_url"] == "http://127.0.0.1:30000/health"
+    assert params["spec"]["health_url"] == "http://192.168.200.12:29002/health"  # behind the edge, on the fabric
     assert params["spec"]["recovery"] == {
         "max_restarts": 5, "window_seconds": 600, "backoff_seconds": 2, "max_backoff_seconds": 60, "gpu_wait_seconds": 180
     }  # fmt: skip
@@ -359,7 +363,7 @@ def test_an_api_key_set_without_secret_stops_the_program_before_any_resource():
 
 def test_dev_stack_is_one_node_tp1():
     run_ = run_program(stack_file("dev"), {}, stack="dev")
-    assert len(run_.of_type(CONTAINER)) == 1
+    assert [r.name for r in run_.of_type(CONTAINER)] == ["spark-01-container", "spark-01-edge"]
     assert run_.exports["endpoint"] == "http://spark-01.lan:8000/v1"
     assert not any(r.name.endswith("-joined") for r in run_.registrations)
 

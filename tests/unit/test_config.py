@@ -133,22 +133,22 @@ BAD = [
     ),
     (
         config(executor="mp", vllm__masterPort=8000),
-        "vllm.masterPort: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) "
+        "vllm.masterPort: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (the endpoint's edge) "
         "and vllm.masterPort 8000 (vLLM rank 0 with executor mp) collide",
     ),
     (
         config(ray__port=8000),
-        "ray.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) and "
+        "ray.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (the endpoint's edge) and "
         "ray.port 8000 (Ray GCS) collide (ports in use there: nodes[0].sshPort 22 (sshd, never touched); vllm.port",
     ),
     (
         config(vllm__port=6379),
-        "vllm.port: 6379 — a port nothing else on node spark-01 listens on: vllm.port 6379 (vLLM API server) and "
+        "vllm.port: 6379 — a port nothing else on node spark-01 listens on: vllm.port 6379 (the endpoint's edge) and "
         "ray.port 6379 (Ray GCS) collide",
     ),
     (
         config(vllm__port=12000),
-        "vllm.port: 12000 — a port nothing else on node spark-01 listens on: vllm.port 12000 (vLLM API server) and "
+        "vllm.port: 12000 — a port nothing else on node spark-01 listens on: vllm.port 12000 (the endpoint's edge) and "
         "ray.minWorkerPort-maxWorkerPort 10002-19999 (Ray worker processes) collide",
     ),
     (
@@ -158,7 +158,7 @@ BAD = [
     ),
     (
         config(vllm__port=40000),
-        "vllm.port: 40000 — a port nothing else on node spark-01 listens on: vllm.port 40000 (vLLM API server) and "
+        "vllm.port: 40000 — a port nothing else on node spark-01 listens on: vllm.port 40000 (the endpoint's edge) and "
         "the kernel's ephemeral range 32768-60999 (Ray's raylet, object manager and agents, NCCL, Gloo) collide",
     ),
     (
@@ -183,7 +183,7 @@ BAD = [
     ),
     (
         config(imageTransfer__method="copy", fabricCopy__port=8000),
-        "fabricCopy.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (vLLM API server) "
+        "fabricCopy.port: 8000 — a port nothing else on node spark-01 listens on: vllm.port 8000 (the endpoint's edge) "
         "and fabricCopy.port 8000 (fabric copy depot) collide",
     ),
     (

@@ -34,11 +34,11 @@ def test_a_list_of_contracts_and_an_optional_one():
     keeper = KeeperParams.from_json({"mode": "workers", "host": "0.0.0.0", "port": 80, "inner_port": 81,
                                      "metrics_host": "10.0.0.1", "metrics_port": 82, "policy": "round_robin",
                                      "version": "0.1", "index_url": None, "health_interval": 5, "timeout": 30,
-                                     "workers": [worker], "api_key_sha256": None})  # fmt: skip
+                                     "workers": [worker], "worker": None})  # fmt: skip
     assert keeper.workers == [RouterWorker(**worker)] and keeper.worker is None
     assert keeper.to_json()["workers"] == [worker]
     # a mode's own keys only where they are set: the router container's program keeps its text
-    assert {"timeout", "workers"} <= set(keeper.to_json()) and "api_key_sha256" not in keeper.to_json()
+    assert {"timeout", "workers"} <= set(keeper.to_json()) and "worker" not in keeper.to_json()
 
 
 def test_omitted_fields_stay_omitted_so_turning_nothing_on_changes_no_container():

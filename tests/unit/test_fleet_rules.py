@@ -140,11 +140,13 @@ def test_a_router_beyond_loopback_without_the_api_key_is_refused(raw):
     load_cluster_config(raw)
 
 
-def test_without_the_router_loopback_deployments_need_no_key():
-    raw = fleet(dep("a", ["spark-01"], 8001, vllm=LOOPBACK), dep("b", ["spark-01"], 8002, vllm=LOOPBACK),
-                router={"enabled": False})  # fmt: skip
-    del raw["apiKey"]
-    load_cluster_config(raw)
+def test_several_replicas_without_the_router_are_refused():
+    """No vLLM listens on the network by itself: the edge's one upstream is the router in front of them."""
+    raw = fleet(dep("a", ["spark-01"], 8001), dep("b", ["spark-01"], 8002), router={"enabled": False})
+    assert "on (its default here) with 2 replicas" in only(raw, "router.enabled")
+    one = fleet(dep("a", ["spark-01"], 8001, replicas=2), router={"enabled": False})
+    assert "with 2 replicas" in only(one, "router.enabled")
+    load_cluster_config(fleet(dep("a", ["spark-01"], 8001), router={"enabled": False}))
 
 
 def test_a_replica_on_loopback_of_another_node_than_the_routers_is_refused():
@@ -159,12 +161,16 @@ def test_one_replica_away_from_the_router_is_enough_to_refuse_a_loopback_deploym
     assert "node spark-03" in only(raw, "deployments[1].vllm.host")
 
 
-def test_a_guard_that_fences_the_router_out_of_a_replica_is_refused():
-    guard = {"guard": True, "apiSources": ["10.0.0.0/24"]}  # the clients' network, not the fabric
-    line = only(fleet(BIG, SMALL, network=guard), "network.apiSources")
-    assert "10.9.0.1" in line and "router.node spark-01" in line and "small" in line
-    load_cluster_config(fleet(BIG, SMALL, network={"guard": True, "apiSources": ["10.0.0.0/24", "10.9.0.1/32"]}))
-    load_cluster_config(fleet(BIG, SMALL, network={"guard": True, "apiSources": ["10.9.0.0/24"]}))
+def test_api_sources_limit_the_edge_and_never_fence_the_router_out_of_a_replica():
+    """A replica's vLLM listens on its head's fabric address, which the guard opens to every node's fabric
+    address: the clients' network in apiSources is the edge's matter alone."""
+    cfg = load_cluster_config(fleet(BIG, SMALL, network={"guard": True, "apiSources": ["10.0.0.0/24"]}))
+    from components.resources.guard import guard_spec
+
+    small_head = next(node for node in cfg.nodes if node.name == "spark-03")
+    spec = guard_spec(cfg, small_head)
+    assert [8001, 8001] in spec.guarded and 8001 not in spec.public and spec.api is None
+    assert "10.9.0.1" in spec.peers  # the router's node
 
 
 # --- what the router routes by -------------------------------------------------------------------------------
@@ -313,7 +319,7 @@ def test_a_single_model_stacks_router_needs_the_key_and_must_reach_vllm_too():
     assert "router.node spark-02 reaches" in only(elsewhere, "vllm.host")
     fenced = {**copy.deepcopy(SINGLE), "apiKey": KEY, "network": {"guard": True, "apiSources": ["10.0.0.0/24"]}}
     fenced["router"]["node"] = "spark-02"
-    assert "10.9.0.2" in only(fenced, "network.apiSources")
+    load_cluster_config(fenced)  # vLLM on the fabric: the guard lets the router's node in whatever apiSources say
     load_cluster_config({**copy.deepcopy(SINGLE), "apiKey": KEY})
 
 

@@ -41,12 +41,32 @@ def test_serve_argv_golden(cfg):
         "--tensor-parallel-size=2", "--pipeline-parallel-size=1",
         "--distributed-executor-backend=ray",
         "--max-model-len=32768",
-        "--gpu-memory-utilization=0.9", "--host=0.0.0.0", "--port=30000",
+        "--gpu-memory-utilization=0.9", "--host=10.9.0.1", "--port=29002",  # behind the edge, on the fabric
         "--served-model-name=/models/Qwen3-0.6B",
         "--trust-remote-code", "--reasoning-parser=qwen3", "--tool-call-parser=qwen3_coder",
         "--enable-auto-tool-choice",
         "--max-num-seqs", "8",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "vllm,router,expected",
+    [
+        ({}, False, ("10.9.0.1", 29002)),  # the edge takes vllm.port on every address; vLLM the fabric
+        ({"host": "127.0.0.1"}, False, ("127.0.0.1", 29002)),  # an endpoint on loopback: vLLM there too
+        ({"host": "10.9.0.1", "port": 9000}, False, ("10.9.0.1", 29002)),
+        ({}, True, ("10.9.0.1", 30000)),  # behind the router: vllm.port, on the fabric only
+        ({"host": "127.0.0.1"}, True, ("127.0.0.1", 30000)),
+    ],
+)
+def test_vllm_never_listens_on_every_address(cfg, vllm, router, expected):
+    raw = config(vllm={"port": 30000, "allowUnauthenticated": True, **vllm})
+    if router:
+        raw["router"] = {"enabled": True, "allowUnauthenticated": True}
+    argv = serving.serve_argv(load_cluster_config(raw), "org/model")
+    assert (f"--host={expected[0]}", f"--port={expected[1]}") == tuple(
+        a for a in argv if a.startswith(("--host", "--port"))
+    )
 
 
 def test_single_node_serve_names_its_executor_and_has_no_optional_flags():

@@ -5,7 +5,6 @@ vLLMs' /metrics. The real vllm-router is run by the rehearsal (tests/e2e/test_de
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
@@ -20,7 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from components.plan.edge import EdgeSpec, key_digest
 from components.plan.programs import script_program
+from tests.edge_harness import Edge
 from tests.waiting import free_port, wait_for
 
 FAKE_ROUTER = """
@@ -102,9 +103,16 @@ def main():
 """
 
 
+# What the program renders for the edge from the declared workers (components/resources/cluster.py): every model,
+# drained or not
+CATALOGUE = [{"id": "big", "root": "/models/big", "max_model_len": 4096},
+             {"id": "small", "root": "/models/small", "max_model_len": 4096}]  # fmt: skip
+
+
 @pytest.fixture
 def router(tmp_path):
-    """A keeper in serve mode, on a stand-in vllm-router importable as the image's own (version 0.1.17)."""
+    """A keeper in serve mode, on a stand-in vllm-router importable as the image's own (version 0.1.17), behind
+    the edge (a real HAProxy with the configuration the program renders) on the endpoint's port."""
     site = tmp_path / "site"
     (site / "vllm_router").mkdir(parents=True)
     (site / "vllm_router" / "__init__.py").write_text("")
@@ -128,12 +136,15 @@ def router(tmp_path):
         [sys.executable, "-c", script_program("router_keeper.py", {**base, "mode": "serve"})],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+    spec = EdgeSpec("127.0.0.1", port, "127.0.0.1", inner, key_digests=(key_digest(KEY),), models=CATALOGUE)
+    edge = Edge(spec, tmp_path).start()
     try:
         assert keeper("ready", timeout=20).returncode == 0, (tmp_path / "keeper.log").read_text()
-        # the keeper's steps reach vllm-router's admin API on loopback (its inner port); clients the front
+        # the keeper's steps reach vllm-router's admin API on loopback (its inner port); clients the edge
         served.front = f"http://127.0.0.1:{port}"
         yield keeper, f"http://127.0.0.1:{inner}", tmp_path / "keeper.log", served
     finally:
+        edge.close()
         os.killpg(served.pid, signal.SIGKILL)
         log.close()
 
@@ -240,11 +251,11 @@ def test_the_router_smoke_test_asks_each_model_with_the_key_and_names_a_missing_
     keeper(
         "workers", timeout=20, workers=[worker("http://10.9.0.1:8000", "big"), worker("http://10.9.0.3:8001", "small")]
     )
-    smoke = keeper("smoke", models=["big", "small"], api_key="sk-k", prompt="hi", max_tokens=4, timeout=10)
+    smoke = keeper("smoke", models=["big", "small"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10)
     assert smoke.returncode == 0, smoke.stderr
     found = json.loads(smoke.stdout.strip().splitlines()[-1])["models"]
     assert set(found) == {"big", "small"} and found["big"]["completionTokens"] == 2
-    missing = keeper("smoke", models=["nope"], api_key="sk-k", prompt="hi", max_tokens=4, timeout=10)
+    missing = keeper("smoke", models=["nope"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10)
     assert missing.returncode != 0 and "router: nope answered 404" in missing.stderr
 
 
@@ -279,7 +290,7 @@ def test_the_keeper_installs_where_the_router_container_mounts_its_volume():
     assert f'INSTALL_DIR = "{ROUTER_INSTALL_DIR}"' in script("router_keeper.py")
 
 
-# --- the front: the stack's endpoint ---------------------------------------------------------------------------
+# --- through the edge: the stack's endpoint ------------------------------------------------------------------
 
 KEY = "sk-front-test-key"
 
@@ -305,12 +316,7 @@ def declare(keeper, *entries):
     workers = [
         dict(worker(url, model, name), root=f"/models/{model}", max_model_len=4096) for url, model, name in entries
     ]
-    assert (
-        keeper(
-            "workers", timeout=20, workers=workers, api_key_sha256=hashlib.sha256(KEY.encode()).hexdigest()
-        ).returncode
-        == 0
-    )
+    assert keeper("workers", timeout=20, workers=workers).returncode == 0
     return workers
 
 
@@ -333,7 +339,7 @@ def test_the_endpoint_lists_every_declared_model_as_openai_does_with_the_key(rou
     )
     assert ask(served.front, "GET", "/v1/models/small", KEY) == (200, listing["data"][1])
     status, missing = ask(served.front, "GET", "/v1/models/nope", KEY)
-    assert status == 404 and missing["error"]["message"] == "The model `nope` does not exist."
+    assert status == 404 and missing["error"]["message"] == "The model does not exist."
     # a drained (or down) replica's model is still served: the listing stays whole
     assert keeper("drain", timeout=20, worker=workers[0]).returncode == 0
     assert [m["id"] for m in ask(served.front, "GET", "/v1/models", KEY)[1]["data"]] == ["big", "small"]

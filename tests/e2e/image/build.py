@@ -585,8 +585,10 @@ def debian_root(cache_dir: Path, packages: tuple[str, ...]) -> Path:
 
 
 def haproxy_command(cache_dir: Path) -> list[str]:
-    """argv that runs Debian's haproxy from its unpacked tree on this (bookworm) machine."""
-    root = debian_root(cache_dir, HAPROXY_PACKAGES)
+    """argv that runs Debian's haproxy from its unpacked tree on this (bookworm) machine; SPARK_VLLM_HAPROXY_ROOT
+    names a tree unpacked elsewhere (the GPU lane's machine has no apt sources: the tree travels with it)."""
+    given = os.environ.get("SPARK_VLLM_HAPROXY_ROOT")
+    root = Path(given) if given else debian_root(cache_dir, HAPROXY_PACKAGES)
     libs = ":".join(str(root / sub) for sub in ("usr/lib/x86_64-linux-gnu", "usr/lib"))
     return ["env", f"LD_LIBRARY_PATH={libs}", str(root / "usr" / "sbin" / "haproxy")]
 

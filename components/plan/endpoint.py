@@ -1,0 +1,78 @@
+"""Where the stack's endpoint is and where vLLM listens behind it. Pure (no Pulumi).
+
+Nothing from the network reaches vLLM or vllm-router before the edge (components/plan/edge.py) checked the key
+and the route. Two shapes, one rule:
+
+* without the router (one model): the edge listens where the endpoint always was, vllm.host:vllm.port on the
+  head, and vLLM itself on the head's fabric address at edge.vllmPort;
+* with the router: the edge listens on router.port of router.node in front of vllm-router (loopback,
+  router.innerPort), and each replica's vLLM on its head's fabric address at its vllm.port, where the router
+  (and Prometheus) reach it over the fabric and network.guard lets only the nodes' fabric addresses in.
+
+vLLM binds the fabric address rather than every address because its own `--api-key` guards only the paths
+under /v1, /v2 and /inference (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX): /invocations,
+/tokenize, /pooling, /score and the rest answer anyone who reaches the port."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from components.config import ClusterConfig, NodeConfig
+from components.plan.edge import EdgeSpec, Timeouts, key_digest
+
+
+def vllm_host(cfg: ClusterConfig) -> str:
+    """The address vLLM binds on its head (`--host`): vllm.host when it names one, else the fabric address."""
+    host = cfg.vllm.host
+    return str(cfg.head_node.fabric_address) if host.is_unspecified else str(host)
+
+
+def vllm_port(cfg: ClusterConfig) -> int:
+    """vLLM's own port (`--port`): vllm.port behind the router; edge.vllmPort where the edge takes vllm.port."""
+    return cfg.vllm.port if cfg.router.enabled else cfg.edge.vllm_port
+
+
+def vllm_url(cfg: ClusterConfig) -> str:
+    """vLLM's API server, as its head, the router and Prometheus reach it."""
+    return f"http://{vllm_host(cfg)}:{vllm_port(cfg)}"
+
+
+def edge_node(cfg: ClusterConfig) -> NodeConfig:
+    """Where the edge runs: the router's node, or the head."""
+    if cfg.router.enabled:
+        return next(node for node in cfg.nodes if node.name == cfg.router.node)
+    return cfg.head_node
+
+
+def edge_listen(cfg: ClusterConfig) -> tuple[str, int]:
+    """(address, port) the edge listens on: the endpoint's."""
+    if cfg.router.enabled:
+        node = edge_node(cfg)
+        return ("0.0.0.0" if cfg.router.host == "0.0.0.0" else str(node.fabric_address)), cfg.router.port
+    return str(cfg.vllm.host), cfg.vllm.port
+
+
+def endpoint(cfg: ClusterConfig) -> str:
+    """The stack's OpenAI-compatible endpoint, as clients on the management network reach it."""
+    return f"http://{edge_node(cfg).host}:{edge_listen(cfg)[1]}/v1"
+
+
+def edge_spec(cfg: ClusterConfig, api_key: Optional[str], models: Optional[list[dict[str, Any]]] = None) -> EdgeSpec:
+    """The edge's configuration: in front of vllm-router (which answers no OpenAI model list: `models`, the
+    declared models' cards) or of vLLM itself (which does)."""
+    host, port = edge_listen(cfg)
+    if cfg.router.enabled:
+        upstream: tuple[str, int] = ("127.0.0.1", cfg.router.inner_port)
+    else:
+        upstream = (vllm_host(cfg), vllm_port(cfg))
+    edge = cfg.edge
+    return EdgeSpec(
+        host=host,
+        port=port,
+        upstream_host=upstream[0],
+        upstream_port=upstream[1],
+        key_digests=(key_digest(api_key),) if api_key else (),
+        models=models if cfg.router.enabled else None,
+        max_connections=edge.max_connections,
+        timeouts=Timeouts(head=edge.head_timeout_seconds, idle=edge.idle_timeout_seconds),
+    )

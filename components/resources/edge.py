@@ -1,0 +1,80 @@
+"""The edge: HAProxy in front of the stack's endpoint (components/plan/edge.py says what it lets through,
+components/plan/endpoint.py where it and vLLM listen). On the endpoint's node:
+
+  `<node>-edge-image`      the HAProxy image (edge.image), pulled by the node;
+  `<node>-edge`            the container spark-vllm.edge (host network), its configuration on the volume
+                           spark-vllm-edge, so a restart or a reboot starts it with the last one applied;
+  `spark-vllm-edge-config` the configuration, written over stdin (it holds the keys' digests: a secret),
+                           checked by HAProxy, and reloaded in place: a change of keys, models or limits
+                           replaces no container and drops no request in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+from components.config import ClusterConfig
+from components.plan.edge import CONFIG_DIR, CONFIG_FILE, EdgeSpec, render
+from components.plan.endpoint import edge_listen, edge_node
+from components.plan.shell import with_log_tail_on_failure
+from components.resources.steps import SECRET_IO, DataKind, data_service, remote_step
+
+EDGE = DataKind("edge", "spark-vllm.edge", volume="spark-vllm-edge", data=CONFIG_DIR)
+APPLY_TIMEOUT_SECONDS = 120
+# PID 1 waits for the first configuration (a new volume has none), then becomes HAProxy, master and workers
+# (-W): SIGUSR2 reloads it; -db keeps it in the foreground, its log on stdout (docker logs).
+ENTRY = (
+    f"trap 'exit 0' TERM INT; while [ ! -s {CONFIG_FILE} ]; do sleep 0.5; done; exec haproxy -W -db -f {CONFIG_FILE}"
+)
+
+
+def apply_command(cfg: ClusterConfig) -> str:
+    """The step's command on the node: edge_apply.sh in the edge's container, as root (the image's user is
+    haproxy), the configuration on stdin; on failure the node's name and the edge's log tail. Plain: made of
+    what is known at plan time, never of the secret configuration."""
+    script = resources.files("components.scripts").joinpath("edge_apply.sh").read_text()
+    host, port = edge_listen(cfg)
+    argv = ["timeout", "--kill-after=10", str(APPLY_TIMEOUT_SECONDS), "docker", "exec", "-u", "0", "-i",
+            EDGE.container, "bash", "-c", script, "edge_apply", host, str(port)]  # fmt: skip
+    return with_log_tail_on_failure(argv, edge_node(cfg), EDGE.container)
+
+
+class Edge(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        cfg: ClusterConfig,
+        spec: pulumi.Input[EdgeSpec],
+        provider: docker.Provider,
+        connection: command.remote.ConnectionArgs,
+        depends_on: Sequence[pulumi.Resource] = (),
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        super().__init__("spark-vllm:index:Edge", name, None, opts)
+        node = edge_node(cfg)
+        self.container = data_service(
+            node.name,
+            EDGE,
+            image=cfg.edge.image,
+            entrypoints=["/bin/sh", "-c", ENTRY],
+            restart=cfg.container.restart,
+            provider=provider,
+            parent=self,
+            depends_on=depends_on,
+        )
+        self.config = remote_step(
+            f"{name}-edge-config",
+            connection,
+            apply_command(cfg),
+            stdin=pulumi.Output.secret(pulumi.Output.from_input(spec).apply(render)),
+            triggers=[self.container.id],
+            parent=self,
+            secret_outputs=SECRET_IO,
+        )
+        self.register_outputs({"container_id": self.container.id})
