@@ -4,12 +4,14 @@
 
 Three simulated nodes (tests/e2e/nodes.py) and the rehearsal's deployments stack (tests/e2e/test_deployments.py:
 `big` over node-1 and node-2, `small` with two replicas on node-3, the real vllm-router 0.1.17 on node-1),
-deployed with the real CLI. Then streamed chat completions for small-model, alternating between the same
-replica directly (node-3:8000) and through the router (node-1:8080, which sends it on to a replica of
-small over the fabric): the time from sending the request to the first content chunk, per path. Printed:
-p50, p90 and mean of each, and the p50 the router adds (target: under 1 ms). The stand-in's own time to
-first token is the same on both paths (its prefill pace and one decode step), so the difference is the
-router's hop: its proxying and the extra network namespace it crosses.
+deployed with the real CLI. Then, from a client in node-1's network namespace (vLLM listens on the fabric only,
+which this machine has no address on), streamed chat completions for small-model, alternating between a
+replica directly (node-3's fabric address, port 8000) and through the endpoint (node-1:8080: the edge, HAProxy,
+then vllm-router, which sends it on to a replica of small over the fabric): the time from sending the request
+to the first content chunk, per path. Printed: p50, p90 and mean of each, and the p50 the router adds (target:
+under 1 ms). The stand-in's own time to first token is the same on both paths (its prefill pace and one decode
+step), and both cross from node-1 to node-3 once, so the difference is the endpoint's hops: the edge and
+vllm-router.
 
 Numbers are printed, nothing is asserted; this machine is shared and has 2 cores.
 Needs root (namespaces, one dockerd per node) and the CLI built by scripts/toolchain.sh.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -68,11 +71,31 @@ def summary(samples: list[float]) -> dict:
     }
 
 
+def sample(direct: tuple[str, int], routed: tuple[str, int], key: str, requests: int, warmup: int) -> dict:
+    """The alternating samples, run where the client is (node-1's namespace)."""
+    for _ in range(warmup):
+        first_token_ms(*direct, key)
+        first_token_ms(*routed, key)
+    found: dict[str, list[float]] = {"direct": [], "router": []}
+    for n in range(requests):
+        order = [("direct", direct), ("router", routed)]
+        for name, (host, port) in order if n % 2 else reversed(order):
+            found[name].append(first_token_ms(host, port, key))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="measured requests per path")
     parser.add_argument("--warmup", type=int, default=30, help="requests per path before measuring")
+    parser.add_argument("--sample", nargs=2, metavar=("DIRECT", "ROUTED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sample:  # the client's part, in node-1's namespace: host:port host:port, the key in the environment
+        direct, routed = (tuple(part.rsplit(":", 1)) for part in args.sample)
+        found = sample((direct[0], int(direct[1])), (routed[0], int(routed[1])), os.environ["ROUTER_HOP_KEY"],
+                       args.requests, args.warmup)  # fmt: skip
+        print(json.dumps(found))
+        return 0
     problem = simnodes.skip_reason() or cli_missing()
     if problem:
         print(f"router_hop: cannot run here: {problem}", file=sys.stderr)
@@ -88,17 +111,12 @@ def main() -> int:
             stack.configure(config, secrets)
             try:
                 stack.up()
-                key = secrets["apiKey"]
-                direct = (cluster.nodes[2].mgmt_ip, 8000)
-                routed = (cluster.nodes[0].mgmt_ip, ROUTER_PORT)
-                for _ in range(args.warmup):
-                    first_token_ms(*direct, key)
-                    first_token_ms(*routed, key)
-                found: dict[str, list[float]] = {"direct": [], "router": []}
-                for n in range(args.requests):
-                    order = [("direct", direct), ("router", routed)]
-                    for name, (host, port) in order if n % 2 else reversed(order):
-                        found[name].append(first_token_ms(host, port, key))
+                client = [sys.executable, "-m", "benchmarks.router_hop", "--requests", str(args.requests),
+                          "--warmup", str(args.warmup), "--sample", f"{cluster.nodes[2].fabric_ip}:8000",
+                          f"{cluster.nodes[0].mgmt_ip}:{ROUTER_PORT}"]  # fmt: skip
+                ran = cluster.run_in(cluster.nodes[0], client, timeout=3600, cwd=Path(__file__).resolve().parents[1],
+                                     env={**os.environ, "ROUTER_HOP_KEY": secrets["apiKey"]})  # fmt: skip
+                found = json.loads(ran.stdout.strip().splitlines()[-1])
             finally:
                 stack.destroy()
     figures = {name: summary(samples) for name, samples in found.items()}

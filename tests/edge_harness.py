@@ -132,11 +132,30 @@ class Edge:
             time.sleep(0.05)
         raise RuntimeError(f"haproxy did not listen: {self.log.read_text()}")
 
+    def workers(self) -> set[int]:
+        """HAProxy's workers: the master's children."""
+        found = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == self.process.pid:
+                    found.add(int(stat.parent.name))
+        return found
+
     def reload(self, spec: EdgeSpec) -> None:
-        """The new configuration, as the edge's step applies it: written, then SIGUSR2 to the master."""
+        """The new configuration, as the edge's step applies it (components/scripts/edge_apply.sh): written, then
+        SIGUSR2 to the master until a new worker is there."""
         self.spec = spec
         self.config.write_text(render(spec))
-        self.process.send_signal(12)  # SIGUSR2
+        before = self.workers()
+        for _ in range(6):
+            self.process.send_signal(12)  # SIGUSR2
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if self.workers() - before:
+                    return
+                time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not reload: {self.log.read_text()[-2000:]}")
 
     def close(self) -> None:
         self.process.terminate()
@@ -151,9 +170,9 @@ def edge_spec(upstream: Recorder, **changes) -> EdgeSpec:
     return replace(base, **changes)
 
 
-def exchange(port: int, raw: bytes, wait: float = 2.0) -> bytes:
+def exchange(port: int, raw: bytes, wait: float = 2.0, host: str = "127.0.0.1") -> bytes:
     """`raw` sent on one connection; everything answered until the edge closes it or `wait` passes quietly."""
-    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+    with socket.create_connection((host, port), timeout=wait) as sock:
         sock.sendall(raw)
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)

@@ -57,6 +57,17 @@ def endpoint(cfg: ClusterConfig) -> str:
     return f"http://{edge_node(cfg).host}:{edge_listen(cfg)[1]}/v1"
 
 
+def declared_models(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The models the edge lists at /v1/models, from the router's declared workers (a drained or down one's
+    too): one entry a served name, the first replica's root and max_model_len, sorted by name."""
+    found: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        found.setdefault(
+            worker["model"], {"id": worker["model"], "root": worker["root"], "max_model_len": worker["max_model_len"]}
+        )
+    return [found[name] for name in sorted(found)]
+
+
 def edge_spec(cfg: ClusterConfig, api_key: Optional[str], models: Optional[list[dict[str, Any]]] = None) -> EdgeSpec:
     """The edge's configuration: in front of vllm-router (which answers no OpenAI model list: `models`, the
     declared models' cards) or of vLLM itself (which does)."""

@@ -15,7 +15,7 @@ from components.config import ClusterConfig
 from components.config.replicas import Replica, co_tenants, replicas_of
 from components.plan.container import ray_address, tenancy
 from components.plan.dashboard import dashboard
-from components.plan.endpoint import edge_node, edge_spec, endpoint
+from components.plan.endpoint import declared_models, edge_node, edge_spec, endpoint
 from components.plan.programs import printed
 from components.resources.diagnostics import diagnose_command, diagnostics_output
 from components.resources.edge import Edge
@@ -141,10 +141,9 @@ class VllmCluster(pulumi.ComponentResource):
                 for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
             ]
         )
-        cards = workers.apply(
-            lambda found: [{"id": w["model"], "root": w["root"], "max_model_len": w["max_model_len"]} for w in found]
+        self.edge = create_edge(
+            self, cfg, self.hosts, transfer, self.runs[0].gate, api_key, workers.apply(declared_models)
         )
-        self.edge = create_edge(self, cfg, self.hosts, transfer, self.runs[0].gate, api_key, cards)
         _, smoke = self.router.declare(
             workers, [run.router_steps.undrain for run in self.runs], api_key, self.edge.config
         )

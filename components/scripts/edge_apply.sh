@@ -56,7 +56,7 @@ fi
 target=$address
 [ "$target" = 0.0.0.0 ] && target=127.0.0.1
 for _ in $(seq 300); do # 30 s: any HTTP answer to GET /health (the upstream may still be starting: 503)
-  if exec 3<>"/dev/tcp/$target/$port" 2>/dev/null; then
+  if { exec 3<>"/dev/tcp/$target/$port"; } 2>/dev/null; then
     printf 'GET /health HTTP/1.0\r\nHost: spark-vllm-edge\r\n\r\n' >&3
     line=""
     read -r -t 5 line <&3 || true

@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from tests.e2e import nodes as simnodes
 from tests.e2e.cli_stack import RehearsalStack, Run, cli_missing
-from tests.e2e.image.build import publish
+from tests.e2e.image.build import haproxy_ref, publish
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"
@@ -125,6 +125,8 @@ def rehearsal_config(
         # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGib).
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},
+        # the official haproxy image's stand-in: Debian's HAProxy, published beside the image (build.publish)
+        "edge": {"image": haproxy_ref(CACHE_DIR, image_ref)},
     }
     config.update(overrides)
     values = {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "hfToken": "hf_rehearsal_" + secrets.token_hex(12)}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -18,8 +20,11 @@ import urllib.request
 
 import pytest
 
+from tests.attacks import refusals, smuggling, spellings
+from tests.attacks import request as attack_request
 from tests.e2e.cli_stack import StackError
 from tests.e2e.rehearsal import chat, fleet_config, openai_tour, request
+from tests.edge_harness import exchange
 from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +56,7 @@ def served_requests(cluster, node, container) -> float:
     return vllm_log(cluster, node, container).count('"POST /v1/chat/completions HTTP/1.1" 200')
 
 
-def test_a_request_for_each_model_is_answered_through_the_router(fleet):
+def test_a_request_for_each_model_is_answered_through_the_router(sim_cluster3, fleet):
     outputs, key = fleet["run"].outputs, fleet["secrets"]["apiKey"]
     assert outputs["endpoint"].endswith(f":{ROUTER_PORT}/v1")
     for model in ("big-model", "small-model", "side-model"):
@@ -60,10 +65,105 @@ def test_a_request_for_each_model_is_answered_through_the_router(fleet):
     status, listing = request(outputs["endpoint"] + "/models", key)
     assert status == 200 and {"big-model", "small-model"} <= set(json.dumps(listing).replace('"', " ").split())
     assert set(outputs["routerSmoke"]) == {"big-model", "small-model", "side-model"}  # `up` asked each through it
-    # each deployment's own endpoint stays an output, and answers
+    # each deployment's own endpoint stays an output, on the fabric: it answers there (from node-1, the router's)
     small = outputs["deployments"]["small"]["replicas"]
-    assert [r["endpoint"].rsplit(":", 1)[1] for r in small] == ["8000/v1", "8001/v1"]
-    assert chat(small[1]["endpoint"], key, "small-model")["model"] == "small-model"
+    node3 = sim_cluster3.nodes[2]
+    assert [r["endpoint"] for r in small] == [f"http://{node3.fabric_ip}:{port}/v1" for port in (8000, 8001)]
+    probe = (
+        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1] + '/models', headers="
+        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=30).status)"
+    )
+    found = sim_cluster3.run_in(sim_cluster3.nodes[0], [sys.executable, "-c", probe, small[1]["endpoint"], key])
+    assert found.stdout.strip() == "200"
+
+
+def test_no_spelling_of_an_admin_or_unguarded_route_gets_past_the_edge(sim_cluster3, fleet):
+    """The attack table (tests/attacks.py) against the router's endpoint from the management network: every
+    spelling of vllm-router's admin API and of vLLM's routes its key does not guard, with no key, a wrong one
+    and the right one; every request hidden behind a chat; the workers the keeper declared stay as they were."""
+    head, key = sim_cluster3.nodes[0], fleet["secrets"]["apiKey"]
+    before = registered_workers(sim_cluster3)
+    assert refusals(head.mgmt_ip, ROUTER_PORT, key) == []
+    for name, raw in smuggling(key).items():  # the chat in front may reach vllm-router; what hides behind, never
+        answer = exchange(ROUTER_PORT, raw, host=head.mgmt_ip)
+        assert b'"workers"' not in answer and b"model_id" not in answer, (name, answer[-300:])
+    assert registered_workers(sim_cluster3) == before
+
+
+def registered_workers(cluster) -> dict:
+    """{url: model} vllm-router routes to, read on its loopback admin API from inside node-1."""
+    probe = (
+        "import json, urllib.request; print(urllib.request.urlopen('http://127.0.0.1:29001/workers').read().decode())"
+    )
+    out = cluster.docker(cluster.nodes[0], "exec", "spark-vllm.router", "python3", "-c", probe).stdout
+    return {w["url"]: w.get("model_id") for w in json.loads(out)["workers"]}
+
+
+class Attacker:
+    """A listener on the management network, where an attacker on the office network would put it: any request
+    the router sends it is a completion (with the user's key and prompt) that left the stack."""
+
+    def __init__(self, host: str):
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.received: list[bytes] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    self.received.append(conn.recv(65536))
+                except OSError:
+                    self.received.append(b"")
+
+    def close(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim_cluster3, fleet):
+    """The issue's attack, repeated every 100 ms in every spelling while clients chat with small-model: the
+    listener stays silent and every chat is answered by the stack's own replicas."""
+    head, key = sim_cluster3.nodes[0], fleet["secrets"]["apiKey"]
+    attacker = Attacker(sim_cluster3.host_mgmt_ip)
+    answered, started = [], time.monotonic()
+    try:
+        targets = spellings(f"/add_worker?url={attacker.url}", f"{head.mgmt_ip}:{ROUTER_PORT}")
+        while time.monotonic() - started < 8:
+            for who in (None, key):
+                for target in targets:
+                    exchange(
+                        ROUTER_PORT,
+                        attack_request("POST", target, f"{head.mgmt_ip}:{ROUTER_PORT}", who),
+                        host=head.mgmt_ip,
+                    )
+            answered.append(chat(fleet["run"].outputs["endpoint"], key, "small-model")["model"])
+            time.sleep(0.1)
+    finally:
+        attacker.close()
+    assert attacker.received == []
+    assert len(answered) >= 10 and set(answered) == {"small-model"}
+    assert attacker.url not in registered_workers(sim_cluster3)
+
+
+def test_no_replica_listens_on_the_management_network(sim_cluster3, fleet):
+    """Each vLLM binds its head's fabric address: from the clients' network only the edge answers."""
+    for node, port in ((sim_cluster3.nodes[0], 8000), (sim_cluster3.nodes[2], 8000), (sim_cluster3.nodes[2], 8001),
+                       (sim_cluster3.nodes[1], 8002), (sim_cluster3.nodes[0], 29001)):  # fmt: skip
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((node.mgmt_ip, port), timeout=5).close()
 
 
 def test_the_router_passes_the_key_to_vllm_which_refuses_a_wrong_one(fleet):
@@ -83,8 +183,10 @@ def test_a_deployments_replicas_share_its_requests(sim_cluster3, fleet):
         words = " ".join(f"w{n}x{k}" for k in range(20))
         body = {"model": "small-model", "messages": [{"role": "user", "content": words}], "max_tokens": 2}
         assert request(endpoint + "/chat/completions", key, body)[0] == 200
-    after = {c: served_requests(sim_cluster3, node3, c) for c in before}
-    assert all(after[c] - before[c] == 6 for c in before), (before, after)  # round_robin: turns
+    # round_robin: turns (a replica's log line comes just after its answer: waited for, not raced)
+    counted = lambda: {c: served_requests(sim_cluster3, node3, c) - before[c] for c in before}  # noqa: E731
+    wait_for(lambda: sum(counted().values()) >= 12, 10)
+    assert set(counted().values()) == {6}, (before, counted())
 
 
 def test_the_routers_metrics_are_served_on_the_fabric(sim_cluster3, fleet):

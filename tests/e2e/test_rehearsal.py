@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.attacks import refusals, smuggling
 from tests.e2e.observe import RAY_NODES, container_ids, netns_processes, no_containers
 from tests.e2e.rehearsal import (
     BENCHMARK,
@@ -32,6 +34,7 @@ from tests.e2e.rehearsal import (
     rehearsal_config,
     request,
 )
+from tests.edge_harness import exchange, statuses
 from tests.harness import ROOT
 from tests.waiting import wait_for
 
@@ -109,7 +112,7 @@ def test_a_real_prometheus_on_the_worker_scrapes_every_target(sim_cluster, deplo
     metrics = deployed["run"].outputs["metrics"]
     assert metrics["prometheus"] == f"http://{worker.mgmt_ip}:9090"
     expected = {*[t for targets in metrics["targets"].values() for t in targets], "127.0.0.1:9090"}
-    assert metrics["targets"]["vllm"] == [f"{sim_cluster.nodes[0].fabric_ip}:8000"]
+    assert metrics["targets"]["vllm"] == [f"{sim_cluster.nodes[0].fabric_ip}:29002"]  # vLLM behind the edge
     seen: dict = {}
 
     def all_up() -> bool:
@@ -206,6 +209,34 @@ def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_clu
     assert outputs["release"]["validated"] is True
     # pulled from the registry: the release names the image by its repo digest
     assert outputs["release"]["image"].startswith(f"{sim_cluster.registry.address}/spark-vllm-rehearsal@sha256:")
+
+
+def test_no_spelling_of_a_route_not_served_and_no_smuggled_request_gets_past_the_edge(sim_cluster, deployed):
+    """The attack table (tests/attacks.py) against the deployed endpoint from the management network: vLLM's own
+    key would let /invocations, /tokenize and the rest through; the edge refuses them, and every request hidden
+    behind a chat is answered by the edge (its JSON error), never by vLLM (whose 404 says "detail")."""
+    head, key = sim_cluster.nodes[0], deployed["secrets"]["apiKey"]
+    assert refusals(head.mgmt_ip, 8000, key) == []
+    for name, raw in smuggling(key).items():
+        answer = exchange(8000, raw, host=head.mgmt_ip)
+        assert b'"detail"' not in answer and statuses(answer)[-1] in (400, 401, 404, 405), (name, answer[-300:])
+
+
+def test_vllm_listens_on_the_fabric_only_behind_the_edge(sim_cluster, deployed):
+    """From the management network only the edge answers; on the fabric vLLM still serves its unguarded routes
+    (/invocations answers a chat without the key): the fabric is the nodes' own network (docs/security.md)."""
+    head = sim_cluster.nodes[0]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((head.mgmt_ip, 29002), timeout=5).close()
+    body = json.dumps({"model": deployed["run"].outputs["servedModelName"], "prompt": "hi", "max_tokens": 2})
+    probe = (
+        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), "
+        "headers={'Content-Type': 'application/json'}); print(urllib.request.urlopen(r, timeout=30).status)"
+    )
+    found = sim_cluster.run_in(
+        sim_cluster.nodes[1], [sys.executable, "-c", probe, f"http://{head.fabric_ip}:29002/invocations", body]
+    )
+    assert found.stdout.strip() == "200"
 
 
 def test_the_worker_joined_through_its_fabric_address_and_vllm_placed_a_bundle_on_it(sim_cluster, deployed):

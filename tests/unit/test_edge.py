@@ -12,43 +12,12 @@ import time
 import pytest
 
 from components.plan.edge import ROUTES, EdgeSpec, Timeouts, key_digest, quoted, render
+from tests.attacks import FORBIDDEN, refusals, smuggling, spellings
+from tests.attacks import request as attack_request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
 
 KEY = "sk-edge-test-key"
 CHAT = b'{"model":"small","messages":[{"role":"user","content":"hi"}]}'
-
-# What must never reach the upstream: vllm-router's admin API (unauthenticated in 0.1.17) and vLLM's routes that
-# its --api-key does not guard (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX: /v1, /v2, /inference
-# only) or that are not the endpoint's to serve.
-FORBIDDEN = (
-    "/workers", "/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=http://x", "/list_workers",
-    "/flush_cache", "/get_loads", "/invocations", "/tokenize", "/detokenize", "/pooling", "/classify", "/score",
-    "/rerank", "/v1/rerank", "/metrics", "/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
-    "/collective_rpc", "/v1/load_lora_adapter", "/server_info", "/v2/rerank", "/inference/v1/generate",
-)  # fmt: skip
-
-
-def spellings(path: str, host: str) -> list[str]:
-    """One target written the ways an HTTP/1.1 parser might read as `path`."""
-    bare = path.split("?", 1)[0]
-    name = bare.lstrip("/")
-    return [
-        path,
-        f"http://{host}{path}",  # absolute-form, the Host header agreeing
-        f"http://x{path}",  # absolute-form, the Host header disagreeing
-        f"/{path}",  # a doubled slash
-        f"/v1/..{path}",  # dot segments
-        f"/v1/chat/completions/../..{path}",
-        f"/v1/./.{path}",
-        f"/v1/models/%2e%2e/%2e%2e{path}",  # encoded dot segments
-        "/%" + format(ord(name[0]), "02x") + name[1:],  # a percent-encoded first letter
-        "/%" + format(ord(name[0]), "02X") + name[1:],
-        "/" + name.upper(),  # another case
-        f"{bare};x",  # a `;` parameter
-        f"/v1/chat/completions;/../..{path}",
-        f"/v1/chat/completions%2F..%2F..{bare}",
-        f"/v1/chat/completions/..%2F..{bare}",
-    ]
 
 
 @pytest.fixture
@@ -65,13 +34,8 @@ def edge(upstream, tmp_path):
     running.close()
 
 
-def request(method: str, target: str, host: str, key: str | None = KEY, body: bytes = b"", version="HTTP/1.1") -> bytes:
-    head = f"{method} {target} {version}\r\nHost: {host}\r\nConnection: close\r\n"
-    if key is not None:
-        head += f"Authorization: Bearer {key}\r\n"
-    if body or method == "POST":
-        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-    return head.encode("latin-1") + b"\r\n" + body
+def request(method: str, target: str, host: str, key: str | None = KEY, body: bytes = b"") -> bytes:
+    return attack_request(method, target, host, key, body)
 
 
 def upstream_saw_only_routes(upstream: Recorder) -> None:
@@ -181,38 +145,7 @@ def test_other_request_forms_are_refused(edge, upstream, raw):
     assert upstream.received == []
 
 
-HIDDEN = b"GET /workers HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-def smuggled(framing: bytes, body: bytes) -> bytes:
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n" + framing
-        + b"\r\n" + body
-    )  # fmt: skip
-
-
-SMUGGLING = {
-    "Transfer-Encoding and Content-Length": smuggled(
-        b"Content-Length: 44\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "Content-Length then Transfer-Encoding": smuggled(
-        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "a header line ended by a bare LF": smuggled(
-        b"X-A: 1\nTransfer-Encoding: chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "Transfer-Encoding with an obs-fold": smuggled(
-        b"Transfer-Encoding:\r\n chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "Transfer-Encoding not chunked": smuggled(
-        b"Transfer-Encoding: identity\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "two Content-Lengths": smuggled(b"Content-Length: 0\r\nContent-Length: 44\r\n", HIDDEN),
-    "a space before the colon": smuggled(
-        b"Transfer-Encoding : chunked\r\nContent-Length: 44\r\n", b"0\r\n\r\n" + HIDDEN
-    ),
-    "a chunk size with garbage": smuggled(b"Transfer-Encoding: chunked\r\n", b"0x\r\n\r\n" + HIDDEN),
-}
+SMUGGLING = smuggling(KEY)
 
 
 @pytest.mark.parametrize("name", SMUGGLING)
@@ -318,3 +251,23 @@ def test_a_reload_keeps_the_listener_and_applies_new_keys(upstream, tmp_path):
         assert streak == 5
     finally:
         edge.close()
+
+
+def test_the_attack_table_finds_what_an_unguarded_server_lets_through(edge, upstream):
+    """The rehearsal's check (tests/attacks.py refusals) can fail: the recording upstream answers everything."""
+    assert refusals("127.0.0.1", edge.spec.port, KEY, paths=("/workers", "/invocations")) == []
+    assert len(refusals("127.0.0.1", upstream.port, KEY, paths=("/workers",))) == 15 * 3 * 3
+
+
+def test_the_model_list_names_each_served_model_once_drained_replicas_included():
+    from components.plan.endpoint import declared_models
+
+    workers = [
+        {"url": "http://10.9.0.3:8000", "model": "small", "root": "/models/s", "max_model_len": 4096},
+        {"url": "http://10.9.0.3:8001", "model": "small", "root": "/models/s", "max_model_len": 4096},
+        {"url": "http://10.9.0.1:8000", "model": "big", "root": "/models/b", "max_model_len": None},
+    ]
+    assert declared_models(workers) == [
+        {"id": "big", "root": "/models/b", "max_model_len": None},
+        {"id": "small", "root": "/models/s", "max_model_len": 4096},
+    ]

@@ -537,8 +537,14 @@ def registry_has(registry: str, ref: str, image_id: str) -> bool:
 
 def publish(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
     """The rehearsal image in the registry at `registry` (host:port), pushed once through the daemon at
-    `docker_host`, which is left without the image (nodes pull it as real ones do). Returns the
-    registry reference; its image id equals the archive's."""
+    `docker_host`, which is left without the image (nodes pull it as real ones do), and the edge's HAProxy
+    image beside it (haproxy_ref). Returns the registry reference; its image id equals the archive's."""
+    info = _publish_base(cache_dir, registry, docker_host)
+    publish_haproxy(cache_dir, docker_host, info.ref)
+    return info
+
+
+def _publish_base(cache_dir: Path, registry: str, docker_host: str) -> ImageInfo:
     cache_dir = Path(cache_dir).resolve()
     local = image_ref()
     remote = f"{registry}/{local}"
@@ -598,53 +604,66 @@ def prometheus_binary(cache_dir: Path) -> Path:
     return debian_root(cache_dir, (PROMETHEUS_PACKAGE,)) / "usr" / "bin" / "prometheus"
 
 
-def _publish_derived(
-    cache_dir: Path, registry: str, docker_host: str, base: ImageInfo, repo: str, tree: Path, dockerfile: str
-) -> str:
-    """An image in the registry built FROM the rehearsal image (`base`, pulled from the registry by the daemon
-    at `docker_host`) with `tree` as the build context; tagged by the base, the tree's files and `dockerfile`.
-    Returns its registry reference."""
-    cache_dir = Path(cache_dir).resolve()
-    digest = hashlib.sha256(base.ref.encode() + b"\0" + dockerfile.encode())
+def _derived_ref(registry: str, base_ref: str, repo: str, tree: Path, dockerfile: str) -> str:
+    """The registry reference of an image FROM `base_ref` with `tree` as its build context: tagged by the base,
+    the tree's files and `dockerfile`, so a change of any rebuilds it."""
+    digest = hashlib.sha256(base_ref.encode() + b"\0" + dockerfile.encode())
     for path in sorted(p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()):
         digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
-    remote = f"{registry}/{repo}:{digest.hexdigest()[:12]}"
+    return f"{registry}/{repo}:{digest.hexdigest()[:12]}"
+
+
+def _publish_derived(cache_dir: Path, docker_host: str, remote: str, base_ref: str, tree: Path, dockerfile: str) -> str:
+    """`remote` (a _derived_ref) in its registry, built through the daemon at `docker_host`, which pulls the
+    base from the registry and is left without either image."""
+    cache_dir = Path(cache_dir).resolve()
+    registry, name = remote.split("/", 1)
     with _locked(cache_dir / "registry.lock"):
-        if registry_image_id(registry, remote.split("/", 1)[1]):
+        if registry_image_id(registry, name):
             return remote
-        context = cache_dir / f"{repo}-context"
+        context = cache_dir / f"{name.split(':')[0]}-context"
         shutil.rmtree(context, ignore_errors=True)
         shutil.copytree(tree, context, symlinks=True)
-        (context / "Dockerfile").write_text(f"FROM {base.ref}\n{dockerfile}")
+        (context / "Dockerfile").write_text(f"FROM {base_ref}\n{dockerfile}")
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
         docker(docker_host, "build", "-q", "-t", remote, str(context), env=env)
         docker(docker_host, "push", remote)
         with contextlib.suppress(RuntimeError):  # the daemon is left as publish() leaves it: without images
-            docker(docker_host, "rmi", remote, base.ref)
+            docker(docker_host, "rmi", remote, base_ref)
         shutil.rmtree(context, ignore_errors=True)
     return remote
+
+
+PROMETHEUS_DOCKERFILE = "COPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
+# Laid out as the official `haproxy` image is where the edge relies on it: the binary on PATH
+# (/usr/local/sbin/haproxy), bash, and the user `haproxy` (uid 99) it runs as.
+HAPROXY_DOCKERFILE = (
+    "COPY . /usr/\n"
+    "RUN ldconfig && ln -s /usr/sbin/haproxy /usr/local/sbin/haproxy"
+    " && groupadd -g 99 haproxy && useradd -u 99 -g 99 -d /var/lib/haproxy -s /usr/sbin/nologin haproxy\n"
+    "USER haproxy\n"
+)
 
 
 def publish_prometheus(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
     """A Prometheus image in the registry: the rehearsal image with Debian's prometheus as /bin/prometheus,
     where prom/prometheus has it. Returns its registry reference."""
     tree = debian_root(cache_dir, (PROMETHEUS_PACKAGE,)) / "usr" / "bin"
-    dockerfile = "COPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
-    return _publish_derived(cache_dir, registry, docker_host, base, PROMETHEUS_REPO, tree, dockerfile)
+    remote = _derived_ref(registry, base.ref, PROMETHEUS_REPO, tree, PROMETHEUS_DOCKERFILE)
+    return _publish_derived(cache_dir, docker_host, remote, base.ref, tree, PROMETHEUS_DOCKERFILE)
 
 
-def publish_haproxy(cache_dir: Path, registry: str, docker_host: str, base: ImageInfo) -> str:
-    """An HAProxy image in the registry, laid out as the official `haproxy` image is where the edge relies on it:
-    the binary on PATH (/usr/local/sbin/haproxy), a shell, and the user `haproxy` (uid 99) it runs as. Returns
-    its registry reference."""
+def haproxy_ref(cache_dir: Path, base_ref: str) -> str:
+    """The edge's image for the rehearsal image `base_ref` (registry/name:tag): what publish() put beside it."""
     tree = debian_root(cache_dir, HAPROXY_PACKAGES) / "usr"
-    dockerfile = (
-        "COPY . /usr/\n"
-        "RUN ldconfig && ln -s /usr/sbin/haproxy /usr/local/sbin/haproxy"
-        " && groupadd -g 99 haproxy && useradd -u 99 -g 99 -d /var/lib/haproxy -s /usr/sbin/nologin haproxy\n"
-        "USER haproxy\n"
-    )
-    return _publish_derived(cache_dir, registry, docker_host, base, HAPROXY_REPO, tree, dockerfile)
+    return _derived_ref(base_ref.split("/", 1)[0], base_ref, HAPROXY_REPO, tree, HAPROXY_DOCKERFILE)
+
+
+def publish_haproxy(cache_dir: Path, docker_host: str, base_ref: str) -> str:
+    """The edge's HAProxy image in the registry of `base_ref`. Returns its registry reference."""
+    tree = debian_root(cache_dir, HAPROXY_PACKAGES) / "usr"
+    remote = haproxy_ref(cache_dir, base_ref)
+    return _publish_derived(cache_dir, docker_host, remote, base_ref, tree, HAPROXY_DOCKERFILE)
 
 
 def _archive_id(cache_dir: Path) -> str:

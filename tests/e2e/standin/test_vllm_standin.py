@@ -200,13 +200,56 @@ def test_args_log_hides_key():
 # -- API ------------------------------------------------------------------------------
 
 
-def test_auth_guards_v1_only():
+def test_auth_guards_v1_v2_and_inference_only_as_vllm_0_25_does():
     assert api.is_authorized("/v1/models", None, None)
     assert not api.is_authorized("/v1/models", None, "k")
     assert not api.is_authorized("/v1/models", "Bearer x", "k")
     assert api.is_authorized("/v1/models", "Bearer k", "k")
-    for p in ("/health", "/version", "/metrics", "/ping"):
+    for guarded in ("/v2/rerank", "/inference/v1/generate", "/v1x"):
+        assert not api.is_authorized(guarded, None, "k"), guarded
+    for p in ("/health", "/version", "/metrics", "/ping", "/invocations", "/tokenize", "/detokenize", "/pooling"):
         assert api.is_authorized(p, None, "k")
+    assert api.is_authorized("/v1/chat/completions", None, "k", method="OPTIONS")  # never checked
+
+
+def _post(port: int, path: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+@pytest.mark.parametrize("dev", [False, True])
+def test_what_vllm_serves_without_its_key_the_standin_serves_too(tmp_path, dev):
+    """The hole the edge closes (REFERENCE.md, "Who gets in without a key"): with --api-key set, a completion
+    through /invocations, tokenize and detokenize answer anyone, and in dev mode the operational routes."""
+    http = free_port()
+    process = serve_one(
+        tmp_path, http, extra=("--api-key", "sk-standin"), environ={"VLLM_SERVER_DEV_MODE": "1"} if dev else None
+    )
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert _post(http, "/v1/chat/completions", chat)[0] == 401
+        status, answer = _post(http, "/invocations", {**chat, "model": str(tmp_path / "model")})
+        assert status == 200 and answer["object"] == "chat.completion", answer
+        status, answer = _post(
+            http, "/invocations", {"model": str(tmp_path / "model"), "prompt": "a b", "max_tokens": 2}
+        )
+        assert status == 200 and answer["object"] == "text_completion", answer
+        status, tokens = _post(http, "/tokenize", {"prompt": "one two three"})
+        assert status == 200 and tokens["count"] == 3
+        assert _post(http, "/detokenize", {"tokens": tokens["tokens"]})[0] == 200
+        assert _post(http, "/pooling", {"input": "x"})[0] == 404  # a generative model mounts no pooling route
+        assert _post(http, "/reset_prefix_cache", {})[0] == (200 if dev else 404)
+        assert _post(http, "/v2/rerank", {})[0] == 401
+    finally:
+        end(process)
 
 
 def cfg(**kw):
@@ -482,7 +525,7 @@ def test_offline_a_repo_id_must_be_in_the_hugging_face_cache(tmp_path):
 # -- the engine core: a second process that holds the GPU, as in real vLLM ---------------------------
 
 
-def serve_one(tmp_path, http_port, name="serve", extra=()):
+def serve_one(tmp_path, http_port, name="serve", extra=(), environ=None):
     """`vllm serve` of one GPU (uniprocessor executor), in a session of its own as the supervisor starts it."""
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
@@ -491,7 +534,7 @@ def serve_one(tmp_path, http_port, name="serve", extra=()):
             str(http_port), *extra]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "STANDIN_LOAD_SECONDS": "0.2", "STANDIN_DEAD_LINGER_S": "0.2",
            "STANDIN_GPU_DIR": str(tmp_path / "gpus"), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-           "STANDIN_COMPILE_SECONDS": "0.3"}  # fmt: skip
+           "STANDIN_COMPILE_SECONDS": "0.3", **(environ or {})}  # fmt: skip
     log = open(tmp_path / f"{name}.log", "w")
     return subprocess.Popen(
         argv, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -23,16 +23,51 @@ from . import __version__, log
 from .args import ServeConfig
 
 OPEN_PATHS = ("/health", "/version", "/metrics", "/ping")
+# vLLM 0.25's key guards the paths that start with these and nothing else
+# (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX; OPTIONS is never checked)
+GUARDED_PREFIX = ("/v1", "/v2", "/inference")
+# Routes vLLM serves on every address it listens on, without the key (the stand-in serves a generative model:
+# the pooling routes, /pooling /classify /score /rerank, are not mounted for one, so they are 404 as in vLLM):
+#   POST /invocations   vllm/entrypoints/sagemaker/routes.py, mounted by api_server.py with no flag: a chat or
+#                       completions body goes to the same handlers (vLLM issue 58144)
+#   POST /tokenize, /detokenize   vllm/entrypoints/serve/tokenize/api_router.py
+# and with VLLM_SERVER_DEV_MODE=1 the operational ones (vllm/entrypoints/serve/dev/api_router.py and its siblings).
+DEV_MODE_ROUTES = ("/pause", "/resume", "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/reset_prefix_cache",
+                   "/reset_mm_cache", "/collective_rpc", "/server_info")  # fmt: skip
 
 
-def needs_auth(path: str) -> bool:
-    """vLLM's key guards every path starting with /v1 and nothing else."""
-    return path.split("?", 1)[0].startswith("/v1")
+def needs_auth(path: str, method: str = "GET") -> bool:
+    """vLLM's key guards the paths under GUARDED_PREFIX, for every method but OPTIONS."""
+    return method != "OPTIONS" and path.split("?", 1)[0].startswith(GUARDED_PREFIX)
 
 
-def is_authorized(path: str, authorization: str | None, api_key: str | None) -> bool:
+def dev_mode(environ=os.environ) -> bool:
+    return environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0", "false", "False")
+
+
+def tokenize(body: object, cfg: ServeConfig) -> tuple[int, dict]:
+    """POST /tokenize (vllm/entrypoints/serve/tokenize/protocol.py TokenizeResponse): a prompt or messages as
+    token ids."""
+    if not isinstance(body, dict) or not ("prompt" in body or "messages" in body):
+        return 400, error_body("a prompt or messages", "BadRequestError", 400)
+    if "prompt" in body:
+        text = str(body["prompt"])
+    else:
+        text = " ".join(message_text(m.get("content")) for m in body["messages"] if isinstance(m, dict))
+    tokens = word_token_ids(text, cfg.vocab_size)
+    return 200, {"count": len(tokens), "max_model_len": cfg.max_model_len, "tokens": tokens, "token_strs": None}
+
+
+def detokenize(body: object) -> tuple[int, dict]:
+    """POST /detokenize (DetokenizeResponse): the stand-in's ids are hashes, so its text is their count."""
+    if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+        return 400, error_body("tokens: a list of ids", "BadRequestError", 400)
+    return 200, {"prompt": " ".join("tok" for _ in body["tokens"])}
+
+
+def is_authorized(path: str, authorization: str | None, api_key: str | None, method: str = "GET") -> bool:
     """True when the request may proceed (no key configured, open path, or the right bearer token)."""
-    if not api_key or not needs_auth(path):
+    if not api_key or not needs_auth(path, method):
         return True
     expected = f"Bearer {api_key}"
     return authorization is not None and hmac.compare_digest(authorization.encode(), expected.encode())
@@ -591,7 +626,7 @@ def make_handler(state: ServerState):
             self._send(status, json.dumps(obj).encode())
 
         def _authorized(self) -> bool:
-            if is_authorized(self.path, self.headers.get("Authorization"), cfg.api_key):
+            if is_authorized(self.path, self.headers.get("Authorization"), cfg.api_key, self.command):
                 return True
             self._json(401, {"error": "Unauthorized"})
             return False
@@ -645,14 +680,24 @@ def make_handler(state: ServerState):
             raw = self.rfile.read(length) if length else b""
             if not self._authorized():
                 return
-            if path == "/v1/chat/completions/render":
+            if path in ("/v1/chat/completions/render", "/tokenize", "/detokenize"):
                 try:
                     body = json.loads(raw or b"null")
                 except ValueError as e:
                     self._json(400, error_body(f"invalid JSON body: {e}", "BadRequestError", 400))
                     return
-                self._json(*render_chat(body, cfg))
+                answer = {"/tokenize": lambda: tokenize(body, cfg), "/detokenize": lambda: detokenize(body)}
+                self._json(*answer.get(path, lambda: render_chat(body, cfg))())
                 return
+            if path in DEV_MODE_ROUTES and dev_mode():
+                self._json(200, {"path": path, "dev_mode": True})
+                return
+            if path == "/invocations":  # the SageMaker route: a chat body if it has messages, else completions
+                try:
+                    path = "/v1/chat/completions" if "messages" in json.loads(raw or b"null") else "/v1/completions"
+                except (ValueError, TypeError):
+                    self._json(400, error_body("invalid JSON body", "BadRequestError", 400))
+                    return
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 if path in ("/health", "/version", "/metrics", "/v1/models"):
                     self._json(405, {"detail": "Method Not Allowed"})
