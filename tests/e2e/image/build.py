@@ -581,7 +581,11 @@ def debian_root(cache_dir: Path, packages: tuple[str, ...]) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
         (work / "debs").mkdir(parents=True)
-        _run(["apt-get", "download", *packages], cwd=work / "debs")
+        try:
+            _run(["apt-get", "download", *packages], cwd=work / "debs")
+        except RuntimeError:  # no package lists yet (a machine whose packages were all there): read them once
+            _run(["apt-get", "update", "-qq"])
+            _run(["apt-get", "download", *packages], cwd=work / "debs")
         for deb in sorted((work / "debs").glob("*.deb")):
             _run(["dpkg-deb", "-x", str(deb), str(work / "root")])
         (work / "root" / ".complete").write_text(" ".join(packages) + "\n")
