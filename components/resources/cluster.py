@@ -122,7 +122,10 @@ class VllmCluster(pulumi.ComponentResource):
         if self.router is not None:
             self.router_smoke = self._declare_workers(cfg, transfer, api_key)
         else:  # one replica: the edge in front of its vLLM
-            self.edge = create_edge(self, replicas[0].config, self.hosts, transfer, gates[replicas[0].name], api_key)
+            # after the serve step: a vLLM of an older version may hold the endpoint's port until it is restarted
+            serve = self.runs[0].server.serve
+            self.edge = create_edge(self, replicas[0].config, self.hosts, transfer, gates[replicas[0].name], api_key,
+                                    after=[serve])  # fmt: skip
             self.router_smoke = None
         self.dashboard = dashboard(cfg, pulumi.get_stack())
         self._outputs(cfg, transfer, api_key, secrets.get("grafanaAdminPassword"))
@@ -141,9 +144,9 @@ class VllmCluster(pulumi.ComponentResource):
                 for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
             ]
         )
-        self.edge = create_edge(
-            self, cfg, self.hosts, transfer, self.runs[0].gate, api_key, workers.apply(declared_models)
-        )
+        # after the router's container: an older version's keeper served the endpoint's port itself
+        self.edge = create_edge(self, cfg, self.hosts, transfer, self.runs[0].gate, api_key,
+                                workers.apply(declared_models), after=[self.router.container])  # fmt: skip
         _, smoke = self.router.declare(
             workers, [run.router_steps.undrain for run in self.runs], api_key, self.edge.config
         )
@@ -297,6 +300,7 @@ def create_edge(
     gate: Gate,
     api_key: Optional[pulumi.Output[str]],
     models: Optional[pulumi.Input[list]] = None,
+    after: Sequence[pulumi.Resource] = (),
 ) -> Edge:
     """The edge on the endpoint's node (the router's, or the one replica's head), once the nodes passed their
     checks and that node's guard holds; `cfg`: the stack's config with the router, the replica's view without."""
@@ -309,7 +313,7 @@ def create_edge(
         spec,
         hosts[node].provider,
         hosts[node].connection,
-        depends_on=[gate.passed, *([guard.ready] if guard else [])],
+        depends_on=[gate.passed, *([guard.ready] if guard else []), *after],
         opts=pulumi.ResourceOptions(parent=parent),
     )
 

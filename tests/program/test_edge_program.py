@@ -1,0 +1,65 @@
+"""The edge under Pulumi's mocks: where it runs, what its configuration holds (and keeps secret), what it waits for,
+and that a change of key or of the declared models touches its configuration step alone."""
+
+from __future__ import annotations
+
+from components.plan.edge import key_digest
+from tests.harness import run_program
+from tests.program.test_deployments_program import run_fleet
+from tests.program.test_program import SECRETS, prod
+
+CONTAINER = "docker:index/container:Container"
+
+
+def edge_config(run) -> str:
+    return run.named("spark-vllm-edge-config").inputs["stdin"]
+
+
+def test_one_model_the_edge_takes_the_endpoint_and_vllm_the_fabric_behind_it():
+    run = run_program(prod(), SECRETS, stack="prod")
+    edge = run.named("spark-01-edge")
+    assert edge.inputs["name"] == "spark-vllm.edge" and edge.inputs["networkMode"] == "host"
+    assert run.named("spark-01-edge-image").inputs["name"] == "haproxy:3.0"
+    config = edge_config(run)
+    assert "bind 0.0.0.0:30000" in config  # the endpoint the stack always had
+    assert "server upstream 192.168.200.12:29002" in config  # vLLM on the head's fabric address
+    assert run.exports["endpoint"] == "http://spark-01.lan:30000/v1"
+    # the key's digest, never the key; the step's stdin is a secret, its command plain (known in a preview)
+    assert key_digest(SECRETS["apiKey"]) in config and SECRETS["apiKey"] not in config
+    step = run.named("spark-vllm-edge-config")
+    assert "stdin" in step.secret_paths() and "create" not in step.secret_paths()
+    assert step.inputs["create"].startswith("timeout --kill-after=10 120 docker exec -u 0 -i spark-vllm.edge bash -c")
+
+
+def test_one_model_the_edge_starts_after_the_checks_and_vllms_new_settings():
+    """An older version's vLLM listened on the endpoint's port: the edge starts once vLLM was handed its new
+    settings (the supervisor restarts it on the fabric), and like every container only after the checks."""
+    run = run_program(prod(), SECRETS, stack="prod")
+    edge = run.named("spark-01-edge")
+    assert run.named("spark-vllm-serve").urn in edge.dependencies
+    assert run.named("spark-vllm-checks-passed").urn in edge.dependencies
+    assert run.named("spark-01-guard-ready").urn in edge.dependencies  # network.guard in the prod stack
+
+
+def test_several_models_the_edge_lists_each_model_once_in_front_of_the_router():
+    run = run_fleet()
+    config = edge_config(run)
+    assert "bind 0.0.0.0:8080" in config and "server upstream 127.0.0.1:29001" in config
+    cards = [line for line in config.splitlines() if "path,url_dec" in line]
+    # three deployments, four replicas (small twice): a card each model
+    assert len(cards) == 3 and sum("/models/Qwen3-0.6B" in line for line in cards) == 1
+    # after the router's container: an older version's keeper held the endpoint's port
+    assert run.named("spark-vllm-router").urn in run.named("spark-01-edge").dependencies
+    assert run.named("spark-vllm-edge-config").urn in run.named("spark-vllm-router-smoke").dependencies
+
+
+def test_a_new_key_changes_the_edges_configuration_and_no_container():
+    before = run_program(prod(), SECRETS, stack="prod")
+    after = run_program(prod(), {**SECRETS, "apiKey": "sk-another-key-000000000000"}, stack="prod")
+    assert edge_config(before) != edge_config(after)
+    containers = {r.name: r.inputs for r in before.of_type(CONTAINER)}
+    assert containers == {r.name: r.inputs for r in after.of_type(CONTAINER)}
+    assert (
+        before.named("spark-vllm-edge-config").inputs["create"]
+        == after.named("spark-vllm-edge-config").inputs["create"]
+    )
