@@ -306,6 +306,7 @@ def create_edge(
     checks and that node's guard holds; `cfg`: the stack's config with the router, the replica's view without."""
     node = edge_node(cfg).name
     guard = transfer.guards.get(node)
+    checked = [gate.passed, *([guard.ready] if guard else [])]
     spec = pulumi.Output.all(api_key, models).apply(lambda found: edge_spec(cfg, found[0], found[1]))
     return Edge(
         "spark-vllm",
@@ -313,7 +314,8 @@ def create_edge(
         spec,
         hosts[node].provider,
         hosts[node].connection,
-        depends_on=[gate.passed, *([guard.ready] if guard else []), *after],
+        depends_on=[*checked, *after],
+        pull_after=checked,  # the image comes meanwhile: only its container waits for `after`
         opts=pulumi.ResourceOptions(parent=parent),
     )
 

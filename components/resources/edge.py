@@ -54,6 +54,7 @@ class Edge(pulumi.ComponentResource):
         provider: docker.Provider,
         connection: command.remote.ConnectionArgs,
         depends_on: Sequence[pulumi.Resource] = (),
+        pull_after: Sequence[pulumi.Resource] = (),
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         super().__init__("spark-vllm:index:Edge", name, None, opts)
@@ -67,6 +68,7 @@ class Edge(pulumi.ComponentResource):
             provider=provider,
             parent=self,
             depends_on=depends_on,
+            pull_after=pull_after,
         )
         self.config = remote_step(
             f"{name}-edge-config",

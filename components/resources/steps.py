@@ -109,12 +109,20 @@ class DataKind:
 
 
 def data_service(
-    node: str, kind: DataKind, *, image: str, provider: docker.Provider, parent: pulumi.Resource, **service: Any
+    node: str,
+    kind: DataKind,
+    *,
+    image: str,
+    provider: docker.Provider,
+    parent: pulumi.Resource,
+    pull_after: Optional[Sequence[pulumi.Resource]] = None,
+    **service: Any,
 ) -> docker.Container:
-    """A data service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node, once what the
-    container waits for is there), its data on its volume, its environment a secret; `service`: the rest of
-    service_container's arguments."""
-    opts = pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(service.get("depends_on", ())))
+    """A data service of the stack's from an image it pulls (`<node>-<role>-image`, kept on the node, once
+    `pull_after` is there: by default what the container waits for), its data on its volume, its environment a
+    secret; `service`: the rest of service_container's arguments."""
+    after = service.get("depends_on", ()) if pull_after is None else pull_after
+    opts = pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(after))
     pulled = docker.RemoteImage(f"{node}-{kind.role}-image", name=image, keep_locally=True, opts=opts)
     mounts = [docker.ContainerMountArgs(type="volume", source=kind.volume, target=kind.data)]
     return service_container(

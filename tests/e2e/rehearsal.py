@@ -32,7 +32,9 @@ from typing import Any, Optional
 
 from tests.e2e import nodes as simnodes
 from tests.e2e.cli_stack import RehearsalStack, Run, cli_missing
-from tests.e2e.image.build import haproxy_ref, publish
+from tests.e2e.image.build import haproxy_ref, publish, registry_image_id
+from tests.e2e.image.build import image_ref as image_name
+from tests.e2e.image.dockerd import private_dockerd
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"
@@ -82,6 +84,18 @@ def sandbox_ulimits() -> dict[str, int]:
     }
 
 
+def edge_image(cluster: simnodes.SimCluster) -> str:
+    """The edge's image in the cluster's registry: Debian's HAProxy, laid out as the official `haproxy` image,
+    FROM the rehearsal image (both published there once, through a daemon of its own, so no node's images are
+    touched: a module may hold the rehearsal image on one node only, under its local tag)."""
+    registry = cluster.registry.address
+    ref = haproxy_ref(CACHE_DIR, f"{registry}/{image_name()}")
+    if not registry_image_id(registry, ref.split("/", 1)[1]):
+        with private_dockerd("edge-", config={"insecure-registries": [registry]}) as host:
+            publish(CACHE_DIR, registry, host)
+    return ref
+
+
 def rehearsal_config(
     cluster: simnodes.SimCluster,
     image_ref: str,
@@ -125,8 +139,7 @@ def rehearsal_config(
         # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGib).
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},
-        # the official haproxy image's stand-in: Debian's HAProxy, published beside the image (build.publish)
-        "edge": {"image": haproxy_ref(CACHE_DIR, image_ref)},
+        "edge": {"image": edge_image(cluster)},
     }
     config.update(overrides)
     values = {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "hfToken": "hf_rehearsal_" + secrets.token_hex(12)}

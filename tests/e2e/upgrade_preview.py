@@ -13,7 +13,8 @@ checkout's program then runs `pulumi up` on that stack, and says how long it too
 and which vLLM it started anew (each serve step's vLLM pid, before and after, from the state): what an upgrade
 across these commits costs a running stack. `--set KEY=JSON` (dotted, repeatable) adds config that the older
 program applies with a second `up` before the preview: the guard's and the depot's containers exist only with
-theirs. The older
+theirs. What this checkout's rehearsal sets that the older one did not (the edge's image, published into the kept
+cluster's registry) is set before the preview. The older
 checkout borrows this one's Pulumi CLI, stand-in plugins and venv (the CLI and plugins are built here, not
 committed), but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
 a cache (building the older one there would take this checkout's out from under the suite's registry), so
@@ -38,6 +39,7 @@ import yaml
 
 from components.plan.programs import printed
 from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, PROJECT, ROOT, RehearsalStack, cli_missing
+from tests.e2e.image.build import publish_haproxy
 from tests.e2e.rehearsal import CACHE_DIR
 
 OLDER_CACHE = CACHE_DIR.with_name(CACHE_DIR.name + "-older")
@@ -113,6 +115,19 @@ def _with_config(checkout: Path, stack: RehearsalStack, settings: list[str]) -> 
     return _older(checkout, "-c", up, str(stack.workdir))
 
 
+def _this_versions_settings(stack: RehearsalStack, workdir: Path) -> list[str]:
+    """What this checkout's rehearsal gives a stack that an older one did not (tests/e2e/rehearsal.py
+    rehearsal_config): the edge's image, published into the kept cluster's registry through its first node's
+    daemon, FROM the image the older stack runs."""
+    document = yaml.safe_load(stack.config_file.read_text())
+    if f"{PROJECT}:edge" in document.get("config", {}):
+        return []
+    base_ref = document["config"][f"{PROJECT}:image"]
+    first = sorted((workdir / "nodes").glob("*-n1"))[0].name
+    edge_image = publish_haproxy(CACHE_DIR, f"unix:///run/{first}/docker.sock", base_ref)
+    return [f"edge.image={json.dumps(edge_image)}"]
+
+
 def _upgrade(stack: RehearsalStack) -> dict[str, Any]:
     """`pulumi up` with this checkout on the older stack: its time, what it replaced, which vLLM started anew."""
     before = _serving(stack)
@@ -155,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                 if applied.returncode != 0:
                     print(applied.stdout[-3000:], applied.stderr[-3000:], sep="\n", file=sys.stderr)
                     return 2
+            ours = _this_versions_settings(stack, workdir)
+            document = with_settings(yaml.safe_load(stack.config_file.read_text()), ours)
+            stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
             run = stack.preview()
             changed = {name: op for name, op in run.ops.items() if op not in ("same", "read")}
-            report = {"deployedBy": args.commit, "with": args.set, "previewedBy": "this checkout",
+            report = {"deployedBy": args.commit, "with": args.set, "then": ours, "previewedBy": "this checkout",
                       "summary": run.change_summary, "changed": changed}  # fmt: skip
             if args.up:
                 report["up"] = _upgrade(stack)
