@@ -32,8 +32,11 @@ KEYED_ROUTES = {"/v1/chat/completions": ("POST",), "/v1/completions": ("POST",),
 MODEL_CARD_PREFIX = "/v1/models/"  # GET /v1/models/<id>: one model's card
 ROUTES = {**OPEN_ROUTES, **KEYED_ROUTES}
 
-CONFIG_DIR = "/etc/spark-vllm-edge"  # the edge container's volume: haproxy.cfg and nothing else
+CONFIG_DIR = "/etc/spark-vllm-edge"  # the edge container's volume: haproxy.cfg, and HAProxy's master's pid
 CONFIG_FILE = f"{CONFIG_DIR}/haproxy.cfg"
+# What the edge's own watchdog asks (components/scripts/edge_entry.sh): answered by HAProxy itself, without the
+# upstream, and only to the edge's own host (a request from anywhere else is held to the routes as any other).
+ALIVE_PATH = "/spark-vllm-edge/alive"
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,11 @@ def _models(models: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _local(host: str) -> str:
+    """The address a request from the edge's own host comes from when it is bound to `host`."""
+    return "127.0.0.1" if host == "0.0.0.0" else host
+
+
 def render(spec: EdgeSpec) -> str:
     """haproxy.cfg for `spec`."""
     t = spec.timeouts
@@ -163,6 +171,8 @@ def render(spec: EdgeSpec) -> str:
         f"    maxconn {spec.max_connections}",
         # the target as the upstream will read it: the path HAProxy parsed, in origin-form
         "    http-request set-uri %[pathq]",
+        f"    http-request return status 200 content-type text/plain string alive if {{ path -m str {ALIVE_PATH} }} "
+        f"{{ src 127.0.0.0/8 {_local(spec.host)} }}",
         *_route_rules(spec.models is not None),
         _answer(400, _error(400, "one Authorization header", "BadRequest"), "if { req.hdr_cnt(authorization) gt 1 }"),
     ]

@@ -20,18 +20,23 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
-from components.plan.edge import CONFIG_DIR, CONFIG_FILE, EdgeSpec, render
+from components.plan.edge import CONFIG_DIR, EdgeSpec, render
 from components.plan.endpoint import edge_listen, edge_node
 from components.plan.shell import with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, DataKind, data_service, remote_step
 
 EDGE = DataKind("edge", "spark-vllm.edge", volume="spark-vllm-edge", data=CONFIG_DIR)
 APPLY_TIMEOUT_SECONDS = 120
-# PID 1 waits for the first configuration (a new volume has none), then becomes HAProxy, master and workers
-# (-W): SIGUSR2 reloads it; -db keeps it in the foreground, its log on stdout (docker logs).
-ENTRY = (
-    f"trap 'exit 0' TERM INT; while [ ! -s {CONFIG_FILE} ]; do sleep 0.5; done; exec haproxy -W -db -f {CONFIG_FILE}"
-)
+# The edge's watchdog (components/scripts/edge_entry.sh): its own check every 10 s; three missed in a row end
+# the container, which Docker starts again (container.restart).
+WATCH_INTERVAL_SECONDS = 10
+WATCH_MISSES = 3
+
+
+def entrypoints() -> list[str]:
+    """The container's main process: edge_entry.sh, which runs HAProxy and watches it."""
+    script = resources.files("components.scripts").joinpath("edge_entry.sh").read_text()
+    return ["bash", "-c", script, "edge_entry", str(WATCH_INTERVAL_SECONDS), str(WATCH_MISSES)]
 
 
 def apply_command(cfg: ClusterConfig) -> str:
@@ -63,7 +68,7 @@ class Edge(pulumi.ComponentResource):
             node.name,
             EDGE,
             image=cfg.edge.image,
-            entrypoints=["/bin/sh", "-c", ENTRY],
+            entrypoints=entrypoints(),
             restart=cfg.container.restart,
             provider=provider,
             parent=self,

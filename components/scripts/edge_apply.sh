@@ -1,13 +1,14 @@
 # The edge's configuration step (components/resources/edge.py), run by bash inside the edge's container
 # (`docker exec -u 0 -i spark-vllm.edge bash -c "$(this)" edge_apply ADDRESS PORT`), the new haproxy.cfg on
 # stdin. It checks it with HAProxy itself before anything changes, puts it in place, and has the running
-# HAProxy reload it (master-worker: SIGUSR2 to the master, PID 1; the old worker finishes what it serves),
-# sending the signal again until a new worker is there (one sent while HAProxy is still starting is lost);
-# then it waits until the endpoint answers an HTTP request. The official haproxy image has bash, no curl.
+# HAProxy reload it (master-worker: SIGUSR2 to the master, whose pid edge_entry.sh keeps in haproxy.pid; the old
+# worker finishes what it serves), sending the signal again until a new worker is there (one sent while HAProxy
+# is still starting is lost); then it waits until the endpoint answers an HTTP request. The official haproxy
+# image has bash, no curl.
 set -euo pipefail
 address=$1
 port=$2
-dir=/etc/spark-vllm-edge
+dir=${EDGE_DIR:-/etc/spark-vllm-edge}
 cfg=$dir/haproxy.cfg
 
 cat >"$cfg.new"
@@ -18,16 +19,17 @@ if ! haproxy -c -q -f "$cfg.new"; then
   exit 1
 fi
 
-workers() { # HAProxy's workers: children of the master (PID 1)
+master=$(cat "$dir/haproxy.pid" 2>/dev/null || true)
+workers() { # HAProxy's workers: the master's children
   local stat pid comm state ppid rest
   for stat in /proc/[0-9]*/stat; do
     read -r pid comm state ppid rest <"$stat" 2>/dev/null || continue
-    if [ "$comm" = "(haproxy)" ] && [ "$ppid" = 1 ]; then echo "$pid"; fi
+    if [ "$ppid" = "$master" ]; then echo "$pid"; fi
   done
 }
 
 running=no
-[ "$(cat /proc/1/comm)" = haproxy ] && running=yes
+if [ -n "$master" ] && kill -0 "$master" 2>/dev/null; then running=yes; fi
 if [ "$running" = yes ] && cmp -s "$cfg.new" "$cfg"; then
   rm -f "$cfg.new"
   echo "edge: configuration unchanged"
@@ -37,7 +39,7 @@ else
   if [ "$running" = yes ]; then
     reloaded=no
     for _ in 1 2 3 4 5 6; do
-      kill -USR2 1
+      kill -USR2 "$master"
       for _ in $(seq 50); do
         for pid in $(workers); do
           case "$before" in *" $pid "*) ;; *) reloaded=yes ;; esac
@@ -55,11 +57,12 @@ fi
 
 target=$address
 [ "$target" = 0.0.0.0 ] && target=127.0.0.1
-for _ in $(seq 300); do # 30 s: any HTTP answer to GET /health (the upstream may still be starting: 503)
+deadline=$((SECONDS + 30))
+while [ "$SECONDS" -lt "$deadline" ]; do # any HTTP answer to GET /health (the upstream may still be starting: 503)
   if { exec 3<>"/dev/tcp/$target/$port"; } 2>/dev/null; then
     printf 'GET /health HTTP/1.0\r\nHost: spark-vllm-edge\r\n\r\n' >&3
     line=""
-    read -r -t 5 line <&3 || true
+    read -r -t 3 line <&3 || true
     exec 3>&- 3<&-
     case "$line" in HTTP/1.*)
       echo "edge: answering on $address:$port (${line%$'\r'})"

@@ -1,0 +1,153 @@
+"""The edge's two node scripts run for real on this machine, as the container runs them (bash, a real HAProxy on
+PATH, the configuration directory in EDGE_DIR): edge_entry.sh, the container's main process that runs HAProxy
+and watches it, and edge_apply.sh, the step that writes, checks and reloads a configuration."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from components.plan.edge import key_digest, render
+from tests.e2e.image.build import haproxy_command
+from tests.e2e.rehearsal import CACHE_DIR
+from tests.edge_harness import Recorder, edge_spec, exchange, statuses
+from tests.waiting import wait_for
+
+KEY, OTHER = "sk-edge-script-key-0001", "sk-edge-script-key-0002"
+
+
+def script(name: str) -> str:
+    return resources.files("components.scripts").joinpath(name).read_text()
+
+
+@pytest.fixture
+def node(tmp_path):
+    """PATH with `haproxy` (Debian's, unpacked), the edge's directory, a recording upstream."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "haproxy"
+    wrapper.write_text("#!/bin/sh\nexec " + " ".join(haproxy_command(CACHE_DIR)) + ' "$@"\n')
+    wrapper.chmod(0o755)
+    edge_dir = tmp_path / "edge"
+    edge_dir.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EDGE_DIR": str(edge_dir)}
+    upstream = Recorder().start()
+    yield env, edge_dir, upstream
+    upstream.close()
+
+
+def start_entry(env, interval=1, misses=2) -> subprocess.Popen:
+    """The container's main process; its output (HAProxy's too) in EDGE_DIR/../entry.log, as docker logs."""
+    log = open(Path(env["EDGE_DIR"]).parent / "entry.log", "w")
+    return subprocess.Popen(["bash", "-c", script("edge_entry.sh"), "edge_entry", str(interval), str(misses)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def apply(env, spec) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script("edge_apply.sh"), "edge_apply", spec.host, str(spec.port)],
+                          input=render(spec), env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def chat(port: int, key: str) -> int:
+    raw = (f"POST /v1/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {key}\r\nContent-Length: 2\r\n"
+           "Connection: close\r\n\r\n{}").encode()  # fmt: skip
+    found = statuses(exchange(port, raw))
+    return found[0] if found else 0
+
+
+def end(entry: subprocess.Popen) -> None:
+    with_children = [entry.pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if os.getpgid(int(stat.parent.name)) == entry.pid:
+                with_children.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    for pid in with_children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    entry.wait(10)
+
+
+def test_the_first_configuration_starts_haproxy_a_new_one_reloads_it_and_the_same_one_changes_nothing(node):
+    env, edge_dir, upstream = node
+    entry = start_entry(env)
+    try:
+        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        first = apply(env, spec)
+        assert first.returncode == 0, first.stderr
+        assert "configuration written; HAProxy starts with it" in first.stdout and "answering on" in first.stdout
+        assert chat(spec.port, KEY) == 200 and chat(spec.port, OTHER) == 401
+        rotated = apply(env, edge_spec(upstream, port=spec.port, key_digests=(key_digest(OTHER),)))
+        assert rotated.returncode == 0 and "configuration reloaded" in rotated.stdout, rotated.stderr
+        assert wait_for(lambda: chat(spec.port, OTHER) == 200 and chat(spec.port, KEY) == 401, 10)
+        same = apply(env, edge_spec(upstream, port=spec.port, key_digests=(key_digest(OTHER),)))
+        assert same.returncode == 0 and "configuration unchanged" in same.stdout
+        assert oct((edge_dir / "haproxy.cfg").stat().st_mode & 0o777) == "0o644"
+    finally:
+        end(entry)
+
+
+def test_a_configuration_haproxy_refuses_changes_nothing(node):
+    env, edge_dir, upstream = node
+    entry = start_entry(env)
+    try:
+        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        assert apply(env, spec).returncode == 0
+        broken = subprocess.run(["bash", "-c", script("edge_apply.sh"), "edge_apply", spec.host, str(spec.port)],
+                                input="frontend x\n    bind nonsense\n", env=env, capture_output=True, text=True)  # fmt: skip
+        assert broken.returncode == 1 and "HAProxy refuses the configuration" in broken.stderr
+        assert (edge_dir / "haproxy.cfg").read_text() == render(spec) and not (edge_dir / "haproxy.cfg.new").exists()
+        assert chat(spec.port, KEY) == 200
+    finally:
+        end(entry)
+
+
+def test_a_listener_that_accepts_and_never_answers_ends_the_container_for_docker_to_restart(node):
+    """A stopped worker: the kernel still completes TCP handshakes on its port (a port check would pass), and
+    nothing answers. The watchdog's own HTTP check misses twice and ends it all with a non-zero exit."""
+    env, edge_dir, upstream = node
+    entry = start_entry(env, interval=1, misses=2)
+    try:
+        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        assert apply(env, spec).returncode == 0
+        master = int((edge_dir / "haproxy.pid").read_text())
+        workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+                   if p.read_text().rsplit(")", 1)[1].split()[1] == str(master)]  # fmt: skip
+        time.sleep(2)  # a check or two that pass first
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+        started = time.monotonic()
+        assert entry.wait(30) == 1
+        output = (edge_dir.parent / "entry.log").read_text()
+        assert "HAProxy takes connections and answers none" in output and "(2 of 2)" in output, output
+        assert time.monotonic() - started < 20
+    finally:
+        end(entry)
+
+
+def test_docker_stop_ends_haproxy_and_exits_0(node):
+    env, edge_dir, upstream = node
+    entry = start_entry(env)
+    spec = edge_spec(upstream)
+    assert apply(env, spec).returncode == 0
+    master = int((edge_dir / "haproxy.pid").read_text())
+    entry.send_signal(signal.SIGTERM)
+    assert entry.wait(15) == 0
+    assert wait_for(lambda: not Path(f"/proc/{master}").exists(), 10)
+
+
+def test_stopped_before_any_configuration_it_exits_0(node):
+    env, _, _ = node
+    entry = start_entry(env)
+    time.sleep(0.5)
+    entry.send_signal(signal.SIGTERM)
+    assert entry.wait(5) == 0
