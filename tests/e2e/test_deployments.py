@@ -138,7 +138,7 @@ def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim
     listener stays silent and every chat is answered by the stack's own replicas."""
     head, key = sim_cluster3.nodes[0], fleet["secrets"]["apiKey"]
     attacker = Attacker(sim_cluster3.host_mgmt_ip)
-    answered, started = [], time.monotonic()
+    answered, attempts, started = [], 0, time.monotonic()
     try:
         targets = spellings(f"/add_worker?url={attacker.url}", f"{head.mgmt_ip}:{ROUTER_PORT}")
         while time.monotonic() - started < 8:
@@ -149,10 +149,13 @@ def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim
                         attack_request("POST", target, f"{head.mgmt_ip}:{ROUTER_PORT}", who),
                         host=head.mgmt_ip,
                     )
+                    attempts += 1
             answered.append(chat(fleet["run"].outputs["endpoint"], key, "small-model")["model"])
             time.sleep(0.1)
     finally:
         attacker.close()
+    print(f"\nATTACKER: {attempts} add_worker requests ({len(targets)} spellings, with and without the key) in "
+          f"{time.monotonic() - started:.1f} s, {len(answered)} chats answered, {len(attacker.received)} received")  # fmt: skip
     assert attacker.received == []
     assert len(answered) >= 10 and set(answered) == {"small-model"}
     assert attacker.url not in registered_workers(sim_cluster3)

@@ -36,7 +36,7 @@ def node(tmp_path):
     wrapper.chmod(0o755)
     edge_dir = tmp_path / "edge"
     edge_dir.mkdir()
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EDGE_DIR": str(edge_dir)}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EDGE_DIR": str(edge_dir), "EDGE_PIDFILE": str(tmp_path / "edge.pid")}
     upstream = Recorder().start()
     yield env, edge_dir, upstream
     upstream.close()
@@ -119,7 +119,7 @@ def test_a_listener_that_accepts_and_never_answers_ends_the_container_for_docker
     try:
         spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
         assert apply(env, spec).returncode == 0
-        master = int((edge_dir / "haproxy.pid").read_text())
+        master = int(Path(env["EDGE_PIDFILE"]).read_text())
         workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
                    if p.read_text().rsplit(")", 1)[1].split()[1] == str(master)]  # fmt: skip
         time.sleep(2)  # a check or two that pass first
@@ -139,7 +139,7 @@ def test_docker_stop_ends_haproxy_and_exits_0(node):
     entry = start_entry(env)
     spec = edge_spec(upstream)
     assert apply(env, spec).returncode == 0
-    master = int((edge_dir / "haproxy.pid").read_text())
+    master = int(Path(env["EDGE_PIDFILE"]).read_text())
     entry.send_signal(signal.SIGTERM)
     assert entry.wait(15) == 0
     assert wait_for(lambda: not Path(f"/proc/{master}").exists(), 10)
