@@ -1,6 +1,11 @@
-"""What the router adds to the time to first token, on simulated nodes.
+"""What the endpoint adds to the time to first token, on simulated nodes.
 
     sudo venv/bin/python -m benchmarks.router_hop [--requests 300] [--warmup 30]
+    sudo venv/bin/python -m benchmarks.router_hop --one-model    # the edge alone, in front of one model's vLLM
+
+With --one-model: two simulated nodes and the rehearsal's single-model stack (TP 2 over both, Ray); from node-2's
+namespace, vLLM directly (node-1's fabric address, edge.vllmPort) against the endpoint (the edge on node-1's
+management address). Without it:
 
 Three simulated nodes (tests/e2e/nodes.py) and the rehearsal's deployments stack (tests/e2e/test_deployments.py:
 `big` over node-1 and node-2, `small` with two replicas on node-3, the real vllm-router 0.1.17 on node-1),
@@ -32,13 +37,13 @@ from pathlib import Path
 from tests.e2e import nodes as simnodes
 from tests.e2e.cli_stack import RehearsalStack, cli_missing
 from tests.e2e.image.build import publish
-from tests.e2e.rehearsal import CACHE_DIR, make_model
-from tests.e2e.test_deployments import ROUTER_PORT, deployments_config
+from tests.e2e.rehearsal import CACHE_DIR, make_model, rehearsal_config
+from tests.e2e.test_deployments import deployments_config
 
 
-def first_token_ms(host: str, port: int, key: str) -> float:
+def first_token_ms(host: str, port: int, key: str, model: str) -> float:
     """One streamed chat completion: milliseconds until its first content chunk."""
-    body = json.dumps({"model": "small-model", "messages": [{"role": "user", "content": "one two three"}],
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "one two three"}],
                        "max_tokens": 4, "stream": True})  # fmt: skip
     connection = http.client.HTTPConnection(host, port, timeout=30)
     started = time.perf_counter()
@@ -71,16 +76,16 @@ def summary(samples: list[float]) -> dict:
     }
 
 
-def sample(direct: tuple[str, int], routed: tuple[str, int], key: str, requests: int, warmup: int) -> dict:
-    """The alternating samples, run where the client is (node-1's namespace)."""
+def sample(direct: tuple[str, int], routed: tuple[str, int], key: str, model: str, requests: int, warmup: int) -> dict:
+    """The alternating samples, run where the client is (a node's namespace)."""
     for _ in range(warmup):
-        first_token_ms(*direct, key)
-        first_token_ms(*routed, key)
+        first_token_ms(*direct, key, model)
+        first_token_ms(*routed, key, model)
     found: dict[str, list[float]] = {"direct": [], "router": []}
     for n in range(requests):
         order = [("direct", direct), ("router", routed)]
         for name, (host, port) in order if n % 2 else reversed(order):
-            found[name].append(first_token_ms(host, port, key))
+            found[name].append(first_token_ms(host, port, key, model))
     return found
 
 
@@ -88,12 +93,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="measured requests per path")
     parser.add_argument("--warmup", type=int, default=30, help="requests per path before measuring")
+    one = "the rehearsal's single-model stack on two nodes: the edge alone in front of vLLM"
+    parser.add_argument("--one-model", action="store_true", help=one)
     parser.add_argument("--sample", nargs=2, metavar=("DIRECT", "ROUTED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sample:  # the client's part, in node-1's namespace: host:port host:port, the key in the environment
         direct, routed = (tuple(part.rsplit(":", 1)) for part in args.sample)
         found = sample((direct[0], int(direct[1])), (routed[0], int(routed[1])), os.environ["ROUTER_HOP_KEY"],
-                       args.requests, args.warmup)  # fmt: skip
+                       os.environ["ROUTER_HOP_MODEL"], args.requests, args.warmup)  # fmt: skip
         print(json.dumps(found))
         return 0
     problem = simnodes.skip_reason() or cli_missing()
@@ -103,26 +110,34 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="router-hop-"))
     simnodes.cleanup_stale()
     with simnodes.create_registry(workdir, CACHE_DIR / "registry") as registry:
-        with simnodes.simulated_nodes(3, workdir / "nodes", registry=registry) as cluster:
+        with simnodes.simulated_nodes(2 if args.one_model else 3, workdir / "nodes", registry=registry) as cluster:
             image = publish(CACHE_DIR, registry.address, cluster.nodes[0].docker_host)
             stack = RehearsalStack(workdir / "deployer", "router-hop")
             stack.init()
-            config, secrets = deployments_config(cluster, image.ref, make_model(workdir))
+            if args.one_model:  # from node-2: vLLM on node-1's fabric address, or the edge on its management one
+                config, secrets = rehearsal_config(cluster, image.ref, make_model(workdir))
+                client_node, direct, routed = cluster.nodes[1], f"{cluster.nodes[0].fabric_ip}:29002", None
+            else:  # from node-1: small's replica on node-3's fabric address, or the endpoint on node-1
+                config, secrets = deployments_config(cluster, image.ref, make_model(workdir))
+                client_node, direct = cluster.nodes[0], f"{cluster.nodes[2].fabric_ip}:8000"
             stack.configure(config, secrets)
             try:
-                stack.up()
+                outputs = stack.up().outputs
+                routed = outputs["endpoint"].removeprefix("http://").removesuffix("/v1")
+                model = "small-model" if not args.one_model else outputs["servedModelName"]
                 client = [sys.executable, "-m", "benchmarks.router_hop", "--requests", str(args.requests),
-                          "--warmup", str(args.warmup), "--sample", f"{cluster.nodes[2].fabric_ip}:8000",
-                          f"{cluster.nodes[0].mgmt_ip}:{ROUTER_PORT}"]  # fmt: skip
-                ran = cluster.run_in(cluster.nodes[0], client, timeout=3600, cwd=Path(__file__).resolve().parents[1],
-                                     env={**os.environ, "ROUTER_HOP_KEY": secrets["apiKey"]})  # fmt: skip
+                          "--warmup", str(args.warmup), "--sample", direct, routed]  # fmt: skip
+                env = {**os.environ, "ROUTER_HOP_KEY": secrets["apiKey"], "ROUTER_HOP_MODEL": model}
+                ran = cluster.run_in(client_node, client, timeout=3600, cwd=Path(__file__).resolve().parents[1],
+                                     env=env)  # fmt: skip
                 found = json.loads(ran.stdout.strip().splitlines()[-1])
             finally:
                 stack.destroy()
     figures = {name: summary(samples) for name, samples in found.items()}
     added = round(figures["router"]["p50"] - figures["direct"]["p50"], 3)
     print(json.dumps({"ttftMs": figures, "routerAddsP50Ms": added, "targetMs": 1.0}, indent=1))
-    print(f"the router adds {added} ms to the time to first token at p50 (target < 1 ms): "
+    what = "the edge" if args.one_model else "the endpoint (the edge and vllm-router)"
+    print(f"{what} adds {added} ms to the time to first token at p50 (target < 1 ms): "
           f"{'met' if added < 1.0 else 'NOT met'}")  # fmt: skip
     return 0
 
