@@ -18,7 +18,7 @@ from components.plan.dashboard import dashboard
 from components.plan.endpoint import declared_models, edge_node, edge_spec, endpoint
 from components.plan.programs import printed
 from components.resources.diagnostics import diagnose_command, diagnostics_output
-from components.resources.edge import Edge
+from components.resources.edge import EDGE, Edge
 from components.resources.gate import Gate, create_fabric_gate, create_gate
 from components.resources.grafana import Grafana, grafana_url
 from components.resources.metrics import Prometheus, prometheus_config, prometheus_url, targets
@@ -208,7 +208,7 @@ class VllmCluster(pulumi.ComponentResource):
         self.head_node = head.name
         self.executor = cfg.executor
         self.ray_address = ray_address(cfg) if cfg.executor == "ray" else None
-        self.log_commands = log_commands(cfg, self.containers)
+        self.log_commands = {**log_commands(cfg, self.containers), "edge": edge_log_command(run.replica.config)}
         self.smoke = run.server.smoke_result
         self.benchmark = run.server.benchmark_result
         self.release = _release(run.server, run.release, transfer.images[cfg.copy_source.name], run.gate)
@@ -230,7 +230,7 @@ class VllmCluster(pulumi.ComponentResource):
             f"{run.replica.name}:{key}": command
             for run in runs
             for key, command in log_commands(run.replica.config, run.containers).items()
-        }
+        } | {"edge": edge_log_command(cfg)}
         self.smoke = {run.replica.name: run.server.smoke_result for run in runs}
         self.benchmark = {run.replica.name: run.server.benchmark_result for run in runs}
         self.memory_plan = {run.replica.name: run.gate.memory_plan for run in runs}
@@ -246,6 +246,11 @@ class VllmCluster(pulumi.ComponentResource):
 def router_smoke_summary(stdout: str) -> dict:
     """What the router's smoke test found: each model's latency through the router and who answered."""
     return KeeperResult.from_json(printed(stdout)).models or {}
+
+
+def edge_log_command(cfg: ClusterConfig) -> str:
+    """How to follow the edge's log (HAProxy's, one line a request; the watchdog's) on its node."""
+    return log_follow_command(cfg, edge_node(cfg).name, EDGE.container, vllm=False)
 
 
 def log_commands(cfg: ClusterConfig, containers: dict[str, str]) -> dict[str, str]:

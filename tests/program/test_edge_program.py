@@ -63,3 +63,11 @@ def test_a_new_key_changes_the_edges_configuration_and_no_container():
         before.named("spark-vllm-edge-config").inputs["create"]
         == after.named("spark-vllm-edge-config").inputs["create"]
     )
+
+
+def test_the_edges_log_is_one_of_the_log_commands():
+    run = run_program(prod(), SECRETS, stack="prod")
+    assert run.exports["logCommands"]["edge"] == (
+        "ssh -t -p 22 aurora@spark-01.lan 'docker logs --tail 200 -f spark-vllm.edge'"
+    )
+    assert run_fleet().exports["logCommands"]["edge"].endswith("'docker logs --tail 200 -f spark-vllm.edge'")
