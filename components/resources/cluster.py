@@ -119,24 +119,33 @@ class VllmCluster(pulumi.ComponentResource):
                 steps = self.router.undrain(replica, steps, server.smoke or server.ready)
                 last_undrain[replica.deployment] = steps.undrain
             self.runs.append(ReplicaRun(replica, release, gate, nodes, server, steps))
-        if self.router is not None:
-            self.router_smoke = self._declare_workers(cfg, transfer, api_key)
-        else:  # one replica: the edge in front of its vLLM
-            # after the serve step: a vLLM of an older version may hold the endpoint's port until it is restarted
-            serve = self.runs[0].server.serve
-            self.edge = create_edge(self, replicas[0].config, self.hosts, transfer, gates[replicas[0].name], api_key,
-                                    after=[serve])  # fmt: skip
-            self.router_smoke = None
+        self.router_smoke = self._endpoint(cfg, transfer, api_key)
         self.dashboard = dashboard(cfg, pulumi.get_stack())
         self._outputs(cfg, transfer, api_key, secrets.get("grafanaAdminPassword"))
 
-    def _declare_workers(
+    def _endpoint(
         self, cfg: ClusterConfig, transfer: Transfer, api_key: Optional[pulumi.Output[str]]
-    ) -> pulumi.Resource:
-        """Every replica's served name and model, declared to the router; the edge in front of it, listing those
-        models; a smoke test through both."""
+    ) -> Optional[command.remote.Command]:
+        """The edge, in front of the router or of the one replica's vLLM (components/plan/endpoint.py), after what
+        may hold its port in a stack an older version deployed: that version's router container (its keeper served
+        the endpoint itself), or its vLLM (on every address, until the serve step restarts it). With the router,
+        every replica declared to it and the smoke test through both, which this returns."""
+        first = self.runs[0]
+        self.edge_config = cfg if self.router is not None else first.replica.config
+        if self.router is None:
+            self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key,
+                                    after=[first.server.serve])  # fmt: skip
+            return None
+        workers = self._workers()
+        self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key,
+                                workers.apply(declared_models), after=[self.router.container])  # fmt: skip
+        undrains = [run.router_steps.undrain for run in self.runs]
+        return self.router.declare(workers, undrains, api_key, self.edge.config)[1]
+
+    def _workers(self) -> pulumi.Output:
+        """Every replica as the router's keeper declares it: its served name and model."""
         count = len(self.runs)
-        workers = pulumi.Output.all(
+        return pulumi.Output.all(
             *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
         ).apply(
             lambda found: [
@@ -144,13 +153,6 @@ class VllmCluster(pulumi.ComponentResource):
                 for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
             ]
         )
-        # after the router's container: an older version's keeper served the endpoint's port itself
-        self.edge = create_edge(self, cfg, self.hosts, transfer, self.runs[0].gate, api_key,
-                                workers.apply(declared_models), after=[self.router.container])  # fmt: skip
-        _, smoke = self.router.declare(
-            workers, [run.router_steps.undrain for run in self.runs], api_key, self.edge.config
-        )
-        return smoke
 
     def _outputs(
         self,
@@ -203,12 +205,12 @@ class VllmCluster(pulumi.ComponentResource):
         head = cfg.head_node
         self.containers = run.containers
         self.status_command = status_command(cfg, self.containers)
-        self.endpoint = pulumi.Output.from_input(endpoint(cfg))
+        self.endpoint = pulumi.Output.from_input(endpoint(self.edge_config))
         self.served_model_name = run.server.served_model_name
         self.head_node = head.name
         self.executor = cfg.executor
         self.ray_address = ray_address(cfg) if cfg.executor == "ray" else None
-        self.log_commands = {**log_commands(cfg, self.containers), "edge": edge_log_command(run.replica.config)}
+        self.log_commands = {**log_commands(cfg, self.containers), "edge": edge_log_command(self.edge_config)}
         self.smoke = run.server.smoke_result
         self.benchmark = run.server.benchmark_result
         self.release = _release(run.server, run.release, transfer.images[cfg.copy_source.name], run.gate)
@@ -219,7 +221,7 @@ class VllmCluster(pulumi.ComponentResource):
         runs = self.runs
         self.containers = {run.replica.name: run.containers for run in runs}
         self.status_command = status_command(cfg, on_nodes)
-        self.endpoint = pulumi.Output.from_input(endpoint(cfg if self.router is not None else runs[0].replica.config))
+        self.endpoint = pulumi.Output.from_input(endpoint(self.edge_config))
         self.served_model_name = pulumi.Output.all(*[run.server.served_model_name for run in runs]).apply(
             lambda names: sorted(set(names))
         )
@@ -230,7 +232,7 @@ class VllmCluster(pulumi.ComponentResource):
             f"{run.replica.name}:{key}": command
             for run in runs
             for key, command in log_commands(run.replica.config, run.containers).items()
-        } | {"edge": edge_log_command(cfg)}
+        } | {"edge": edge_log_command(self.edge_config)}
         self.smoke = {run.replica.name: run.server.smoke_result for run in runs}
         self.benchmark = {run.replica.name: run.server.benchmark_result for run in runs}
         self.memory_plan = {run.replica.name: run.gate.memory_plan for run in runs}

@@ -71,3 +71,16 @@ def test_the_edges_log_is_one_of_the_log_commands():
         "ssh -t -p 22 aurora@spark-01.lan 'docker logs --tail 200 -f spark-vllm.edge'"
     )
     assert run_fleet().exports["logCommands"]["edge"].endswith("'docker logs --tail 200 -f spark-vllm.edge'")
+
+
+def test_one_listed_deployment_without_the_router_gets_the_edge_on_its_own_head():
+    """Not the stack's first node: the edge stands where that deployment's vLLM is."""
+    from tests.program.test_deployments_program import Models, fleet
+
+    raw = fleet()
+    raw["deployments"] = [raw["deployments"][1]]  # coder alone, on spark-03
+    run = run_program(raw, SECRETS, stack="prod", mocks=Models())
+    assert run.named("spark-03-edge").inputs["name"] == "spark-vllm.edge"
+    assert "server upstream 192.168.200.14:29002" in edge_config(run)
+    assert run.exports["endpoint"] == "http://spark-03.lan:8000/v1"
+    assert "spark-03.lan" in run.exports["logCommands"]["edge"]

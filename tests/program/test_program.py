@@ -333,7 +333,12 @@ def test_outputs(run):
     assert run.exports["logCommands"]["vllm"] == (
         "ssh -t -p 22 aurora@spark-01.lan 'docker exec spark-vllm-spark-01 tail -n 200 -f /run/spark-vllm/vllm.log'"
     )
-    assert set(run.exports["logCommands"]) == {"vllm", "spark-01", "spark-02"}  # with Ray only the head runs vLLM
+    assert set(run.exports["logCommands"]) == {
+        "vllm",
+        "spark-01",
+        "spark-02",
+        "edge",
+    }  # with Ray only the head runs vLLM
     assert run.exports["smoke"] == {"latencySeconds": 0.5, "completionTokens": 3, "promptTokens": 7}
     release = run.exports["release"]
     assert release["image"] == "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "ab" * 32
