@@ -178,6 +178,8 @@ def render(spec: EdgeSpec) -> str:
         f"{{ src 127.0.0.0/8 {_local(spec.host)} }}",
         *_route_rules(spec.models is not None),
         _answer(400, _error(400, "one Authorization header", "BadRequest"), "if { req.hdr_cnt(authorization) gt 1 }"),
+        # no protocol switch: after a 101 the connection would be a tunnel the edge no longer reads
+        _answer(400, _error(400, "no Upgrade", "BadRequest"), "if { req.hdr_cnt(upgrade) gt 0 }"),
     ]
     if spec.key_digests:
         digests = " ".join(sorted(set(spec.key_digests)))

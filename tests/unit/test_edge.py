@@ -12,7 +12,7 @@ import time
 import pytest
 
 from components.plan.edge import ROUTES, EdgeSpec, Timeouts, key_digest, quoted, render
-from tests.attacks import FORBIDDEN, refusals, smuggling, spellings
+from tests.attacks import FORBIDDEN, HIDDEN, refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
 
@@ -276,3 +276,32 @@ def test_the_model_list_names_each_served_model_once_drained_replicas_included()
         {"id": "big", "root": "/models/b", "max_model_len": None},
         {"id": "small", "root": "/models/s", "max_model_len": 4096},
     ]
+
+
+ODD_FORMS = {
+    "HTTP/0.9": b"GET /workers\r\n",
+    "a tab in the request line": b"GET\t/workers HTTP/1.1\r\nHost: h\r\n\r\n",
+    "a fragment": b"GET /workers#x HTTP/1.1\r\nHost: h\r\n\r\n",
+    "a trailing slash": b"POST /v1/completions/ HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n",
+    "no Host": b"GET /workers HTTP/1.1\r\n\r\n",
+    "an Upgrade to a tunnel": b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+    + KEY.encode()
+    + b"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\n",
+    "h2c upgrade": b"GET /v1/models HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+    + KEY.encode()
+    + b"\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    "Transfer-Encoding chunked, identity": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+    + KEY.encode()
+    + b"\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"
+    + HIDDEN,
+    "a NUL in a header": b"GET /v1/models HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", ODD_FORMS)
+def test_odd_request_forms_never_reach_the_upstream_with_another_route(edge, upstream, name):
+    answer = exchange(edge.spec.port, ODD_FORMS[name])
+    assert b'"upstream": "GET /workers' not in answer and not any(b"/workers" in raw for raw in upstream.received)
+    if name.startswith(("an Upgrade", "h2c")):
+        assert statuses(answer)[:1] == [400] and upstream.received == []
+    upstream_saw_only_routes(upstream)
