@@ -464,8 +464,9 @@ class EdgeConfig(_Model):
 
     image: ImageRef = Field(
         "haproxy:3.0",
-        description="The HAProxy image (the official one; pinned to its digest at deploy, as the node pulled it). "
-        "It needs /bin/bash and haproxy on its PATH, as the official Debian-based image has them.",
+        description="The HAProxy image (the official one, 2.6 or later; name it with @sha256:… to pin it). The edge's "
+        "container runs the image id the node pulled. It needs bash and haproxy on its PATH, as the official "
+        "Debian-based image has them.",
     )
     max_connections: int = Field(
         1024, ge=16, le=1000000, description="Client connections it holds at once; more wait in the kernel's queue."
