@@ -16,12 +16,7 @@ from pathlib import Path
 from components.plan.edge import EdgeSpec, render
 from tests.e2e.image.build import haproxy_command
 from tests.e2e.rehearsal import CACHE_DIR
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.waiting import free_port
 
 
 @dataclass

@@ -32,7 +32,7 @@ KEYED_ROUTES = {"/v1/chat/completions": ("POST",), "/v1/completions": ("POST",),
 MODEL_CARD_PREFIX = "/v1/models/"  # GET /v1/models/<id>: one model's card
 ROUTES = {**OPEN_ROUTES, **KEYED_ROUTES}
 
-CONFIG_DIR = "/etc/spark-vllm-edge"  # the edge container's volume: haproxy.cfg, and HAProxy's master's pid
+CONFIG_DIR = "/etc/spark-vllm-edge"  # the edge container's volume: haproxy.cfg
 CONFIG_FILE = f"{CONFIG_DIR}/haproxy.cfg"
 # What the edge's own watchdog asks (components/scripts/edge_entry.sh): answered by HAProxy itself, without the
 # upstream, and only to the edge's own host (a request from anywhere else is held to the routes as any other).

@@ -6,17 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
-from components.plan.endpoint import vllm_url
 from components.scripts.node_contract import KeeperParams, params_of
 
 
 def router_node(cfg: ClusterConfig) -> NodeConfig:
     return next(node for node in cfg.nodes if node.name == cfg.router.node)
-
-
-def replica_url(replica_cfg: ClusterConfig) -> str:
-    """Where the router reaches a replica's API server: where it listens, on its head's fabric address."""
-    return vllm_url(replica_cfg)
 
 
 def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:

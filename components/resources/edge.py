@@ -12,7 +12,6 @@ components/plan/endpoint.py where it and vLLM listen). On the endpoint's node:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import resources
 from typing import Optional
 
 import pulumi
@@ -22,6 +21,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig
 from components.plan.edge import CONFIG_DIR, EdgeSpec, render
 from components.plan.endpoint import edge_listen, edge_node
+from components.plan.programs import script
 from components.plan.shell import with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, DataKind, data_service, remote_step
 
@@ -35,18 +35,16 @@ WATCH_MISSES = 3
 
 def entrypoints() -> list[str]:
     """The container's main process: edge_entry.sh, which runs HAProxy and watches it."""
-    script = resources.files("components.scripts").joinpath("edge_entry.sh").read_text()
-    return ["bash", "-c", script, "edge_entry", str(WATCH_INTERVAL_SECONDS), str(WATCH_MISSES)]
+    return ["bash", "-c", script("edge_entry.sh"), "edge_entry", str(WATCH_INTERVAL_SECONDS), str(WATCH_MISSES)]
 
 
 def apply_command(cfg: ClusterConfig) -> str:
     """The step's command on the node: edge_apply.sh in the edge's container, as root (the image's user is
     haproxy), the configuration on stdin; on failure the node's name and the edge's log tail. Plain: made of
     what is known at plan time, never of the secret configuration."""
-    script = resources.files("components.scripts").joinpath("edge_apply.sh").read_text()
     host, port = edge_listen(cfg)
     argv = ["timeout", "--kill-after=10", str(APPLY_TIMEOUT_SECONDS), "docker", "exec", "-u", "0", "-i",
-            EDGE.container, "bash", "-c", script, "edge_apply", host, str(port)]  # fmt: skip
+            EDGE.container, "bash", "-c", script("edge_apply.sh"), "edge_apply", host, str(port)]  # fmt: skip
     return with_log_tail_on_failure(argv, edge_node(cfg), EDGE.container)
 
 

@@ -21,9 +21,10 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
+from components.plan.endpoint import vllm_url
 from components.plan.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.plan.programs import script_program
-from components.plan.router_params import keeper_params, replica_url, router_node
+from components.plan.router_params import keeper_params, router_node
 from components.plan.shell import exec_python, fingerprint, with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, remote_step, service_container
 
@@ -38,7 +39,7 @@ DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-
 def worker(replica: Any, served: str, root: Optional[str] = None) -> dict[str, Any]:
     """A replica as the router's keeper declares it; `root` (the model it loaded) and its max_model_len are what
     the endpoint's /v1/models says of its model, as vLLM would."""
-    return {"url": replica_url(replica.config), "model": served, "replica": replica.config.called("spark-vllm"),
+    return {"url": vllm_url(replica.config), "model": served, "replica": replica.config.called("spark-vllm"),
             "root": root, "max_model_len": replica.config.max_model_len}  # fmt: skip
 
 

@@ -8,22 +8,18 @@ import os
 import signal
 import subprocess
 import time
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from components.plan.edge import key_digest, render
+from components.plan.programs import script
 from tests.e2e.image.build import haproxy_command
 from tests.e2e.rehearsal import CACHE_DIR
 from tests.edge_harness import Recorder, edge_spec, exchange, statuses
 from tests.waiting import wait_for
 
 KEY, OTHER = "sk-edge-script-key-0001", "sk-edge-script-key-0002"
-
-
-def script(name: str) -> str:
-    return resources.files("components.scripts").joinpath(name).read_text()
 
 
 @pytest.fixture
