@@ -48,6 +48,7 @@ class Registration:
     delete_before_replace: bool
     additional_secret_outputs: list[str]
     replace_on_changes: list[str] = field(default_factory=list)
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)  # input → the URNs it comes from
     id: Optional[str] = None
     outputs: dict[str, Any] = field(default_factory=dict)
 
@@ -116,6 +117,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             delete_before_replace=request.deleteBeforeReplace,
             additional_secret_outputs=list(request.additionalSecretOutputs),
             replace_on_changes=list(request.replaceOnChanges),
+            property_dependencies={key: list(deps.urns) for key, deps in request.propertyDependencies.items()},
         )
         args = ExtendedArgs(
             typ=request.type,
@@ -130,7 +132,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         registration.id, registration.outputs = id_, state
         with self._lock:
             self.registrations.append(registration)
-        obj_proto = pulumi_mocks._sync_await(rpc.serialize_properties(state, {}))
+        # As the engine does: the outputs named in additionalSecretOutputs come back secret.
+        returned = {k: ({SIG_KEY: SECRET_SIG, "value": v} if k in registration.additional_secret_outputs else v)
+                    for k, v in state.items()}  # fmt: skip
+        obj_proto = pulumi_mocks._sync_await(rpc.serialize_properties(returned, {}))
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=obj_proto)
 

@@ -4,6 +4,8 @@ node's vLLM container: the copy depot, network.guard, Prometheus)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -31,15 +33,16 @@ def remote_step(
     delete_before_replace: Optional[bool] = None,
 ) -> command.remote.Command:
     """A command on a node over SSH. Its previous output never reaches its environment (the remote sshd
-    would have to accept it), read-only steps have no `delete`, `triggers` run it again, and
-    `secret_outputs` (SECRET_IO where a log tail or stdin may hold a secret) stay out of plain state."""
+    would have to accept it), read-only steps have no `delete`, `triggers` run it again (each one as
+    `plain_trigger` makes it), and `secret_outputs` (SECRET_IO where a log tail or stdin may hold a secret)
+    stay out of plain state."""
     return command.remote.Command(
         name,
         connection=connection,
         create=create,
         stdin=stdin,
         delete=delete,
-        triggers=list(triggers) if triggers is not None else None,
+        triggers=[plain_trigger(each) for each in triggers] if triggers is not None else None,
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent,
@@ -48,6 +51,22 @@ def remote_step(
             additional_secret_outputs=list(secret_outputs) or None,
         ),
     )
+
+
+def plain_trigger(value: pulumi.Input) -> pulumi.Output:
+    """A trigger pulumi-command can read in every preview. A secret one (what another step printed, kept
+    secret by SECRET_IO) is an unknown secret in a new stack's first preview, which pulumi-command 1.2.1
+    refuses before anything runs ("triggers[2]: malformed secret: missing value"); so a secret value becomes
+    the sha256 of its JSON: it changes when the value does and holds nothing of it. Others pass unchanged."""
+    value = pulumi.Output.from_input(value)
+    secret = pulumi.Output.from_input(value.is_secret())
+    return pulumi.Output.all(pulumi.Output.unsecret(value), secret).apply(
+        lambda pair: _digest(pair[0]) if pair[1] else pair[0]
+    )
+
+
+def _digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def service_container(
