@@ -3,18 +3,18 @@
     sudo venv/bin/python -m benchmarks.cli_timing [--nodes 2 8] [--previews 3]
 
 For each node count N: simulated nodes (tests/e2e/nodes.py) pulling from one registry, a stack
-driven by the real Pulumi CLI and engine with the stand-in provider plugins (tests/e2e/cli_stack.py),
+driven by the real Pulumi CLI, engine, language host and provider plugins (tests/e2e/cli_stack.py),
 `pulumi up` once (a first deployment: pull, checks, Ray, vLLM, smoke test), then `pulumi preview
 --diff` with nothing changed `--previews` times, then `pulumi destroy`. Printed per N:
 
-* wall: the whole command as the Automation API runs it (CLI start, plugins, program, engine);
+* wall: the whole command as a user runs it (CLI start, plugins, program, engine; `up` previews first);
 * engine: the duration the engine itself reports (its summary event): the CLI's own breakdown of
   how much of the wall time the update took, the rest being the CLI's and plugins' start-up;
 * stages of the `up`, from the moments the engine reported each resource done (as ./rehearse
   prints them), and the slowest resource operations.
 
 Numbers are printed, nothing is asserted: this machine is shared and has 2 cores; quote medians.
-Needs root (namespaces, one dockerd per node) and the CLI built by scripts/toolchain.sh.
+Needs root (namespaces, one dockerd per node) and the toolchain built by scripts/toolchain.sh.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ side by side), and the `pulumi` commands by kind (count, seconds, the slowest). 
 asserted: this machine is shared and has 2 cores. `--rounds N --hog K`: the stress run, the same command N
 times in a row beside K processes that each keep a core busy; each round's wall time and the tests that failed
 or errored, then the total of them (the suite's steadiness: it should be none). With --cpu, the machine's CPU
-seconds during the run by kind of process (the CLI, the stand-in plugins, pytest, Ray, dockerd and containerd,
-sshd, the stand-in vLLM…), sampled from /proc every second: what a change must cut for the suite to be faster
-on a machine whose CPU is the limit. Processes that live less than a sample are counted as "short-lived".
+seconds during the run by kind of process (the CLI, the provider plugins, the program, pytest, Ray, dockerd and
+containerd, sshd, the stand-in vLLM…), sampled from /proc every second: what a change must cut for the suite to be
+faster on a machine whose CPU is the limit. Processes that live less than a sample are counted as "short-lived".
 """
 
 from __future__ import annotations
@@ -82,14 +82,15 @@ def failed_tests(junit: Path) -> list[str]:
 
 # Kinds of process, first match wins: (kind, words looked for in the command line or the name).
 CPU_KINDS = (
+    ("provider plugins (command, docker)", ("pulumi-resource-",)),
+    ("the program (language host, __main__.py)", ("pulumi-language-python",)),
     ("pulumi CLI and engine", ("/.toolchain/bin/pulumi",)),
-    ("stand-in provider plugins", ("pulumi-resource-", "providers/bin", "tests.e2e.providers")),
     ("Ray (gcs, raylet, agents, workers)", ("gcs_server", "raylet", "ray/", "ray::", "ray_", "default_worker")),
     ("stand-in vLLM", ("vllm_standin", "vllm serve", "vllm-router")),
     ("node supervisors and scripts", ("spark-vllm", "supervisor", "node_")),
     ("dockerd, containerd and shims", ("dockerd", "containerd", "docker-proxy", "runc", "docker ")),
     ("sshd and ssh", ("sshd", "ssh ", "ssh-")),
-    ("pytest workers (the tests and the inline program)", ("pytest", "xdist", "exec(eval(sys.stdin")),
+    ("pytest workers (the tests)", ("pytest", "xdist", "exec(eval(sys.stdin")),
     ("other Python (on the nodes and in tests)", ("python",)),
 )
 

@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_guard.py",  # 145 s
     "tests/e2e/test_hf_sync.py",  # 123 s
     "tests/e2e/test_speculative.py",  # 105 s alone (2026-12-04)
+    "tests/e2e/test_one_node.py",  # 43 s alone (2026-12-05)
     "tests/unit/test_supervisor.py",  # 85 s
     "tests/e2e/image/test_image.py",  # 60 s
 )

@@ -19,8 +19,8 @@ def raw_stack_config(namespace: str = NAMESPACE) -> dict[str, Any]:
     """
     raw: dict[str, Any] = {}
     prefix = f"{namespace}:"
-    # The language host passes config in PULUMI_CONFIG; tests and the Automation API's inline
-    # programs set it in the runtime. Read both.
+    # The language host passes config in PULUMI_CONFIG; the tests under Pulumi's mocks set it in the
+    # runtime. Read both.
     everything = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     for full_key, value in everything.items():
         if not full_key.startswith(prefix):

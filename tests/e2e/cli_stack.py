@@ -1,29 +1,29 @@
 """A stack driven by the real Pulumi CLI, as the README tells users to drive theirs.
 
-`pulumi login`, `pulumi stack init` and `pulumi config set` run as commands; `pulumi preview --diff`,
-`pulumi up`, `pulumi refresh` and `pulumi destroy` run through Pulumi's Automation API, which runs
-the same CLI and engine with the program served from this process (`--client`, an inline program):
-the Python language host, `pulumi-language-python`, is the one piece of the CLI distribution the Go
-module proxy does not serve. Provider plugins are found on PATH: the stand-ins in
-tests/e2e/providers/bin (see there for why).
+Every command is the one a user types, run in the stack's project directory: `pulumi login`, `stack init`,
+`config set --secret`, `preview --diff`, `up --yes` (which previews first), `refresh --yes`, `destroy --yes`.
+The CLI runs the program itself through the Python language host with the project's venv (Pulumi.yaml's
+`runtime`), so Pulumi.yaml, its config declarations and `__main__.py` are what is tested; the language
+host and both provider plugins are the real ones, built by scripts/toolchain.sh and found on PATH
+(.toolchain/bin: the CLI with the language host beside it; .toolchain/plugins: the plugins as `pulumi plugin
+install` lays them out, each stack's PULUMI_HOME/plugins).
 
 Each stack gets a machine of its own: a fresh HOME (no ~/.ssh: a machine that never connected to
 the nodes), its own PULUMI_HOME, a `file://` backend, no SSH agent. What the CLI prints is passed
-through to `echo`, and every engine event is kept, so tests assert on what the engine did to each
-resource: `run.ops` maps resource name → operation (`create`, `update`, `replace`, `delete`, `same`…).
+through to `echo`, and every engine event (`--event-log`) is kept, so tests assert on what the engine did
+to each resource: `run.ops` maps resource name → operation (`create`, `update`, `replace`, `delete`, `same`…).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import runpy
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -33,15 +33,19 @@ from pulumi import automation as auto
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "spark-vllm"
-PLUGIN_DIR = ROOT / "tests" / "e2e" / "providers" / "bin"
-CLI_DIR = ROOT / ".toolchain" / "bin"
+CLI_DIR = ROOT / ".toolchain" / "bin"  # the CLI and the language host beside it (scripts/toolchain.sh)
+PLUGINS_DIR = ROOT / ".toolchain" / "plugins"  # the provider plugins, installed (scripts/toolchain.sh)
+TOOLS = ("bin/pulumi", "bin/pulumi-language-python", "plugins/resource-command-v*", "plugins/resource-docker-v*")
+PROGRAM_FILES = ("__main__.py", "components", "venv")  # linked into each stack's project directory
+COMMAND_TIMEOUT_S = 1800
 PASSPHRASE = "rehearsal-only-passphrase"  # encrypts this stack's secrets in its config and state
 REPLACE_OPS = {"replace", "create-replacement", "delete-replaced", "discard-replaced"}
 
 
 def cli_missing() -> Optional[str]:
-    if not (CLI_DIR / "pulumi").exists():
-        return f"no Pulumi CLI at {CLI_DIR / 'pulumi'} (scripts/toolchain.sh builds it)"
+    missing = [tool for tool in TOOLS if not any(CLI_DIR.parent.glob(tool))]
+    if missing:
+        return f"no {', '.join(missing)} in {CLI_DIR.parent} (scripts/toolchain.sh builds them)"
     return None
 
 
@@ -87,6 +91,17 @@ class ResourceEvent:
     finished: Optional[float] = None
     failed: bool = False
     diffs: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)  # every step the engine took for it, in order
+
+    @property
+    def change(self) -> str:
+        """create/update/replace/delete/same…: a replacement's steps as "replace", except a resource only
+        deleted in one (a dependent of a delete-before-replace that the program no longer declares: the engine
+        deletes it first, as `delete-replaced`, and creates nothing in its place) as "delete"."""
+        replacing = set(self.steps) & REPLACE_OPS
+        if replacing and replacing <= {"delete-replaced", "discard-replaced"}:
+            return "delete"
+        return "replace" if self.op in REPLACE_OPS else self.op
 
 
 @dataclass
@@ -109,36 +124,40 @@ class Run:
     @property
     def changed(self) -> dict[str, str]:
         """Resources the command did (or would do) something to: name → create/update/replace/delete."""
-        return {
-            name: ("replace" if op in REPLACE_OPS else op)
-            for name, op in self.ops.items()
-            if op not in ("same", "read")
-        }
+        changes = {name: event.change for name, event in self.resources.items()}
+        return {name: change for name, change in changes.items() if change not in ("same", "read")}
 
 
 class _Events:
-    def __init__(self, on_event: Optional[Callable[[ResourceEvent], None]]):
+    def __init__(self):
         self.resources: dict[str, ResourceEvent] = {}
         self.errors: list[str] = []
         self.diagnostics: list[str] = []
         self.summary: dict[str, int] = {}
         self.engine_seconds: Optional[float] = None
-        self._on_event = on_event
+        self.failures: list[str] = []  # events that could not be read or handled
         self._lock = threading.Lock()
 
     def __call__(self, event: auto.EngineEvent) -> None:
         now = time.monotonic()
         with self._lock:
-            if event.resource_pre_event:
+            if event.prelude_event:
+                # A phase begins: `up`, `refresh` and `destroy` preview first; what counts is the last phase.
+                self.resources, self.diagnostics, self.summary = {}, [], {}
+            elif event.resource_pre_event:
                 meta = event.resource_pre_event.metadata
                 name = meta.urn.rsplit("::", 1)[-1]
                 if meta.type == "pulumi:pulumi:Stack":
                     return
                 op = meta.op.value if hasattr(meta.op, "value") else str(meta.op)
                 known = self.resources.get(name)
-                # A replacement arrives as several steps; keep "replace" as what happened to it.
-                if known is None or op in REPLACE_OPS or known.op == "same":
-                    self.resources[name] = ResourceEvent(name, meta.type, op, now, diffs=list(meta.diffs or []))
+                if known is None or known.op == "same":
+                    self.resources[name] = ResourceEvent(
+                        name, meta.type, op, now, diffs=list(meta.diffs or []), steps=[op]
+                    )
+                else:  # a replacement arrives as several steps; keep one of them as what happened to it
+                    known.steps.append(op)
+                    known.op = op if op in REPLACE_OPS else known.op
             elif event.res_outputs_event or event.res_op_failed_event:
                 meta = (event.res_outputs_event or event.res_op_failed_event).metadata
                 name = meta.urn.rsplit("::", 1)[-1]
@@ -149,8 +168,6 @@ class _Events:
                     if known.op == "refresh":
                         # What a refresh found: gone (no new state), drifted (diffs), or as recorded.
                         known.op = "delete" if meta.new is None else ("update" if meta.diffs else "same")
-                    if self._on_event:
-                        self._on_event(known)
             elif event.diagnostic_event:
                 diag = event.diagnostic_event
                 message = diag.message.strip()
@@ -172,8 +189,32 @@ def _own_resources(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in deployment.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"]
 
 
-def _program() -> None:
-    runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+def _follow(path: Path, events: _Events, done: threading.Event) -> None:
+    """Hand each event the engine writes to `--event-log` (a FIFO here) to `events` as it comes, until `done`
+    and nothing is left. A FIFO, not a file: `pulumi up` opens the log once for its preview and again, with
+    O_TRUNC, for the update, which a reader of a plain file would find itself in the middle of."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    buffer = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer, no data yet
+                chunk = None
+            if not chunk:
+                if chunk == b"" and done.is_set():  # no writer left and nothing unread
+                    return
+                time.sleep(0.05)
+                continue
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    if line.strip():
+                        events(auto.EngineEvent.from_json(json.loads(line)))
+                except Exception as error:  # keep reading: a writer to a full FIFO would wait for ever
+                    events.failures.append(f"{type(error).__name__}: {error} in {line[:200]!r}")
+    finally:
+        os.close(fd)
 
 
 class RehearsalStack:
@@ -186,7 +227,6 @@ class RehearsalStack:
         *,
         backend: Optional[Path] = None,
         echo: Optional[Callable[[str], None]] = None,
-        on_event: Optional[Callable[[ResourceEvent], None]] = None,
         agent_socket: Optional[Path] = None,
         spark_vllm_home: Optional[Path] = None,
     ):
@@ -198,10 +238,22 @@ class RehearsalStack:
         self.project_dir = self.workdir / "project"
         self.home = self.workdir / "home"
         self.echo = echo
-        self.on_event = on_event
-        for directory in (self.project_dir, self.home, self.backend):
+        for directory in (self.project_dir, self.home, self.backend, self.pulumi_home):
             directory.mkdir(parents=True, exist_ok=True)
+        if not (self.pulumi_home / "plugins").exists():  # the plugins this machine has installed
+            (self.pulumi_home / "plugins").symlink_to(PLUGINS_DIR)
+        self._link_program()
+
+    def _link_program(self) -> None:
+        """The project directory as a user's checkout has it: Pulumi.yaml (a copy: the CLI looks for the stack's
+        file beside it), and `__main__.py`, `components/` and the venv of this checkout (linked; the one that
+        constructs the stack is the one whose program runs)."""
         shutil.copyfile(ROOT / "Pulumi.yaml", self.project_dir / "Pulumi.yaml")
+        for name in PROGRAM_FILES:
+            link = self.project_dir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(ROOT / name)
 
     # --- the machine ----------------------------------------------------------------------------
 
@@ -214,18 +266,21 @@ class RehearsalStack:
         }
         env.update(
             HOME=str(self.home),
-            PATH=f"{PLUGIN_DIR}:{CLI_DIR}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            PULUMI_HOME=str(self.workdir / "pulumi-home"),
+            PATH=f"{CLI_DIR}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            PULUMI_HOME=str(self.pulumi_home),
             PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
             PULUMI_SKIP_UPDATE_CHECK="true",
             PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true",
-            PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK="true",
             # Where the program writes the SSH key file on this machine (ssh's `~` is the account's home).
             SPARK_VLLM_HOME=str(self.spark_vllm_home),
         )
         if self.agent_socket is not None:
             env["SSH_AUTH_SOCK"] = str(self.agent_socket)
         return env
+
+    @property
+    def pulumi_home(self) -> Path:
+        return self.workdir / "pulumi-home"
 
     @property
     def spark_vllm_home(self) -> Path:
@@ -268,83 +323,73 @@ class RehearsalStack:
         for key, value in secrets.items():
             self.cli("config", "set", "--secret", key, stdin=value)
 
-    def _workspace_stack(self) -> auto.Stack:
-        opts = auto.LocalWorkspaceOptions(
-            work_dir=str(self.project_dir),
-            pulumi_home=str(self.workdir / "pulumi-home"),
-            env_vars=self.env,
-            pulumi_command=auto.PulumiCommand(root=str(CLI_DIR.parent)),
-        )
-        return auto.select_stack(self.stack, project_name=PROJECT, program=_program, opts=opts)
-
-    @contextlib.contextmanager
-    def _program_env(self) -> Iterator[None]:
-        """The program runs in this process (inline): give it this machine's HOME-derived paths."""
-        saved = {key: os.environ.get(key) for key in ("SPARK_VLLM_HOME", "SSH_AUTH_SOCK")}
-        os.environ["SPARK_VLLM_HOME"] = str(self.spark_vllm_home)
-        if self.agent_socket is None:
-            os.environ.pop("SSH_AUTH_SOCK", None)
-        else:
-            os.environ["SSH_AUTH_SOCK"] = str(self.agent_socket)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-    def _run(self, command: str, operation: Callable[..., Any]) -> Run:
-        events = _Events(self.on_event)
+    def _run(self, command: str, *args: str) -> Run:
+        """`pulumi COMMAND ARGS…` as a user types it, its engine events read from `--event-log` as they come."""
+        events = _Events()
         lines: list[str] = []
-
-        def output(line: str) -> None:
-            lines.append(line)
-            if self.echo:
-                self.echo(line)
-
         started = time.monotonic()
-        with self._program_env():
+        with tempfile.TemporaryDirectory(prefix="pulumi-events-") as scratch:
+            log = Path(scratch) / "events"
+            os.mkfifo(log)
+            argv = [str(CLI_DIR / "pulumi"), *command.split(), *args, "--non-interactive", "--color", "never",
+                    "--event-log", str(log)]  # fmt: skip
+            # `--event-log` exists where PULUMI_DEBUG_COMMANDS is set (the Automation API sets it too).
+            env = {**self.env, "PULUMI_DEBUG_COMMANDS": "true"}
+            process = subprocess.Popen(argv, cwd=self.project_dir, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+            done = threading.Event()
+            follower = threading.Thread(target=_follow, args=(log, events, done), daemon=True)
+            follower.start()
+            killer = threading.Timer(COMMAND_TIMEOUT_S, process.kill)
+            killer.start()
             try:
-                result = operation(on_output=output, on_event=events, color="never")
-            except auto.CommandError as error:
-                _log_timing(command, time.monotonic() - started, events.resources, failed=True)
-                raise StackError(command, events.errors or [str(error)], "\n".join(lines)) from None
-        outputs = {key: value.value for key, value in (getattr(result, "outputs", None) or {}).items()}
-        summary = getattr(result, "change_summary", None) or events.summary
+                for line in process.stdout:
+                    lines.append(line.rstrip("\n"))
+                    if self.echo:
+                        self.echo(lines[-1])
+                code = process.wait()
+            finally:
+                killer.cancel()
+                done.set()
+                follower.join()
+        if events.failures:
+            raise RuntimeError(f"pulumi {command}: engine events not handled: {events.failures[:3]}")
+        if code != 0:
+            _log_timing(command, time.monotonic() - started, events.resources, failed=True)
+            raise StackError(command, events.errors or [f"exit status {code}"], "\n".join(lines))
         run = Run(
             command=command,
             resources=events.resources,
             output="\n".join(lines),
-            outputs=outputs,
+            outputs=self.outputs(show_secrets=True) if command == "up" else {},
             seconds=time.monotonic() - started,
             diagnostics=events.diagnostics,
-            change_summary={str(getattr(k, "value", k)): v for k, v in (summary or {}).items()},
+            change_summary=events.summary,
             engine_seconds=events.engine_seconds,
         )
         _log_timing(run.command, run.seconds, run.resources)
         return run
 
-    def preview(self, **kwargs: Any) -> Run:
-        """`pulumi preview --diff`."""
-        return self._run("preview --diff", lambda **kw: self._workspace_stack().preview(diff=True, **kw, **kwargs))
+    def preview(self, *flags: str) -> Run:
+        """`pulumi preview --diff FLAGS…`."""
+        return self._run("preview", "--diff", *flags)
 
-    def up(self, **kwargs: Any) -> Run:
-        """`pulumi up --yes`."""
-        return self._run("up", lambda **kw: self._workspace_stack().up(**kw, **kwargs))
+    def up(self) -> Run:
+        """`pulumi up --yes`: a preview, then the update."""
+        return self._run("up", "--yes")
 
     def refresh(self) -> Run:
         """`pulumi refresh --yes`."""
-        return self._run("refresh", lambda **kw: self._workspace_stack().refresh(**kw))
+        return self._run("refresh", "--yes")
 
     def destroy(self, run_program: bool = False) -> Run:
         """`pulumi destroy --yes` (`--run-program`: run the program first, which writes the SSH key file)."""
-        extra = {"run_program": True} if run_program else {}
-        return self._run("destroy", lambda **kw: self._workspace_stack().destroy(**kw, **extra))
+        return self._run("destroy", "--yes", *(["--run-program"] if run_program else []))
 
-    def outputs(self) -> dict[str, Any]:
-        return json.loads(self.cli("stack", "output", "--json").stdout or "{}")
+    def outputs(self, show_secrets: bool = False) -> dict[str, Any]:
+        """`pulumi stack output --json` (secrets as `[secret]` unless `show_secrets`)."""
+        extra = ["--show-secrets"] if show_secrets else []
+        return json.loads(self.cli("stack", "output", "--json", *extra).stdout or "{}")
 
     def export(self) -> str:
         """`pulumi stack export`: the state as it is stored (secrets encrypted)."""
@@ -372,7 +417,6 @@ class RehearsalStack:
             self.stack,
             backend=self.backend,
             echo=self.echo,
-            on_event=self.on_event,
             agent_socket=agent_socket,
             spark_vllm_home=self.spark_vllm_home,
         )
@@ -382,12 +426,35 @@ class RehearsalStack:
         return clone
 
     def versions(self) -> dict[str, str]:
-        """The CLI's version and, per provider package, the plugin version the state records."""
-        found = {"pulumi": self.cli("version").stdout.strip()}
-        deployment = json.loads(self.export()).get("deployment", {})
-        for resource in deployment.get("resources") or []:
-            kind = resource.get("type", "")
-            if kind.startswith("pulumi:providers:"):
-                version = (resource.get("inputs") or {}).get("version") or "?"
-                found[kind.rsplit(":", 1)[1]] = version
-        return found
+        """What the binaries that ran say they are: the CLI, the language host, each provider plugin."""
+        return tool_versions(self.env)
+
+
+def tool_versions(env: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """`pulumi version`, `pulumi-language-python -version`, and each provider plugin's GetPluginInfo (a plugin
+    has no version flag: it is started as the engine starts it and asked over gRPC, on loopback)."""
+    found = {
+        tool: subprocess.run([str(CLI_DIR / tool), flag], capture_output=True, text=True, env=env, timeout=60).stdout.strip()
+        for tool, flag in (("pulumi", "version"), ("pulumi-language-python", "-version"))
+    }  # fmt: skip
+    for name in ("command", "docker"):
+        found[name] = ", ".join(plugin_version(path) for path in sorted(PLUGINS_DIR.glob(f"*/pulumi-resource-{name}")))
+    return found
+
+
+def plugin_version(binary: Path) -> str:
+    import grpc
+    from google.protobuf import empty_pb2
+    from pulumi.runtime.proto import provider_pb2_grpc
+
+    # The engine's address is required and dialled lazily: nothing listens at port 1 and nothing needs it.
+    plugin = subprocess.Popen([str(binary), "127.0.0.1:1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)  # fmt: skip
+    try:
+        port = int(plugin.stdout.readline().strip())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = provider_pb2_grpc.ResourceProviderStub(channel)
+            return stub.GetPluginInfo(empty_pb2.Empty(), timeout=30).version
+    finally:
+        plugin.kill()
+        plugin.wait()

@@ -13,6 +13,7 @@ printed (`-s`) for docs/measurements.md.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -158,9 +159,13 @@ def test_the_status_command_shows_every_node(sim_cluster, stack):
 def test_switching_to_ray_is_one_up_and_its_preview_says_what_is_replaced(sim_cluster, stack):
     config = {**stack["config"], "executor": "ray"}
     stack["stack"].configure(config, stack["secrets"])
-    preview = stack["stack"].preview()
+    # node-2-serve (the headless rank's step) is deleted before its container's delete-before-replace, as a
+    # step of that replacement (`delete-replaced`, nothing in its place): the plain `--diff` folds such steps into
+    # the replacement and names nothing; `--show-replacement-steps` names it (docs/how-it-works.md)
+    preview = stack["stack"].preview("--show-replacement-steps")
     assert preview.changed["node-1-container"] == "replace" and preview.changed["node-2-container"] == "replace"
     assert preview.changed["spark-vllm-cluster-ready"] == "create" and preview.changed["node-2-serve"] == "delete"
+    assert re.search(r"\(delete-replaced\)\n.*\n.*::node-2-serve\n", preview.output), preview.output
     assert not any(name.endswith(("-image", "-docker", "-pull")) for name in preview.changed)
     run = stack["stack"].up()
     assert run.outputs["executor"] == "ray" and serves(run.outputs, stack["secrets"]["apiKey"])

@@ -121,9 +121,14 @@ def test_a_real_prometheus_on_the_worker_scrapes_every_target(sim_cluster, deplo
         return set(seen) == expected and set(seen.values()) == {"up"}
 
     assert wait_for(all_up, timeout=60), seen
-    query = prometheus_api(sim_cluster, worker, "/api/v1/query?query=vllm:generation_tokens_total")
-    values = [float(row["value"][1]) for row in query["data"]["result"]]
-    assert values and values[0] >= 8 * 16  # the benchmark's tokens, counted by the stand-in, scraped across nodes
+
+    def tokens() -> list[float]:  # the last scrape may have come before the benchmark's last tokens
+        query = prometheus_api(sim_cluster, worker, "/api/v1/query?query=vllm:generation_tokens_total")
+        values = [float(row["value"][1]) for row in query["data"]["result"]]
+        return values if values and values[0] >= 8 * 16 else []
+
+    # the benchmark's tokens, counted by the stand-in, scraped across nodes
+    assert wait_for(tokens, timeout=60), prometheus_api(sim_cluster, worker, "/api/v1/targets")
     assert deployed["stack"].outputs()["prometheusConfig"] == "[secret]"  # it holds the API key
 
 
@@ -321,6 +326,11 @@ def test_a_second_preview_and_up_with_nothing_changed_change_nothing(sim_cluster
     assert set(preview.change_summary) == {"same"}
     run = stack.up()
     assert run.changed == {}, run.changed
+    # what the providers read back from the nodes (the docker provider's computed fields and defaults included)
+    # is what the state holds: a refresh finds no drift, and the preview after it changes nothing
+    refreshed = stack.refresh()
+    assert refreshed.changed == {}, refreshed.changed
+    assert stack.preview().changed == {}
     assert container_ids(sim_cluster) == before
 
 

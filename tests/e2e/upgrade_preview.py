@@ -15,11 +15,16 @@ across these commits costs a running stack. `--set KEY=JSON` (dotted, repeatable
 program applies with a second `up` before the preview: the guard's and the depot's containers exist only with
 theirs. What this checkout's rehearsal sets that the older one did not (the edge's image, published into the kept
 cluster's registry) is set before the preview. The older
-checkout borrows this one's Pulumi CLI, stand-in plugins and venv (the CLI and plugins are built here, not
-committed), but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
+checkout borrows this one's toolchain (the Pulumi CLI, the real provider plugins: an older checkout that had
+stand-ins gets these in their place) and venv, but not its image cache: an older stand-in is another image, and the rehearsal keeps one archive
 a cache (building the older one there would take this checkout's out from under the suite's registry), so
 the older checkout builds and keeps its own in OLDER_CACHE. Everything else it made is removed at the end
 (`rehearse teardown`, the checkout).
+
+A release before #55 cannot preview a new stack with the real plugins (pulumi-command refuses the unknown
+secret trigger it declares; the fix is steps.plain_trigger): its rehearsal stops at its first preview, with
+the nodes kept and the stack configured, and that release's `up` (the Automation API's, which skips the
+preview) deploys it. The report says so (`olderPreview`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +44,7 @@ from typing import Any
 import yaml
 
 from components.plan.programs import printed
-from tests.e2e.cli_stack import CLI_DIR, PLUGIN_DIR, PROJECT, ROOT, RehearsalStack, cli_missing
+from tests.e2e.cli_stack import CLI_DIR, PLUGINS_DIR, PROJECT, ROOT, RehearsalStack, cli_missing
 from tests.e2e.image.build import publish_haproxy
 from tests.e2e.rehearsal import CACHE_DIR
 
@@ -51,8 +57,12 @@ def _older_checkout(commit: str, into: Path) -> Path:
                    capture_output=True)  # fmt: skip
     (checkout / ".toolchain").symlink_to(CLI_DIR.parent)
     (checkout / "venv").symlink_to(ROOT / "venv")
-    shutil.rmtree(checkout / "tests/e2e/providers/bin", ignore_errors=True)
-    shutil.copytree(PLUGIN_DIR, checkout / "tests/e2e/providers/bin", symlinks=True)
+    stand_ins = checkout / "tests/e2e/providers/bin"  # where a checkout before #55 looks for plugins first
+    if stand_ins.exists():
+        shutil.rmtree(stand_ins)
+        stand_ins.mkdir()
+        for plugin in ("pulumi-resource-command", "pulumi-resource-docker"):
+            (stand_ins / plugin).symlink_to(next(PLUGINS_DIR.glob(f"*/{plugin}")))
     return checkout
 
 
@@ -111,8 +121,25 @@ def _with_config(checkout: Path, stack: RehearsalStack, settings: list[str]) -> 
     up` by the older checkout's program: a stack as that version deploys it with those settings."""
     document = with_settings(yaml.safe_load(stack.config_file.read_text()), settings)
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    return _older_up(checkout, stack.workdir)
+
+
+def _older_up(checkout: Path, deployer: Path) -> subprocess.CompletedProcess:
     up = "import sys; from pathlib import Path; from tests.e2e.cli_stack import RehearsalStack as S; S(Path(sys.argv[1])).up()"
-    return _older(checkout, "-c", up, str(stack.workdir))
+    return _older(checkout, "-c", up, str(deployer))
+
+
+def _deploy_older(checkout: Path, workdir: Path, fleet: bool) -> tuple[subprocess.CompletedProcess, str]:
+    """The older checkout's `rehearse --keep`; where it stopped at its own first preview (a release before #55
+    with the real plugins), that release's `up` on the kept nodes and configured stack. Also what its preview
+    said."""
+    deployed = _rehearse(checkout, "--keep", "--workdir", str(workdir), *(["--fleet"] if fleet else []))
+    stopped = re.search(
+        r"^=== pulumi preview --diff$.*?^(.*error: .*)$", deployed.stdout + deployed.stderr, re.M | re.S
+    )
+    if deployed.returncode == 0 or stopped is None or not (workdir / "deployer" / "project").exists():
+        return deployed, "passed" if deployed.returncode == 0 else "failed"
+    return _older_up(checkout, workdir / "deployer"), f"failed: {stopped.group(1).strip()[:300]}"
 
 
 def _this_versions_settings(stack: RehearsalStack, workdir: Path) -> list[str]:
@@ -160,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(scratch) / "rehearsal"
         checkout = _older_checkout(args.commit, Path(scratch))
         try:
-            deployed = _rehearse(checkout, "--keep", "--workdir", str(workdir), *(["--fleet"] if args.fleet else []))
+            deployed, older_preview = _deploy_older(checkout, workdir, args.fleet)
             if deployed.returncode != 0:
                 print(deployed.stdout[-3000:], deployed.stderr[-3000:], sep="\n", file=sys.stderr)
                 return 2
@@ -175,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
             run = stack.preview()
             changed = {name: op for name, op in run.ops.items() if op not in ("same", "read")}
-            report = {"deployedBy": args.commit, "with": args.set, "then": ours, "previewedBy": "this checkout",
+            report = {"deployedBy": args.commit, "olderPreview": older_preview, "with": args.set, "then": ours, "previewedBy": "this checkout",
                       "summary": run.change_summary, "changed": changed}  # fmt: skip
             if args.up:
                 report["up"] = _upgrade(stack)

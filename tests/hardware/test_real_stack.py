@@ -1,7 +1,7 @@
 """Opt-in: `pulumi preview`, `up`, a second `preview` and `destroy` on your own stack and hardware.
 
-Runs only when the Pulumi CLI is installed as Pulumi ships it (with its Python language host,
-`pulumi-language-python`: the CLI that scripts/toolchain.sh builds for the rehearsal has none) and
+Runs only when a Pulumi CLI with its Python language host is on PATH (as Pulumi ships it, or
+`.toolchain/bin` as scripts/toolchain.sh builds it) and
 SPARK_VLLM_HARDWARE_STACK names a stack of this project that is configured for real nodes (e.g.
 `dev`), through Pulumi's Automation API with the program in this directory, as `pulumi up` runs it:
 

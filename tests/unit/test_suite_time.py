@@ -48,7 +48,11 @@ def test_the_slowest_tests_come_first_with_their_module_and_name(tmp_path):
 
 def test_processes_are_told_apart_by_their_command_lines():
     assert _kind("/work/x/.toolchain/bin/pulumi --non-interactive up --yes") == "pulumi CLI and engine"
-    assert _kind("/work/x/venv/bin/python -m tests.e2e.providers.docker 127.0.0.1:4") == "stand-in provider plugins"
+    assert _kind("/work/x/.toolchain/bin/pulumi-resource-docker 127.0.0.1:4") == "provider plugins (command, docker)"
+    assert (
+        _kind("python -u .toolchain/bin/pulumi-language-python-exec --monitor x")
+        == "the program (language host, __main__.py)"
+    )
     assert _kind("/opt/site/ray/core/src/ray/raylet/raylet --raylet_socket_name=x").startswith("Ray")
     assert _kind("/usr/sbin/dockerd --config-file x").startswith("dockerd")
     assert _kind("/work/x/venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))").startswith("pytest")
