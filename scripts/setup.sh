@@ -5,12 +5,13 @@
 # netplan.io (renders the fabric netplan file in tests), socat (the raw stream the copy benchmark
 # compares with), nftables and iptables (network.guard writes its rules with whichever a node has;
 # the simulated nodes are this machine's namespaces, so both are tested here). Python: a venv with requirements-dev.txt.
-# Go (1.26, on the machine already): the Pulumi CLI, built from its Go modules (scripts/toolchain.sh).
+# Go (1.26, on the machine already), xz-utils and patch: the Pulumi CLI, its language host and the two provider
+# plugins, built from source (scripts/toolchain.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(docker.io docker-registry openssh-server openssh-client iproute2 iptables util-linux debootstrap
-          netplan.io python3-venv ca-certificates procps iputils-ping socat nftables)
+          netplan.io python3-venv ca-certificates procps iputils-ping socat nftables xz-utils patch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,9 +33,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# `--no-toolchain`: what needs no Pulumi CLI (./run-tests --fast; CI while the toolchain builds beside it).
+[ "${1:-}" = "--no-toolchain" ] && exit 0
 command -v go >/dev/null 2>&1 || export PATH="$PATH:/usr/local/go/bin"  # Go's own tarball location
 if ! command -v go >/dev/null 2>&1; then
-  echo "setup: the rehearsal builds the Pulumi CLI with Go 1.26 (https://go.dev/dl); 'go' is not on PATH" >&2
+  echo "setup: the rehearsal builds the Pulumi CLI and plugins with Go 1.26 (https://go.dev/dl); 'go' is not on PATH" >&2
   exit 1
 fi
 bash scripts/toolchain.sh

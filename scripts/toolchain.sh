@@ -45,6 +45,8 @@ if [ "${1:-}" = "--install" ]; then
   exit 0
 fi
 
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock" && flock 9  # one build at a time (CI builds beside a test lane; two checkouts may share it)
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local
 go_version=$(go env GOVERSION)
 
