@@ -165,7 +165,7 @@ def test_switching_to_ray_is_one_up_and_its_preview_says_what_is_replaced(sim_cl
     preview = stack["stack"].preview("--show-replacement-steps")
     assert preview.changed["node-1-container"] == "replace" and preview.changed["node-2-container"] == "replace"
     assert preview.changed["spark-vllm-cluster-ready"] == "create" and preview.changed["node-2-serve"] == "delete"
-    assert re.search(r"\(delete-replaced\)\n.*\n.*::node-2-serve\n", preview.output), preview.output
+    assert re.search(r"\(delete-replaced\)\n.*\n.*::node-2-serve\]", preview.output), preview.output
     assert not any(name.endswith(("-image", "-docker", "-pull")) for name in preview.changed)
     run = stack["stack"].up()
     assert run.outputs["executor"] == "ray" and serves(run.outputs, stack["secrets"]["apiKey"])
