@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -134,12 +133,11 @@ def _deploy_older(checkout: Path, workdir: Path, fleet: bool) -> tuple[subproces
     with the real plugins), that release's `up` on the kept nodes and configured stack. Also what its preview
     said."""
     deployed = _rehearse(checkout, "--keep", "--workdir", str(workdir), *(["--fleet"] if fleet else []))
-    stopped = re.search(
-        r"^=== pulumi preview --diff$.*?^(.*error: .*)$", deployed.stdout + deployed.stderr, re.M | re.S
-    )
+    _, previewed, after = (deployed.stdout + "\n" + deployed.stderr).partition("=== pulumi preview --diff")
+    stopped = next((line.strip() for line in after.splitlines() if "error: " in line), None) if previewed else None
     if deployed.returncode == 0 or stopped is None or not (workdir / "deployer" / "project").exists():
         return deployed, "passed" if deployed.returncode == 0 else "failed"
-    return _older_up(checkout, workdir / "deployer"), f"failed: {stopped.group(1).strip()[:300]}"
+    return _older_up(checkout, workdir / "deployer"), f"failed: {stopped[:300]}"
 
 
 def _this_versions_settings(stack: RehearsalStack, workdir: Path) -> list[str]:
@@ -201,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             document = with_settings(yaml.safe_load(stack.config_file.read_text()), ours)
             stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
             run = stack.preview()
-            changed = {name: op for name, op in run.ops.items() if op not in ("same", "read")}
+            changed = run.changed
             report = {"deployedBy": args.commit, "olderPreview": older_preview, "with": args.set, "then": ours, "previewedBy": "this checkout",
                       "summary": run.change_summary, "changed": changed}  # fmt: skip
             if args.up:
