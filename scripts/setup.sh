@@ -22,6 +22,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# `--packages`: the Debian packages only (CI starts the toolchain's Go build as soon as they are there).
+[ "${1:-}" = "--packages" ] && exit 0
+
 if [ ! -x venv/bin/python ]; then
   python3 -m venv venv
 fi

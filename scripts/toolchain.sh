@@ -45,6 +45,8 @@ if [ "${1:-}" = "--install" ]; then
   exit 0
 fi
 
+command -v go >/dev/null 2>&1 || export PATH="$PATH:/usr/local/go/bin"  # Go's own tarball location
+command -v go >/dev/null 2>&1 || { echo "toolchain: Go 1.26 is needed (https://go.dev/dl); 'go' is not on PATH" >&2; exit 1; }
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock" && flock 9  # one build at a time (CI builds beside a test lane; two checkouts may share it)
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local
