@@ -57,7 +57,8 @@ def plain_trigger(value: pulumi.Input) -> pulumi.Output:
     """A trigger pulumi-command can read in every preview. A secret one (what another step printed, kept
     secret by SECRET_IO) is an unknown secret in a new stack's first preview, which pulumi-command 1.2.1
     refuses before anything runs ("triggers[2]: malformed secret: missing value"); so a secret value becomes
-    the sha256 of its JSON: it changes when the value does and holds nothing of it. Others pass unchanged."""
+    the sha256 of its JSON, which changes when the value does (one-way: today's only secret trigger is a serve
+    step's handover output, nothing a guess could find from its digest). Others pass unchanged."""
     value = pulumi.Output.from_input(value)
     secret = pulumi.Output.from_input(value.is_secret())
     return pulumi.Output.all(pulumi.Output.unsecret(value), secret).apply(
