@@ -32,6 +32,7 @@ Needs root, iproute2, nsenter, dockerd/docker, sshd/ssh/ssh-keygen; iptables is 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -544,6 +545,13 @@ def create_registry(
     default: its own state directory, removed with it). ``subnet``: the <j> to take when nothing on this host
     uses it (a random free one otherwise), so that what names the registry (an image's tag, a seeded data root:
     tests/e2e/seed.py) is the same run after run."""
+    with _picking():  # the whole bring-up: its address is added in it (a registry is made once a session)
+        return _create_registry(workdir, storage, prefix=prefix, timeout=timeout, subnet=subnet)
+
+
+def _create_registry(
+    workdir: Path, storage: Path | None, *, prefix: str, timeout: float, subnet: int | None
+) -> SimRegistry:
     rid, j = _pick_identity(prefix, subnet)
     workdir = Path(workdir).resolve()
     registry = SimRegistry(registry_id=rid, subnet=j, workdir=workdir, storage=Path(storage or workdir / rid / "data"))
@@ -605,6 +613,19 @@ def _used_names() -> str:
         parts += os.listdir(NETNS_DIR)
     parts += os.listdir(RUN_ROOT)
     return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def _picking() -> Iterator[None]:
+    """One process at a time between choosing a cluster id and subnet and making them visible (the bridge's or
+    the registry's address): test processes bring clusters up at the same moment, and two that chose the same
+    free subnet had two routes to it (one's SSH reached the other's nodes: "host key mismatch")."""
+    with open(RUN_ROOT / "spark-vllm-simnodes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _pick_identity(prefix: str, preferred: int | None = None) -> tuple[str, int]:
@@ -929,6 +950,38 @@ def create_cluster(
     missing = missing_prerequisites()
     if missing:
         raise SimNodeError(f"simulated nodes need: {', '.join(missing)}")
+    with _picking():
+        cluster = _new_cluster(prefix, count, workdir, registry, fabric_interfaces)
+    try:
+        if cluster.registry is None:
+            cluster.registry = create_registry(cluster.workdir, registry_storage, prefix=prefix)
+            cluster._owns_registry = True
+        _write_client_material(cluster)
+        _add_iptables_rules(cluster)
+        for node in cluster.nodes:
+            _create_netns(cluster, node, default_route)
+            _write_node_config(cluster, node)
+            if seed is not None:
+                _plant_seed(seed, node.data_root)
+        # Start every daemon first and wait afterwards: the nodes come up in parallel.
+        for node in cluster.nodes:
+            _spawn_sshd(node)
+            _spawn_dockerd(node)
+        for node in cluster.nodes:
+            _wait_sshd(node, timeout)
+            _wait_dockerd(node, timeout)
+        _write_client_config(cluster)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.close()
+        raise
+    return cluster
+
+
+def _new_cluster(
+    prefix: str, count: int, workdir: Path, registry: SimRegistry | None, fabric_interfaces: tuple[str, ...]
+) -> SimCluster:
+    """A cluster with a free id and subnet, claimed, its bridges up with their addresses (under `_picking`)."""
     cid, k = _pick_identity(prefix)
     cluster = SimCluster(cluster_id=cid, subnet=k, workdir=Path(workdir).resolve(), registry=registry)
     cluster.nodes = [
@@ -945,25 +998,7 @@ def create_cluster(
     ]
     try:
         _claim(cluster)
-        if cluster.registry is None:
-            cluster.registry = create_registry(cluster.workdir, registry_storage, prefix=prefix)
-            cluster._owns_registry = True
-        _write_client_material(cluster)
         _create_bridges(cluster)
-        _add_iptables_rules(cluster)
-        for node in cluster.nodes:
-            _create_netns(cluster, node, default_route)
-            _write_node_config(cluster, node)
-            if seed is not None:
-                _plant_seed(seed, node.data_root)
-        # Start every daemon first and wait afterwards: the nodes come up in parallel.
-        for node in cluster.nodes:
-            _spawn_sshd(node)
-            _spawn_dockerd(node)
-        for node in cluster.nodes:
-            _wait_sshd(node, timeout)
-            _wait_dockerd(node, timeout)
-        _write_client_config(cluster)
     except BaseException:
         with contextlib.suppress(Exception):
             cluster.close()
