@@ -4,9 +4,9 @@ Every command is the one a user types, run in the stack's project directory: `pu
 `config set --secret`, `preview --diff`, `up --yes` (which previews first), `refresh --yes`, `destroy --yes`.
 The CLI runs the program itself through the Python language host with the project's venv (Pulumi.yaml's
 `runtime`), so Pulumi.yaml, its config declarations and `__main__.py` are what is tested; the language
-host and both provider plugins are the real ones, built by scripts/toolchain.sh and found on PATH
-(.toolchain/bin: the CLI with the language host beside it; .toolchain/plugins: the plugins as `pulumi plugin
-install` lays them out, each stack's PULUMI_HOME/plugins).
+host and both provider plugins are the real ones, built by scripts/toolchain.sh: the CLI with the language
+host beside it on PATH (.toolchain/bin), the plugins installed as `pulumi plugin install` lays them out
+(.toolchain/plugins, which is each stack's PULUMI_HOME/plugins).
 
 Each stack gets a machine of its own: a fresh HOME (no ~/.ssh: a machine that never connected to
 the nodes), its own PULUMI_HOME, a `file://` backend, no SSH agent. What the CLI prints is passed
