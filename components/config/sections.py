@@ -129,6 +129,22 @@ class VllmConfig(_Model):
     ready_timeout_seconds: PositiveInt = Field(
         1800, description="How long `pulumi up` waits for /health and /v1/models after starting vLLM."
     )
+    stall_seconds: int = Field(
+        300,
+        ge=30,
+        description="Requests running and none of vLLM's progress counters (generated and prompt tokens, KV cache "
+        "use, requests running and waiting: vLLM updates them at every engine step) moved this long: the supervisor "
+        "ends vLLM on every rank and starts it again, as a crash (docs/recovery.md). Above vLLM's longest single "
+        "step: a chunked prefill moves the KV cache use at every chunk, and the last chunk of a long context on one "
+        "Spark takes about 2 minutes at the most (docs/recovery.md says how that is reckoned).",
+    )
+    canary_seconds: int = Field(
+        300,
+        ge=0,
+        description="How often the supervisor asks an idle vLLM (nothing running or waiting) its canary: one short "
+        "greedy completion, whose first tokens are compared with the answer this vLLM gave first. No answer within "
+        "stallSeconds is a stall; other tokens, twice, are wrong numerics: vLLM is ended and started again. 0: off.",
+    )
     allow_unauthenticated: bool = Field(
         False, description="Allow a non-loopback bind without apiKey. Anyone on the network can then use the model."
     )

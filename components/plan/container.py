@@ -23,6 +23,7 @@ from components.scripts.node_contract import (
     Served,
     SupervisorParams,
     Tenancy,
+    Watch,
     params_of,
 )
 
@@ -119,6 +120,19 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenan
         ray_ready=ray_ready,
         oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,
         tenancy=shared,
+        watch=watch_spec(cfg, node),
+    )
+
+
+def watch_spec(cfg: ClusterConfig, node: NodeConfig) -> Watch:
+    """What the node's supervisor watches while vLLM serves: on the API server's node its progress and its canary;
+    on a headless rank (mp across nodes) the API server's /health. With Ray the workers are Ray's actors, which
+    Ray ends with the engine that owns them."""
+    is_head = node.name == cfg.head_node.name
+    return Watch(
+        stall_seconds=cfg.vllm.stall_seconds,
+        canary_seconds=cfg.vllm.canary_seconds,
+        head_health_url=f"{vllm_url(cfg)}/health" if not is_head and cfg.executor == "mp" else None,
     )
 
 

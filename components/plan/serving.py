@@ -131,7 +131,7 @@ def handover_params(
         env=env,
         spec=spec,
         # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
-        fingerprint=fingerprint([argv, env, spec.to_json(), cfg.vllm.restart_generation]),
+        fingerprint=fingerprint([argv, env, spec.fingerprinted(), cfg.vllm.restart_generation]),
         run_dir=RUN_DIR,
         timeout_seconds=SERVE_HANDOVER_SECONDS,
         ray_non_carry_over=[*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],

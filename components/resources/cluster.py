@@ -149,7 +149,8 @@ class VllmCluster(pulumi.ComponentResource):
             *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
         ).apply(
             lambda found: [
-                worker(run.replica, served, root)
+                # with the replica's vllm.stallSeconds: the keeper takes a replica that stalled out of the router
+                {**worker(run.replica, served, root), "stall_seconds": run.replica.config.vllm.stall_seconds}
                 for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
             ]
         )

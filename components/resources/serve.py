@@ -396,7 +396,8 @@ STATUS_SUMMARY = (
     "'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), e.get('code', '-'), "
     "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else "
     "('; waiting: ' + s['gpu_busy']) if s.get('gpu_busy') else ('; GPU turn: ' + s['turn']) if s.get('turn') "
-    "else ''))"
+    "else '')); f = s.get('last_fault'); "
+    "f and print('last ended while /health answered: %s at %s: %s' % (f['kind'], f['at'], f['detail']))"
 )
 
 

@@ -116,6 +116,19 @@ class Tenancy(Contract):
 
 
 @dataclass(frozen=True)
+class Watch(Contract):
+    """What the supervisor watches while vLLM serves (node_watch.py): the stack's vllm.stallSeconds and
+    vllm.canarySeconds on the API server's node; on a headless rank, the API server's /health (a rank whose head
+    went away is ended with it). Not part of vLLM's fingerprint: changing it restarts nothing."""
+
+    stall_seconds: float  # requests running and none of vLLM's progress counters moved this long: stalled
+    canary_seconds: float  # how often an idle vLLM is asked its canary (0: never); the name it asks: vLLM's argv
+    head_health_url: Optional[str] = None  # a headless rank: its API server's /health
+
+    OMIT_NONE = ("head_health_url",)
+
+
+@dataclass(frozen=True)
 class Served(Contract):
     """What vLLM is on this node besides its argv, env and fingerprint: what the serve step renders (HandoverParams'
     spec), the supervisor's recovery and waits."""
@@ -126,9 +139,16 @@ class Served(Contract):
     ray_ready: Optional[RayReady]  # on the Ray head
     oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
     tenancy: Optional[Tenancy] = None  # with deployments: who this is on the node, and who else is there
+    watch: Optional[Watch] = None  # what the supervisor watches while vLLM serves (outside the fingerprint)
 
     # only when set: turning memory.oomGuard off restarts no vLLM, a single-model stack's spec stays as it was
-    OMIT_NONE = ("oom_guard_mib", "tenancy")
+    OMIT_NONE = ("oom_guard_mib", "tenancy", "watch")
+
+    def fingerprinted(self):
+        """What vLLM's fingerprint covers of these: all but `watch`, which the supervisor reads as it changes."""
+        data = self.to_json()
+        data.pop("watch", None)
+        return data
 
 
 @dataclass(frozen=True)
@@ -495,6 +515,9 @@ class RouterWorker(Contract):
     replica: str
     root: Optional[str] = None  # the model it loaded, as /v1/models says
     max_model_len: Optional[int] = None
+    stall_seconds: Optional[float] = None  # its vllm.stallSeconds: the keeper takes a stalled one out
+
+    OMIT_NONE = ("stall_seconds",)
 
 
 @dataclass(frozen=True)
@@ -522,6 +545,69 @@ class KeeperParams(Contract):
 
     # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
     OMIT_NONE = tuple("timeout workers worker models api_key prompt max_tokens run_dir".split())
+
+
+class VllmState:
+    """The supervisor's `state` in RUN_DIR/status.json, by name: what serve_spec.py, wait_ready.py, the node metrics
+    and statusCommand match. Where several words: what an operator reads."""
+
+    WAITING_GUARD = "waiting for network.guard"
+    NO_SETTINGS = "no settings"
+    WAITING_RAY = "waiting for Ray"
+    WAITING_TURN = "waiting for the GPU turn"
+    WAITING_MEMORY = "waiting for GPU memory"
+    STARTING = "starting"
+    RUNNING = "running"
+    STALLED = "stalled"  # serving stopped while /health answered: being ended (node_watch.py)
+    WRONG = "wrong tokens"  # the canary's answer changed: being ended
+    HEAD_GONE = "head gone"  # a headless rank whose API server went away: being ended
+    BACKOFF = "backoff"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Fault:
+    """Why the supervisor ended a vLLM that had not exited (`last_fault.kind`, the faults metric's label)."""
+
+    STALLED = "stalled"
+    WRONG = "wrong"
+    HEAD_GONE = "head_gone"
+    ALL = (STALLED, WRONG, HEAD_GONE)
+
+
+@dataclass(frozen=True)
+class SupervisorStatus(Contract):
+    """RUN_DIR/status.json, rewritten by the supervisor on every change; read by serve_spec.py, wait_ready.py,
+    serve_stop.py, statusCommand and the diagnostics bundle."""
+
+    node: str
+    executor: str
+    state: str  # a VllmState
+    spec_fingerprint: Optional[str] = None
+    vllm_pid: Optional[int] = None
+    serving: bool = False  # /health answers 200 (the API server's node)
+    restarts_in_window: int = 0
+    restarts_total: int = 0
+    last_exit: Optional[dict] = None  # {code, at, error}
+    failed: Optional[str] = None  # why the supervisor gave up
+    gpu_busy: Optional[str] = None
+    ray_restarts: Optional[int] = None
+    oom_guarded: int = 0
+    turn: Optional[str] = None  # "held", or "waiting: held by …"
+    faults: dict = field(default_factory=dict)  # Fault kind -> times vLLM was ended for it
+    last_fault: Optional[dict] = None  # {kind, at, detail, metrics, canary}: what was seen when it was ended
+    updated: Optional[str] = None
+
+    @classmethod
+    def read(cls, path):
+        """The status a supervisor wrote at `path`, or None (none yet, or half written)."""
+        import json
+
+        try:
+            with open(path) as handle:
+                return cls.from_json(json.load(handle))
+        except (OSError, ValueError, TypeError):
+            return None
 
 
 # --- what the checks read of a node: the model, the image, the memory ---------------------------------------

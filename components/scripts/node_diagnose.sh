@@ -42,6 +42,9 @@ for container in $vllm_containers; do
   [ "$count" -gt 1 ] && suffix="-$container"
   section "status$suffix.json"
   run docker exec "$container" cat "$RUN_DIR/status.json"
+  section "fault$suffix.txt"
+  # what vLLM's processes were doing when the supervisor last ended one that answered /health (stalled, wrong)
+  run docker exec "$container" sh -c "cat '$RUN_DIR/fault.txt' 2>/dev/null || echo '(none ended for a fault)'"
   section "vllm-log$suffix.txt"
   run docker exec "$container" tail -n 400 "$RUN_DIR/vllm.log"
   section "nccl$suffix.txt"

@@ -85,13 +85,13 @@ class MemoryWaits:
                 f"(recovery.maxRestarts {recovery.max_restarts}): not starting it again — it fills the memory at "
                 "every start: lower vllm.gpuMemoryUtilization or maxModelLen, or raise memory.osReserveGib"
             )
-            self.state = "failed"
+            self.state = VllmState.FAILED
             say(self.failed)
             return
         # restarted like after a crash: after the backoff, and once the memory is back (unified_ready)
         self.next_start = now + min(recovery.backoff_seconds * 2 ** (len(self.exits) - 1), recovery.max_backoff_seconds)
         self.restarts_total += 1
-        self.state = "backoff"
+        self.state = VllmState.BACKOFF
 
     def gpu_wait(self, now, what):
         """Waiting for GPU memory: a state of its own, not a crash; gives up after gpu_wait_seconds."""
@@ -105,11 +105,11 @@ class MemoryWaits:
                 f"the GPU stayed busy for {waited:.0f} s (recovery.gpuWaitSeconds {limit}): {what}. Free it "
                 "(nvidia-smi shows the processes), then bump vllm.restartGeneration"
             )
-            self.state = "failed"
+            self.state = VllmState.FAILED
             say(self.failed)
             return False
         if now >= self.gpu_note:
             say(f"waiting for GPU memory before starting vLLM ({waited:.0f} of {limit} s): {what}")
             self.gpu_note = now + 30
-        self.state = "waiting for GPU memory"
+        self.state = VllmState.WAITING_MEMORY
         return False

@@ -14,6 +14,11 @@ METRIC_HELP = {
     "spark_vllm_vllm_restarts_total": ("counter", "vLLM restarts by this node's supervisor"),
     "spark_vllm_vllm_serving": ("gauge", "1 when vLLM answers /health (its API server's node) or runs (a rank)"),
     "spark_vllm_oom_guarded_total": ("counter", "times memory.oomGuard ended vLLM"),
+    "spark_vllm_vllm_faults_total": (
+        "counter",
+        "times the supervisor ended a vLLM that still answered /health, by kind: stalled, wrong (the canary's tokens "
+        "changed), head_gone (a headless rank whose API server went away)",
+    ),
 }
 
 
@@ -28,8 +33,10 @@ def node_metrics_text(node, supervisor):
         samples.append(("spark_vllm_gpu_memory_total_bytes", {"gpu": str(index)}, total * 2**20))
         samples.append(("spark_vllm_gpu_memory_used_bytes", {"gpu": str(index)}, (total - free) * 2**20))
     samples.append(("spark_vllm_vllm_restarts_total", {}, supervisor.restarts_total))
-    samples.append(("spark_vllm_vllm_serving", {}, 1 if supervisor.state == "running" else 0))
+    samples.append(("spark_vllm_vllm_serving", {}, 1 if supervisor.state == VllmState.RUNNING else 0))
     samples.append(("spark_vllm_oom_guarded_total", {}, supervisor.oom_guarded))
+    for kind in Fault.ALL:
+        samples.append(("spark_vllm_vllm_faults_total", {"kind": kind}, supervisor.faults.get(kind, 0)))
     lines, typed = [], set()
     for name, labels, value in samples:
         if name not in typed:

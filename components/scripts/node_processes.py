@@ -115,6 +115,7 @@ class Tree:
         if not self.alive():
             return True
         self.signal(signal.SIGTERM)
+        self.signal(signal.SIGCONT)  # a stopped process (SIGSTOP, a stalled vLLM's) takes its SIGTERM once it runs
         if self.gone_within(grace, reap):
             return True
         left = sorted(self.alive())

@@ -13,9 +13,12 @@
 # registrations in memory only, so the keeper holds what should be registered in RUN_DIR and makes the
 # router match it every second: the workers the stack declares (mode "workers", from `pulumi up`) less the
 # ones being changed (mode "drain" takes a replica out and waits until it has finished what it was
-# serving; "undrain" puts it back). A restarted router, or a worker registered by anyone else, is mended
-# within a second. The router's own API is not authenticated (0.1.17): docs/several-models.md says how the
-# stack fences it.
+# serving; "undrain" puts it back) and less the ones that serve no more: /health not 200 (a vLLM restarting),
+# or stalled by its own counters with requests waiting on it (node_watch.py StallWatch, the replica's
+# vllm.stallSeconds: its supervisor ends it a few seconds later, so no new request lands on it meanwhile);
+# those are put back once they answer /health and move again (RUN_DIR/unserving.json). A restarted router,
+# or a worker registered by anyone else, is mended within a second. The router's own API is not authenticated
+# (0.1.17): docs/several-models.md says how the stack fences it.
 import fcntl
 import json
 import os
@@ -29,8 +32,9 @@ import urllib.request
 
 P = KeeperParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 RUN_DIR = P.run_dir or "/run/spark-vllm-router"  # run_dir: tests only
-WORKERS, DRAINED = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json"
-FIELDS = ("url", "model")  # a declared worker, as workers.json keeps it
+WORKERS, DRAINED, UNSERVING = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/unserving.json"
+FIELDS = ("url", "model", "stall_seconds")  # a declared worker, as workers.json keeps it
+WATCH_SECONDS = 2  # how often the serving keeper reads each worker's /health and /metrics
 ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
 FRONT = f"http://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint: the edge
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
@@ -98,9 +102,51 @@ def registered():
 
 
 def wanted():
-    """{url: model} the router should route to: the declared workers less the drained ones."""
-    drained = set(read_json(DRAINED, []))
-    return {w["url"]: w["model"] for w in read_json(WORKERS, []) if w["url"] not in drained}
+    """{url: model} the router should route to: the declared workers less the drained ones and those that serve
+    no more."""
+    out = set(read_json(DRAINED, [])) | set(read_json(UNSERVING, []))
+    return {w["url"]: w["model"] for w in read_json(WORKERS, []) if w["url"] not in out}
+
+
+def serves_no_more(worker, watches, now):
+    """Why a declared worker should get no request now (None: it serves): /health not 200, or its counters stalled
+    with requests waiting on it. `watches`: url -> its StallWatch, kept between passes."""
+    url = worker["url"]
+    if not worker.get("stall_seconds"):  # declared without one (a keeper's step of an earlier release): not watched
+        return None
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            healthy = response.status == 200
+    except (OSError, ValueError):
+        healthy = False
+    if not healthy:
+        watches.pop(url, None)
+        return "/health does not answer 200"
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=2) as response:
+            metrics = read_metrics(response.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    watch = watches.setdefault(url, StallWatch(worker["stall_seconds"]))
+    return watch.see(now, metrics)
+
+
+def watch_workers(watches, out):
+    """One pass over the declared workers: those that serve no more out of the router, those that serve again
+    back (UNSERVING); `out`: url -> why, as the last pass left it."""
+    now_out = {}
+    for worker in read_json(WORKERS, []):
+        why = serves_no_more(worker, watches, time.monotonic())
+        if why is not None:
+            now_out[worker["url"]] = why
+    if set(now_out) != set(out):
+        for url in sorted(set(now_out) - set(out)):
+            say(f"{url} out of the router: {now_out[url]}")
+        for url in sorted(set(out) - set(now_out)):
+            say(f"{url} back in the router: it serves again")
+        with Locked():
+            write_json(UNSERVING, sorted(now_out))
+    return now_out
 
 
 def reconcile():
@@ -169,7 +215,10 @@ def serve():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
     say(f"vllm-router on 127.0.0.1:{P.inner_port}, behind the edge on {P.host}:{P.port}")
     router, backoff, healthy = None, 1.0, False
+    watches, out, next_watch = {}, {url: "" for url in read_json(UNSERVING, [])}, 0.0
     while not stopping:
+        if time.monotonic() >= next_watch:
+            out, next_watch = watch_workers(watches, out), time.monotonic() + WATCH_SECONDS
         if router is None or router.poll() is not None:
             if router is not None:
                 say(f"vllm-router exited with {router.returncode}; starting it again in {backoff:g} s")

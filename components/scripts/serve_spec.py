@@ -55,40 +55,41 @@ def main():
     keep_node_specific_env()
     current = read(SPEC)
     unchanged = bool(current) and current.get("fingerprint") == P.fingerprint
-    if not unchanged:
+    wanted = VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json()
+    if current != wanted:  # the same fingerprint with another `watch`: the supervisor reads it, vLLM runs on
         tmp = f"{SPEC}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump(VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json(), handle)
+            json.dump(wanted, handle)
         os.replace(tmp, SPEC)
     deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:
-        status = read(STATUS) or {}
-        if status.get("spec_fingerprint") == P.fingerprint:
-            if status.get("failed"):
+        status = SupervisorStatus.read(STATUS) or SupervisorStatus(node=P.node, executor="", state="")
+        if status.spec_fingerprint == P.fingerprint:
+            if status.failed:
                 # Handed over all the same: the step records these settings, so the next `up` with the
                 # settings mended changes them again (a failed step would keep the previous ones in the
                 # state, and mending them back would then change nothing). The readiness step stops
                 # `pulumi up` with the supervisor's reason.
-                print(f"settings handed over, but vLLM on {P.node} does not start: {status['failed']}")
+                print(f"settings handed over, but vLLM on {P.node} does not start: {status.failed}")
                 print(f"--- last 60 lines of {LOG} ---")
                 print(tail(60))
                 print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
-            if status.get("vllm_pid"):
+            if status.vllm_pid:
                 if unchanged:
-                    print(f"vLLM already running with these settings (pid {status['vllm_pid']})")
+                    print(f"vLLM already running with these settings (pid {status.vllm_pid})")
                 else:
-                    print(f"vLLM started (pid {status['vllm_pid']}); log: {LOG}")
-                print(json.dumps(HandoverResult(vllm_pid=status["vllm_pid"], fingerprint=P.fingerprint).to_json()))
+                    print(f"vLLM started (pid {status.vllm_pid}); log: {LOG}")
+                print(json.dumps(HandoverResult(vllm_pid=status.vllm_pid, fingerprint=P.fingerprint).to_json()))
                 return 0
-            if status.get("state") == "waiting for Ray":
+            if status.state == VllmState.WAITING_RAY:
                 print(f"settings handed over; vLLM starts once Ray shows every node ({P.node})")
                 print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
-            if status.get("state") == "waiting for the GPU turn":
+            if status.state == VllmState.WAITING_TURN:
                 # another replica on this node is starting: this one starts after it (the readiness step waits)
-                held = (status.get("turn") or "").replace("waiting: ", "")
+                held = (status.turn or "").replace("waiting: ", "")
                 print(f"settings handed over; vLLM starts on {P.node} once the node's GPU turn is free ({held})")
                 print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0

@@ -103,7 +103,7 @@ def read_spec():
         return None
 
 
-class Supervisor(MemoryWaits):
+class Supervisor(MemoryWaits, VllmWatch):
     def __init__(self):
         self.stopping = False
         self.ray = None
@@ -132,7 +132,7 @@ class Supervisor(MemoryWaits):
         self.next_ray_check = 0.0
         self.spec = None
         self.ray_ready = False
-        self.state = "no settings"
+        self.state = VllmState.NO_SETTINGS
         self.written = None
         self.guard_seen = False
         self.guard_note = 0.0
@@ -151,6 +151,9 @@ class Supervisor(MemoryWaits):
         self.engine_seen = False  # this start of vLLM has had an engine core (a headless rank never has)
         self.engine_gone_at = None  # since when it has none
         self.ended_why = None  # why the supervisor itself ended vLLM, for its exit record
+        self.faults = {}  # Fault kind -> times vLLM was ended for it (node_vllm_watch.py)
+        self.last_fault = None
+        self.watch_reset()
 
     # -- network.guard -------------------------------------------------------------------------
     def guarded(self, now):
@@ -237,6 +240,7 @@ class Supervisor(MemoryWaits):
         self.tree = Tree(self.vllm.pid)
         self.next_remember = now
         self.engine_seen, self.engine_gone_at, self.ended_why = False, None, None
+        self.watch_reset()
         with open(f"{RUN}/vllm.pid", "w") as handle:
             handle.write(str(self.vllm.pid))
         self.started_at = now
@@ -244,7 +248,7 @@ class Supervisor(MemoryWaits):
         self.next_redact = min(self.next_redact, now + 2)  # vLLM writes the metadata while it starts
         self.serving = False
         self.served_since_start = False
-        self.state = "starting"
+        self.state = VllmState.STARTING
         self.turn_kept = self.turn.held
         say(f"vLLM started (pid {self.vllm.pid})")
 
@@ -271,7 +275,7 @@ class Supervisor(MemoryWaits):
                 "vLLMs sharing a GPU start one at a time, so that none counts another's memory as its own"
             )
             self.turn_note = now + 30
-        self.state = "waiting for the GPU turn"
+        self.state = VllmState.WAITING_TURN
         return False
 
     def keep_turn(self, now):
@@ -343,7 +347,7 @@ class Supervisor(MemoryWaits):
             else:
                 what = "it started without the node's GPU turn for all of its start"
             self.next_start = now + recovery.backoff_seconds
-            self.state = "backoff"
+            self.state = VllmState.BACKOFF
             say(
                 f"vLLM did not get its memory while it started, and {what}: that is another process's doing, not a "
                 f"refusal of its settings; starting it again once the GPU turn is free, not counted as a crash "
@@ -353,14 +357,14 @@ class Supervisor(MemoryWaits):
         self.quiet_refusals += 1
         if self.quiet_refusals < 2:
             self.next_start = now + recovery.backoff_seconds
-            self.state = "backoff"
+            self.state = VllmState.BACKOFF
             say(
                 "vLLM did not get its memory while it started, with the GPU otherwise quiet; once more before "
                 f"calling it a refusal of its settings ({refused})"
             )
             return
         self.failed = self.quiet_refusal_reason(refused, others)
-        self.state = "failed"
+        self.state = VllmState.FAILED
         say(self.failed)
 
     def busy_neighbours(self):
@@ -372,7 +376,7 @@ class Supervisor(MemoryWaits):
             started = neighbour.get("started")
             if self.started_wall is not None and started is not None and started >= self.started_wall - 1:
                 found.append(f"{who} started")
-            elif neighbour.get("state") in ("starting", "backoff"):  # loading, or just gone: its memory moved
+            elif neighbour.get("state") in (VllmState.STARTING, VllmState.BACKOFF):  # loading, or just gone: it moved
                 found.append(f"{who} was {neighbour['state']}")
         return found
 
@@ -495,7 +499,7 @@ class Supervisor(MemoryWaits):
                 f"is not restarted: {refusal} — change the setting it names (`pulumi up` hands vLLM the new "
                 "settings and it starts again)"
             )
-            self.state = "failed"
+            self.state = VllmState.FAILED
             say(self.failed)
             return
         window = recovery.window_seconds
@@ -507,13 +511,13 @@ class Supervisor(MemoryWaits):
                 f"vLLM exited {len(self.exits)} times within {window} s (recovery.maxRestarts "
                 f"{recovery.max_restarts}): not starting it again. Last exit code {code}: {error}"
             )
-            self.state = "failed"
+            self.state = VllmState.FAILED
             say(self.failed)
             return
         delay = min(recovery.backoff_seconds * 2 ** (len(self.exits) - 1), recovery.max_backoff_seconds)
         self.next_start = now + delay
         self.restarts_total += 1
-        self.state = "backoff"
+        self.state = VllmState.BACKOFF
         say(
             f"vLLM exited with code {code} ({error}); starting it again in {delay:g} s "
             f"({len(self.exits)} of {recovery.max_restarts} restarts within {window} s)"
@@ -532,7 +536,7 @@ class Supervisor(MemoryWaits):
             self.quiet_refusals = 0
             self.gpu_busy_since, self.gpu_busy = None, None
             self.next_start = now
-            self.state = "no settings" if wanted is None else "starting"
+            self.state = VllmState.NO_SETTINGS if wanted is None else VllmState.STARTING
         return spec
 
     def probe(self, now):
@@ -548,13 +552,14 @@ class Supervisor(MemoryWaits):
         if self.serving:
             self.served_since_start = True
             self.quiet_refusals = 0
-            self.state = "running"
+            if not self.pending_fault:  # a vLLM found stalled answers /health until it is ended
+                self.state = VllmState.RUNNING
             self.gpu_busy_since, self.gpu_busy = None, None
 
     def step(self):
         now = time.monotonic()
         if not self.guarded(now):
-            self.state = "waiting for network.guard"
+            self.state = VllmState.WAITING_GUARD
             self.write_status()
             return
         self.keep_ray(now)
@@ -570,16 +575,22 @@ class Supervisor(MemoryWaits):
             now = time.monotonic()
             if now >= self.next_start:
                 if not formed:
-                    self.state = "waiting for Ray"
+                    self.state = VllmState.WAITING_RAY
                 elif self.take_turn(now):
                     if self.gpu_ready(spec, now):
                         self.others_at_start = self.others_memory()
                         self.start_vllm(spec, now)
                     else:  # waiting for memory held elsewhere: the turn is another replica's meanwhile
                         self.turn.give_back()
-        if self.vllm is not None and not (spec and spec.health_url) and now - (self.started_at or now) > 5:
-            self.state = "running"  # a headless rank: alive is all it can say
+        if (
+            self.vllm is not None
+            and not (spec and spec.health_url)
+            and now - (self.started_at or now) > 5
+            and not self.pending_fault
+        ):
+            self.state = VllmState.RUNNING  # a headless rank: alive is all it can say
         self.probe(now)
+        self.watch_vllm(now)
         self.keep_turn(now)
         self.tell_neighbours()
         self.oom_guard(now)
@@ -598,29 +609,32 @@ class Supervisor(MemoryWaits):
             say(f"took the secrets out of vLLM's compile cache metadata: {path}")
 
     def write_status(self):
-        status = {
-            "node": P.node,
-            "executor": P.executor,
-            "state": self.state,
-            "spec_fingerprint": self.fingerprint,
-            "vllm_pid": self.vllm.pid if self.vllm is not None else None,
-            "serving": self.serving,
-            "restarts_in_window": len(self.exits),
-            "restarts_total": self.restarts_total,
-            "last_exit": self.last_exit,
-            "failed": self.failed,
-            "gpu_busy": self.gpu_busy,
-            "ray_restarts": self.ray_restarts if P.ray_argv else None,
-            "oom_guarded": self.oom_guarded,
-            "turn": "held"
+        status = SupervisorStatus(
+            node=P.node,
+            executor=P.executor,
+            state=self.state,
+            spec_fingerprint=self.fingerprint,
+            vllm_pid=self.vllm.pid if self.vllm is not None else None,
+            serving=self.serving,
+            restarts_in_window=len(self.exits),
+            restarts_total=self.restarts_total,
+            last_exit=self.last_exit,
+            failed=self.failed,
+            gpu_busy=self.gpu_busy,
+            ray_restarts=self.ray_restarts if P.ray_argv else None,
+            oom_guarded=self.oom_guarded,
+            turn="held"
             if self.turn.held
             else (f"waiting: held by {self.turn_holder}" if self.turn_waiting is not None else None),
-        }
+            faults=dict(self.faults),
+            last_fault=self.last_fault,
+        )
         if status == self.written:
             return
         tmp = f"{STATUS}.tmp"
         with open(tmp, "w") as handle:
-            json.dump({**status, "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, handle)
+            stamped = dataclasses.replace(status, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            json.dump(stamped.to_json(), handle)
         os.replace(tmp, STATUS)
         self.written = status
 
@@ -639,7 +653,7 @@ class Supervisor(MemoryWaits):
         self.tenant.close()
         if self.ray is not None:
             stop_group(self.ray, min(P.stop_grace_seconds, RAY_STOP_GRACE_SECONDS))
-        self.state = "stopped"
+        self.state = VllmState.STOPPED
         self.write_status()
         return 0
 

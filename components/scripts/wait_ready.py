@@ -117,11 +117,7 @@ def log_lines(count):
 
 def supervisor():
     """What the container's supervisor says of vLLM (RUN_DIR/status.json)."""
-    try:
-        with open(P.status_file) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return {}
+    return SupervisorStatus.read(P.status_file) or SupervisorStatus(node="", executor="", state="unknown")
 
 
 def get(path, key=None):
@@ -173,8 +169,8 @@ def main():
             if status in (401, 403):
                 return fail(f"/v1/models refused the API key (HTTP {status})")
         status = supervisor()
-        if status.get("failed"):
-            return fail(status["failed"])
+        if status.failed:
+            return fail(status.failed)
         if elapsed >= P.timeout_seconds:
             return fail(f"not ready after {P.timeout_seconds} s (last /health: {health})")
         now = time.monotonic()
@@ -183,9 +179,9 @@ def main():
         if now - last_progress >= P.progress_seconds:
             last_progress = now
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
-            state = status.get("state", "unknown")
-            if state == "waiting for the GPU turn" and status.get("turn"):
-                state += f" ({status['turn']}: replicas sharing a GPU start one at a time)"
+            state = status.state
+            if state == VllmState.WAITING_TURN and status.turn:
+                state += f" ({status.turn}: replicas sharing a GPU start one at a time)"
             line = f"waiting for vLLM: {elapsed:.0f} s, /health {health or 'no answer'}, supervisor: {state}; "
             silent = now - grew
             step = long_step(since_start(log_text())) if silent >= P.silent_seconds else None

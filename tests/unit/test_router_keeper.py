@@ -162,10 +162,12 @@ def post(base, path, body, method="POST"):
 
 
 class Metrics:
-    """A vLLM's /metrics: how many requests it runs."""
+    """A vLLM's /metrics (how many requests it runs, the tokens it generated) and /health."""
 
     def __init__(self):
         self.running = 0
+        self.generated = 0
+        self.health = 200
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -173,7 +175,13 @@ class Metrics:
                 pass
 
             def do_GET(self):
-                body = f'vllm:num_requests_running{{model_name="m"}} {float(outer.running)}\n'.encode()
+                if self.path == "/health":
+                    self.send_response(outer.health)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = (f'vllm:num_requests_running{{model_name="m"}} {float(outer.running)}\n'
+                        f'vllm:generation_tokens_total{{model_name="m"}} {float(outer.generated)}\n').encode()  # fmt: skip
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -235,6 +243,31 @@ def test_a_drain_takes_the_replica_out_and_waits_until_it_finished_what_it_serve
     assert keeper("undrain", timeout=20, worker=workers[0]).returncode == 0
     assert registered(base) == {busy.url: "small", other.url: "small"}
     assert "small (" in drained.stdout and "out of the router, idle after" in drained.stdout
+
+
+def test_a_replica_that_serves_no_more_is_taken_out_until_it_serves_again(router):
+    """Declared with its vllm.stallSeconds (as the program declares every replica): stalled with requests
+    running, or /health not 200, it gets nothing new; moving and healthy again, it is back."""
+    keeper, base, log, _ = router
+    stuck, other = Metrics(), Metrics()
+    workers = [
+        {**worker(stuck.url, "small", "a"), "stall_seconds": 3},
+        {**worker(other.url, "small", "b"), "stall_seconds": 3},
+    ]
+    assert keeper("workers", timeout=20, workers=workers).returncode == 0
+    assert registered(base) == {stuck.url: "small", other.url: "small"}
+    stuck.running = 2  # requests running, no token comes
+    assert wait_for(lambda: registered(base) == {other.url: "small"}, 15), log.read_text()
+    assert (
+        f"{stuck.url} out of the router: 2 request(s) running or waiting and none of vLLM's progress" in log.read_text()
+    )
+    stuck.running, stuck.generated = 0, 50  # restarted by its supervisor: serving again
+    assert wait_for(lambda: registered(base) == {stuck.url: "small", other.url: "small"}, 15), log.read_text()
+    other.health = 503  # restarting
+    assert wait_for(lambda: registered(base) == {stuck.url: "small"}, 15)
+    assert f"{other.url} out of the router: /health does not answer 200" in log.read_text()
+    other.health = 200
+    assert wait_for(lambda: registered(base) == {stuck.url: "small", other.url: "small"}, 15)
 
 
 def test_a_new_replica_is_declared_by_its_undrain(router):

@@ -447,7 +447,7 @@ def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_p
         os.killpg(worker.pid, signal.SIGKILL)  # the whole rank, engine core included
         worker.wait()
         assert head.wait(timeout=20) == 1  # a rank went away: the engine is dead
-        assert "a worker node died or stopped responding" in (tmp_path / "rank0.log").read_text()
+        assert "EngineCore encountered a fatal error: a worker node died" in (tmp_path / "rank0.log").read_text()
     finally:
         for process in (head,):
             end(process)
@@ -803,9 +803,179 @@ def test_every_metric_the_stand_in_serves_is_one_real_vllm_serves_with_the_same_
     real = Path(__file__).resolve().parents[2] / "gpu" / "results" / "2026-12-01" / "vllm-0.25.0-metric-types.txt"
     types = dict(line.split()[2:4] for line in real.read_text().splitlines())
     state = api.ServerState(cfg())
-    state.finished({"prompt_tokens": 3, "completion_tokens": 2}, "length", 0.01, [0.005], 0.02)
+    state.finished("length", 0.01, [0.005], 0.02)
     served = dict(line.split()[2:4] for line in state.metrics_text().splitlines() if line.startswith("# TYPE"))
     assert served and {name: types.get(name) for name in served} == served
     rows = state.metrics_text()
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.01",model_name="m"} 1.0' in rows
     assert 'vllm:request_success_total{engine="0",finished_reason="repetition",model_name="m"} 0.0' in rows
+
+
+# -- serving that stops while /health is green (issue #56) ---------------------------------------------------
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def streamed(port: int, body: dict, seen: list, key: str | None = None) -> threading.Thread:
+    """A streamed chat completion in a thread: each content piece appended to `seen` as it comes."""
+
+    def read():
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"] if json.loads(line[6:])["choices"] else {}
+                    if delta.get("content"):
+                        seen.append(delta["content"])
+        seen.append("[DONE]")
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+LONG_ANSWER = {"model": None, "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(60))}]}
+
+
+def test_a_stopped_engine_core_stalls_generation_mid_stream_while_health_stays_200(tmp_path):
+    """vLLM's outputs come only from its engine core's steps: SIGSTOP it and the stream stops, the counters stop,
+    /health (the API server's alone) stays 200; SIGCONT and it goes on."""
+    http = free_port()
+    process = serve_one(tmp_path, http, environ={"STANDIN_TOKENS_PER_SECOND": "20"})
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        (core,) = group_of(process.pid)
+        seen = []
+        streamed(http, {**LONG_ANSWER, "model": str(tmp_path / "model")}, seen)
+        assert wait_for(lambda: len(seen) >= 3)
+        os.kill(core, signal.SIGSTOP)
+        time.sleep(0.5)
+        frozen = (len(seen), metric(http, "vllm:generation_tokens_total"), metric(http, "vllm:kv_cache_usage_perc"))
+        holds_for(
+            lambda: (len(seen), metric(http, "vllm:generation_tokens_total"), metric(http, "vllm:kv_cache_usage_perc"))
+            == frozen and health(http) == 200,
+            3, "a stalled engine: nothing moves, /health 200",
+        )  # fmt: skip
+        assert metric(http, "vllm:num_requests_running") == 1
+        os.kill(core, signal.SIGCONT)
+        assert wait_for(lambda: seen[-1:] == ["[DONE]"], 30)
+        assert len(seen) > frozen[0] + 1
+    finally:
+        end(process)
+
+
+def test_the_fault_file_hangs_the_engine_or_makes_it_answer_other_tokens(tmp_path):
+    http = free_port()
+    fault = tmp_path / "fault"
+    process = serve_one(tmp_path, http, environ={"STANDIN_FAULT_FILE": str(fault), "STANDIN_TOKENS_PER_SECOND": "50"})
+    model = str(tmp_path / "model")
+    canary = {"model": model, "messages": [{"role": "user", "content": "count to three"}], "max_tokens": 8,
+              "temperature": 0, "return_token_ids": True, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        status, right = post_json(http, "/v1/chat/completions", canary)
+        assert status == 200
+        choice = right["choices"][0]
+        assert [entry["token"] for entry in choice["logprobs"]["content"]] == choice["message"]["content"].split()
+        assert all(len(entry["top_logprobs"]) == 2 for entry in choice["logprobs"]["content"])
+        fault.write_text("wrong")
+        status, wrong = post_json(http, "/v1/chat/completions", canary)
+        assert status == 200 and wrong["choices"][0]["token_ids"] != choice["token_ids"]
+        assert len(wrong["choices"][0]["token_ids"]) == len(choice["token_ids"]) and health(http) == 200
+        fault.write_text("hang")
+        time.sleep(0.5)  # its last step ages past the stand-in's 0.25 s
+        seen = []
+        streamed(http, {**LONG_ANSWER, "model": model}, seen)
+        holds_for(lambda: not seen and health(http) == 200, 2, "a hung engine: no token, /health 200")
+        fault.write_text("")
+        assert wait_for(lambda: seen[-1:] == ["[DONE]"], 30)
+        status, again = post_json(http, "/v1/chat/completions", canary)
+        assert again["choices"][0]["token_ids"] == choice["token_ids"]
+    finally:
+        end(process)
+
+
+def post_json(port: int, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize(
+    "extra, status, message",
+    [
+        ({"top_logprobs": 2}, 400, "when using `top_logprobs`, `logprobs` must be set to true."),
+        ({"logprobs": True, "top_logprobs": -2}, 400, "`top_logprobs` must be a positive value or -1."),
+        ({"logprobs": True, "top_logprobs": 21}, 400, "greater than max allowed: 20"),
+        ({"logprobs": True, "top_logprobs": 0}, 200, None),
+        ({"logprobs": True}, 200, None),
+    ],
+)
+def test_logprobs_are_refused_where_vllm_refuses_them(extra, status, message):
+    cfg = args.validate(serve_ns("m"), {})
+    body = {"messages": [{"role": "user", "content": "hi there"}], **extra}
+    found, result = api.chat_completion(body, cfg, 0)
+    assert found == status
+    if message:
+        assert message in result["error"]["message"]
+    else:
+        assert [entry["top_logprobs"] for entry in result["choices"][0]["logprobs"]["content"]] == [[], [], [], []]
+
+
+def test_a_long_prefill_moves_the_kv_cache_use_chunk_by_chunk(tmp_path):
+    """As vLLM's chunked prefill: each chunk's blocks are taken as it is scheduled, so a prompt that takes long to
+    prefill moves vllm:kv_cache_usage_perc all along, while no token (and no prompt token) is counted yet."""
+    http = free_port()
+    env = {"STANDIN_PREFILL_TOKENS_PER_SECOND": "400", "STANDIN_PREFILL_CHUNK_TOKENS": "100"}
+    process = serve_one(tmp_path, http, environ=env)
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        seen = []
+        prompt = {"model": str(tmp_path / "model"), "messages": [{"role": "user", "content": "x " * 1200}]}
+        streamed(http, {**prompt, "max_tokens": 2}, seen)  # 3 s of prefill in 12 chunks
+        readings = []
+        for _ in range(8):
+            time.sleep(0.25)
+            readings.append((metric(http, "vllm:kv_cache_usage_perc"), metric(http, "vllm:prompt_tokens_total")))
+        assert len({kv for kv, _ in readings}) >= 4, readings  # it moved, again and again
+        assert all(prompt_tokens == 0 for _, prompt_tokens in readings) and not seen
+        assert wait_for(lambda: seen[-1:] == ["[DONE]"], 20)
+        assert metric(http, "vllm:prompt_tokens_total") == 1200
+    finally:
+        end(process)
+
+
+def test_mp_a_stopped_rank_holds_every_step_of_rank_0_without_killing_it(tmp_path):
+    """A rank stuck (here SIGSTOPped) is a collective waiting for good: rank 0's stream stops with /health 200
+    and nothing exits; the rank back, it goes on."""
+    master, http = free_port(), free_port()
+    head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1", extra=())
+    worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2")
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        seen = []
+        streamed(http, {**LONG_ANSWER, "model": str(tmp_path / "model")}, seen, key="k" * 16)
+        assert wait_for(lambda: len(seen) >= 2)
+        os.killpg(worker.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        count = len(seen)
+        holds_for(lambda: len(seen) == count and health(http) == 200 and head.poll() is None, 8,
+                  "rank 0 waiting on a stopped rank")  # fmt: skip
+        os.killpg(worker.pid, signal.SIGCONT)
+        assert wait_for(lambda: seen[-1:] == ["[DONE]"], 30)
+    finally:
+        for process in (head, worker):
+            end(process)

@@ -217,8 +217,54 @@ def _tool_call(body: dict, cfg: ServeConfig) -> tuple[dict | None, tuple[int, di
     return call, None
 
 
-def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
-    """(status, JSON) for a non-streaming ``POST /v1/chat/completions``."""
+def fault(environ=os.environ) -> str:
+    """What the test switched on while it runs (``STANDIN_FAULT_FILE``, default /tmp/vllm-standin-fault): "hang" (the
+    engine stops stepping: on the API server's node its engine core, on a headless rank that rank, which the
+    collective then waits on), "wrong" (answers other tokens, /health and the counters as ever), or nothing."""
+    try:
+        with open(environ.get("STANDIN_FAULT_FILE") or "/tmp/vllm-standin-fault") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def garbled(words: list[str]) -> list[str]:
+    """The "wrong" fault's tokens: each word spelled backwards (other ids, the same count)."""
+    return [word[::-1] + "~" for word in words]
+
+
+def _logprobs_problem(body: dict) -> tuple[int, dict] | None:
+    """vLLM 0.25's ChatCompletionRequest (entrypoints/openai/chat_completion/protocol.py check_logprobs):
+    top_logprobs below 0 (but -1), or set without logprobs; above --max-logprobs (20) the engine refuses it."""
+    top = body.get("top_logprobs")
+    if top is None:
+        return None
+    if not isinstance(top, int) or (top < 0 and top != -1):
+        return 400, error_body("`top_logprobs` must be a positive value or -1.", "BadRequestError", 400, "top_logprobs")
+    if (top == -1 or top > 0) and not body.get("logprobs"):
+        return 400, error_body("when using `top_logprobs`, `logprobs` must be set to true.", "BadRequestError", 400,
+                               "top_logprobs")  # fmt: skip
+    if top > MAX_LOGPROBS:
+        return 400, error_body(f"Requested sample logprobs of {top}, which is greater than max allowed: "
+                               f"{MAX_LOGPROBS}", "BadRequestError", 400)  # fmt: skip
+    return None
+
+
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
+
+
+def chat_logprobs(words: list[str], top: int) -> dict:
+    """A choice's ``logprobs`` (ChatCompletionLogProbs): each token sure of itself, its runner-up far behind."""
+    content = []
+    for word in words:
+        tops = [{"token": word, "logprob": -0.01, "bytes": list(word.encode())},
+                {"token": word + "_", "logprob": -6.0, "bytes": list((word + "_").encode())}]  # fmt: skip
+        content.append({**tops[0], "top_logprobs": tops[: max(0, top)]})
+    return {"content": content}
+
+
+def chat_completion(body: object, cfg: ServeConfig, created: int, wrong: bool = False) -> tuple[int, dict]:
+    """(status, JSON) for a non-streaming ``POST /v1/chat/completions`` (``wrong``: the "wrong" fault's tokens)."""
     model, problem = _served_model(body, cfg)
     if problem:
         return problem
@@ -228,7 +274,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     call, problem = _tool_call(body, cfg)
     if problem:
         return problem
-    problem = _max_tokens_problem(body)
+    problem = _max_tokens_problem(body) or _logprobs_problem(body)
     if problem:
         return problem
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -237,6 +283,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     if problem:
         return problem
     words = chat_reply(messages).split()
+    words = garbled(words) if wrong else words
     thinking = reasoning_words() if cfg.reasoning_parser else []
     finish = "stop"
     if max_tokens is not None and len(thinking) + len(words) > max_tokens:
@@ -253,6 +300,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
     extra = {}
     if body.get("return_token_ids"):  # vLLM 0.25: the generated ids beside the text
         extra["token_ids"] = word_token_ids(" ".join(thinking + words), cfg.vocab_size)
+    logprobs = chat_logprobs(thinking + words, body.get("top_logprobs") or 0) if body.get("logprobs") else None
     return 200, {
         "id": f"chatcmpl-{digest}",
         "object": "chat.completion",
@@ -267,7 +315,7 @@ def chat_completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, 
                     "tool_calls": [call] if call else [],
                     "reasoning": reasoning,
                 },
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
                 "stop_reason": None,
                 **extra,
@@ -303,7 +351,7 @@ def _context_problem(cfg: ServeConfig, prompt_tokens: int, max_tokens: int) -> t
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
 
 
-def completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]:
+def completion(body: object, cfg: ServeConfig, created: int, wrong: bool = False) -> tuple[int, dict]:
     """(status, JSON) for ``POST /v1/completions``: ``prompt`` a string or a list of token ids (what
     ``vllm bench serve``'s random dataset and spark-vllm's benchmark send), ``max_tokens`` (default 16)
     and vLLM's ``ignore_eos`` (then exactly max_tokens tokens). A single prompt only: a batch of prompts
@@ -334,7 +382,7 @@ def completion(body: object, cfg: ServeConfig, created: int) -> tuple[int, dict]
     if body.get("ignore_eos") is True:
         words += ["more"] * max(0, max_tokens - len(words))
     finish = "length" if len(words) >= max_tokens else "stop"
-    words = words[:max_tokens]
+    words = garbled(words[:max_tokens]) if wrong else words[:max_tokens]
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
     return 200, {
         "id": f"cmpl-{digest}",
@@ -407,21 +455,27 @@ def speculative_delays(delays: list[float], steps: list[int], step_seconds: floa
     return found
 
 
+def chunk_piece(chunk: dict) -> str | None:
+    """The text a stream chunk carries (a token of the stand-in's), or None."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    delta = choices[0].get("delta") or {}
+    return choices[0].get("text", delta.get("content") or delta.get("reasoning"))
+
+
 def token_delays(chunks: list[dict], prompt_tokens: int, pace: Pace) -> list[float]:
     """How long before each chunk is sent: the first one that carries choices after the first token's
     time, each further one that carries text one decode step later, the rest at once."""
     delays, first = [], True
     for chunk in chunks:
-        choices = chunk.get("choices") or []
-        if not choices:
+        if not chunk.get("choices"):
             delays.append(0.0)
         elif first:
             delays.append(pace.first_token_seconds(prompt_tokens))
             first = False
         else:
-            delta = choices[0].get("delta") or {}
-            piece = choices[0].get("text", delta.get("content") or delta.get("reasoning"))
-            delays.append(pace.step_seconds if piece else 0.0)
+            delays.append(pace.step_seconds if chunk_piece(chunk) else 0.0)
     return delays
 
 
@@ -486,6 +540,56 @@ class Histogram:
 
 
 KV_POOL_SEQUENCES = 16
+# vLLM's max_num_batched_tokens on a GPU of 70 GiB or more (engine/arg_utils.py: 8192 for the API server): a prompt
+# is prefilled in chunks of at most this many tokens, one engine step each (STANDIN_PREFILL_CHUNK_TOKENS).
+PREFILL_CHUNK_TOKENS = 8192
+STEP_FRESH_SECONDS = 0.25  # the engine core steps every 0.05 s; older than this, it has stopped stepping
+
+
+class InFlight:
+    """One request in the engine, as vLLM's counters see it: its prompt prefilled chunk by chunk (each chunk's KV
+    blocks taken as it is scheduled), the prompt counted once its first token comes, then one token a decode step
+    (vllm/v1/metrics/stats.py IterationStats.update_from_output). Every wait is the engine's work: it does not
+    advance while the engine does not step."""
+
+    def __init__(self, state: ServerState, prompt_tokens: int):
+        self.state, self.prompt_tokens = state, prompt_tokens
+        self.held = 0  # KV cache tokens it holds
+        self.generated = 0
+        self.prefilled = False
+
+    def advance(self, delay: float, carries_token: bool) -> None:
+        state = self.state
+        if not self.prefilled and delay:
+            prefill = self.prompt_tokens / state.pace.prefill_tokens_per_second
+            chunks = max(1, -(-self.prompt_tokens // state.prefill_chunk))
+            for index in range(chunks):
+                state.engine_work(prefill / chunks)
+                size = max(0, min(state.prefill_chunk, self.prompt_tokens - index * state.prefill_chunk))
+                self.hold(size)
+            with state.lock:
+                state.prompt_tokens_total += self.prompt_tokens
+            self.prefilled, delay = True, max(0.0, delay - prefill)
+        state.engine_work(delay)
+        if carries_token:
+            self.hold(1)
+            self.generated += 1
+            with state.lock:
+                state.generation_tokens_total += 1
+
+    def hold(self, tokens: int) -> None:
+        with self.state.lock:
+            self.state.cached_tokens += tokens
+        self.held += tokens
+
+    def done(self, usage: dict, counted: bool) -> None:
+        """It leaves the engine: its blocks freed; counted, what it generated without a step of its own is too."""
+        with self.state.lock:
+            self.state.cached_tokens -= self.held
+            if counted:
+                self.state.generation_tokens_total += max(0, usage["completion_tokens"] - self.generated)
+                if not self.prefilled:
+                    self.state.prompt_tokens_total += usage["prompt_tokens"]
 
 
 class ServerState:
@@ -514,6 +618,25 @@ class ServerState:
         self.spec_draft_tokens = 0
         self.spec_accepted = 0
         self.spec_accepted_per_pos = [0] * ((cfg.speculative or {}).get("num_speculative_tokens") or 0)
+        self.prefill_chunk = PREFILL_CHUNK_TOKENS
+        # The engine core's steps (cli.py feeds them): when it last stepped, None with no engine core attached
+        # (always stepping); the gauges as of that step, as vLLM sets them from the step's scheduler stats.
+        self.engine_stepped: float | None = None
+        self.shown = (0, 0)  # running, cached tokens
+
+    def stepped(self) -> None:
+        """The engine core made a step."""
+        with self.lock:
+            self.engine_stepped = time.monotonic()
+            self.shown = (self.running, self.cached_tokens)
+
+    def engine_work(self, seconds: float) -> None:
+        """`seconds` of the engine's work, and then for as long as it does not step (a hang, a stopped engine core,
+        a collective waiting on a rank): a request does not move while its engine does not."""
+        if seconds:
+            time.sleep(seconds)
+        while self.engine_stepped is not None and time.monotonic() - self.engine_stepped > STEP_FRESH_SECONDS:
+            time.sleep(0.02)
 
     def speculate(self, delays: list[float], seed: str) -> list[float]:
         """With --speculative-config: the request's tokens after the first in decode steps of 1 + accepted
@@ -533,11 +656,9 @@ class ServerState:
                     self.spec_accepted_per_pos[position] += 1
         return speculative_delays(delays, steps, self.pace.step_seconds, drafts)
 
-    def finished(self, usage: dict, finish: str, ttft: float, itls: list[float], e2e: float) -> None:
+    def finished(self, finish: str, ttft: float, itls: list[float], e2e: float) -> None:
         with self.lock:
             self.requests_total[finish] = self.requests_total.get(finish, 0) + 1
-            self.prompt_tokens_total += usage["prompt_tokens"]
-            self.generation_tokens_total += usage["completion_tokens"]
             self.ttft.observe(ttft)
             for gap in itls:
                 self.itl.observe(gap)
@@ -552,12 +673,13 @@ class ServerState:
             out.extend([f"# HELP {metric} {help_}", f"# TYPE {metric} {kind}"])
 
         with self.lock:
+            running, cached = (self.running, self.cached_tokens) if self.engine_stepped is None else self.shown
             head("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
-            out.append(f"vllm:num_requests_running{lbl} {float(self.running)}")
+            out.append(f"vllm:num_requests_running{lbl} {float(running)}")
             head("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
             out.append(f"vllm:num_requests_waiting{lbl} 0.0")
             head("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
-            out.append(f"vllm:kv_cache_usage_perc{lbl} {min(1.0, self.cached_tokens / self.kv_pool_tokens)}")
+            out.append(f"vllm:kv_cache_usage_perc{lbl} {min(1.0, cached / self.kv_pool_tokens)}")
             head("vllm:request_success_total", "counter", "Count of successfully processed requests.")
             for reason in FINISHED_REASONS:
                 out.append(
@@ -655,7 +777,7 @@ def make_handler(state: ServerState):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
-        def _stream(self, chunks: list[dict], delays: list[float], generated) -> None:
+        def _stream(self, chunks: list[dict], delays: list[float], generated, request: InFlight) -> None:
             """Server-sent events, each chunk sent when its time comes (chunked, as uvicorn sends them).
             ``generated`` runs once the last chunk is out and before ``[DONE]``: vLLM's engine has counted a
             request by the time its stream ends (vllm/v1/engine/async_llm.py: the output handler records a step's
@@ -665,10 +787,9 @@ def make_handler(state: ServerState):
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for event, delay in zip([json.dumps(c) for c in chunks], delays, strict=True):
-                if delay:
-                    time.sleep(delay)
-                self._event(event)
+            for chunk, delay in zip(chunks, delays, strict=True):
+                request.advance(delay, bool(chunk_piece(chunk)))
+                self._event(json.dumps(chunk))
             generated()
             self._event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
@@ -720,7 +841,7 @@ def make_handler(state: ServerState):
                 self._json(400, error_body(f"invalid JSON body: {e}", "BadRequestError", 400))
                 return
             chat = path == "/v1/chat/completions"
-            status, result = (chat_completion if chat else completion)(body, cfg, int(time.time()))
+            status, result = (chat_completion if chat else completion)(body, cfg, int(time.time()), fault() == "wrong")
             if status != 200:
                 self._json(status, result)
                 return
@@ -729,7 +850,7 @@ def make_handler(state: ServerState):
             delays = token_delays(chunks, result["usage"]["prompt_tokens"], state.pace)
             delays = state.speculate(delays, hashlib.sha256(raw).hexdigest())
             began = time.monotonic()
-            held = result["usage"]["total_tokens"]
+            request = InFlight(state, result["usage"]["prompt_tokens"])
             done = []
 
             def generated(counted: bool = True) -> None:
@@ -740,21 +861,21 @@ def make_handler(state: ServerState):
                 done.append(True)
                 with state.lock:
                     state.running -= 1
-                    state.cached_tokens -= held
+                request.done(result["usage"], counted)
                 if not counted:
                     return
                 timed = [d for d in delays if d]
                 finish = result["choices"][0]["finish_reason"]
-                state.finished(result["usage"], finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
+                state.finished(finish, timed[0] if timed else 0.0, timed[1:], time.monotonic() - began)
 
             with state.lock:
                 state.running += 1
-                state.cached_tokens += held
             try:
                 if body.get("stream"):
-                    self._stream(chunks, delays, generated)
+                    self._stream(chunks, delays, generated, request)
                 else:
-                    time.sleep(sum(delays))
+                    for chunk, delay in zip(chunks, delays, strict=True):
+                        request.advance(delay, bool(chunk_piece(chunk)))
                     generated()
                     self._json(200, result)
             finally:

@@ -98,6 +98,9 @@ def _main(argv: list[str] | None, environ) -> int:
         return _headless(core, stop)
 
     state = ServerState(cfg, pace)
+    state.prefill_chunk = int(_env_float(environ, "STANDIN_PREFILL_CHUNK_TOKENS", state.prefill_chunk))
+    state.stepped()  # the engine core said ready: it steps from now on
+    core.follow_steps(state.stepped)
     try:
         server = make_server(state)
     except OSError as e:

@@ -49,6 +49,7 @@ import threading
 import time
 
 from . import compile_cache, log
+from .api import fault
 from .args import ServeConfig, StandinError, parse_cli, validate
 
 WHERE_CORE = "core.py:708"
@@ -267,6 +268,15 @@ class EngineCoreClient:
             reader.join(0.2)
         return result["line"].strip() == "ready"
 
+    def follow_steps(self, stepped) -> None:
+        """Calls `stepped()` for each step the engine core tells (after its "ready"), from a thread of its own."""
+
+        def read():
+            while self.ready_pipe.read(1):
+                stepped()
+
+        threading.Thread(target=read, name="engine-steps", daemon=True).start()
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -358,9 +368,13 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             compiled = compile_cache.compile_graph(rank, compile_cache.model_factors(cfg), environ)
             for where, message in compile_cache.compile_lines(compiled):
                 log.info(where, "%s", message)
-        with os.fdopen(ready_fd, "w") as ready:
-            ready.write("ready\n")
-        return _run(engine, stop, ping_timeout_s)
+        ready = os.fdopen(ready_fd, "w")
+        ready.write("ready\n")
+        ready.flush()
+        if cfg.headless:  # no API server reads its steps
+            ready.close()
+            ready = None
+        return _run(engine, stop, ping_timeout_s, ready, environ)
     except StandinError as e:
         log.error(WHERE_CORE, "EngineCore failed to start.")
         log.error(WHERE_WORKER, "%s", e)
@@ -372,12 +386,30 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
             share.release()
 
 
-def _run(engine, stop: threading.Event, timeout_s: float) -> int:
-    """Serve until SIGTERM; exit 1 when the workers (Ray actors, another node's rank) go away."""
-    failures = 0
-    while not stop.wait(1.0):
-        if engine is None:
+STEP_SECONDS = 0.05
+
+
+def _run(engine, stop: threading.Event, timeout_s: float, steps=None, environ=os.environ) -> int:
+    """Serve until SIGTERM: an engine step every STEP_SECONDS, each told to the API server (`steps`, the pipe it
+    reads: its requests advance only while the engine steps, as vLLM's outputs come only from steps). With mp
+    across nodes each step is a collective over every rank (mp.py MpEngine.step); with Ray the actors are pinged
+    every second. No step while the "hang" fault is on (api.py fault), nor while this process is stopped. Exit 1
+    when the workers (Ray actors, another node's rank) go away."""
+    failures, next_ping = 0, 0.0
+    while not stop.wait(STEP_SECONDS):
+        if fault(environ) == "hang":
             continue
+        if getattr(engine, "collective", False):
+            try:
+                if not engine.step(stop):
+                    continue
+            except Exception as e:  # noqa: BLE001 - a rank gone
+                log.error(WHERE_CORE, "EngineCore encountered a fatal error: a worker node died (%s).", e)
+                return 1
+        _tell(steps)
+        if engine is None or getattr(engine, "collective", False) or time.monotonic() < next_ping:
+            continue
+        next_ping = time.monotonic() + 1.0
         try:
             engine.ping(timeout_s)
             failures = 0
@@ -394,7 +426,17 @@ def _run(engine, stop: threading.Event, timeout_s: float) -> int:
             )
             if not fatal or stop.is_set():
                 continue
-        what = "a RayWorkerWrapper actor" if engine.__class__.__name__ == "RayEngine" else "a worker node"
-        log.error(WHERE_CORE, "EngineCore encountered a fatal error: %s died or stopped responding.", what)
+        log.error(WHERE_CORE, "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding.")
         return 1
     return 0
+
+
+def _tell(steps) -> None:
+    """One step to the API server; one gone (a SIGKILLed API server) goes unnoticed, as in vLLM."""
+    if steps is None:
+        return
+    try:
+        steps.write(".")
+        steps.flush()
+    except (OSError, ValueError):
+        pass

@@ -5,20 +5,24 @@ Rank 0 binds the master address (it must be an address of this node: a wrong one
 torch's store does) and waits until every other rank has connected and introduced itself (its rank,
 the node count, its VLLM_HOST_IP); only then does it load and serve. A rank with a wrong master
 address never arrives, a duplicate or out-of-range rank is refused, and rank 0 gives up after
-``STANDIN_JOIN_TIMEOUT_S`` (120 s) naming the ranks it is missing. While serving, rank 0 pings every
-rank over its connection: one that goes away is a dead engine (/health 503, exit 1), and a worker
-whose master goes away exits 1 too, so the ranks restart together. Pure standard library.
+``STANDIN_JOIN_TIMEOUT_S`` (120 s) naming the ranks it is missing. While serving, each of rank 0's engine
+steps is a collective over every rank's connection: one that goes away is a dead engine (/health 503, exit
+1), one that does not answer (stopped, or the "hang" fault) holds every step for good with /health 200, as
+vLLM's workers wait in NCCL; a worker whose master goes away exits 1 too, so the ranks restart together.
+Pure standard library.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import threading
 import time
 
 from . import log
+from .api import fault
 from .args import ServeConfig, StandinError
 
 WHERE = "multiproc_executor.py:112"
@@ -164,6 +168,8 @@ class MpEngine:
         try:
             while True:
                 message = _receive(reader, "rank 0")
+                while fault(self.environ) == "hang":  # this rank stuck: rank 0's step waits on it
+                    time.sleep(0.05)
                 if message.get("ping"):
                     _send(sock, {"pong": True})
         except (PeerLostError, OSError, ValueError) as e:
@@ -171,6 +177,31 @@ class MpEngine:
             self.lost.set()
 
     # -- while serving ---------------------------------------------------------
+    collective = True  # every step of rank 0's engine needs every rank (core.py _run)
+
+    def step(self, stop: threading.Event) -> bool:
+        """Rank 0: one engine step, in which every rank takes part: True once each answered, False when told to stop
+        meanwhile, PeerLostError when a rank went away (its connection closed). A rank that does not answer (a
+        stopped process, a rank stuck) holds the step for good, as vLLM's workers wait in NCCL's collectives for
+        every rank: no timeout, no error, /health still 200. The other ranks: PeerLostError once rank 0 is gone."""
+        if self.cfg.node_rank != 0:
+            if self.lost.is_set():
+                raise PeerLostError("rank 0 went away")
+            return True
+        with self._lock:
+            peers = list(self.peers.items())
+            try:
+                for _, (sock, _, _) in peers:
+                    _send(sock, {"ping": True})
+                for rank, (sock, reader, ip) in peers:
+                    while not select.select([sock], [], [], 0.5)[0]:
+                        if stop.is_set():
+                            return False
+                    _receive(reader, f"node rank {rank} ({ip})")
+            except (OSError, ValueError) as e:
+                raise PeerLostError(f"a node rank went away: {e}") from e
+        return True
+
     def ping(self, timeout_s: float) -> None:
         """Rank 0: raises PeerLostError when a rank does not answer; the other ranks: when rank 0 is gone."""
         if self.cfg.node_rank != 0:

@@ -1,0 +1,237 @@
+# What the supervisor watches while vLLM serves, and how it ends one that stopped serving while its /health stays
+# 200 (prepended to supervisor.py by components.plan.programs.SCRIPT_HELPERS; its Supervisor is a VllmWatch; the
+# rules themselves: node_watch.py). The stack's vllm.stallSeconds and vllm.canarySeconds come in the spec's
+# `watch` (outside vLLM's fingerprint: a change restarts nothing).
+#
+# * The API server's node: vLLM's /metrics every WATCH_SECONDS; stalled (StallWatch) → ended. While nothing runs
+#   or waits, every canary_seconds the canary (in a thread, off the supervisor's loop, with stall_seconds to
+#   answer): the first answer of a fingerprint is kept (RUN_DIR/canary.json, across restarts), later ones are
+#   compared with it; no answer is a stall, other tokens twice in a row are wrong numerics → ended.
+# * A headless rank (mp across nodes): its API server's /health; once it answered since this rank started, HEAD_GONE
+#   seconds without it end this rank, which starts again and joins the next one. A rank stuck in a collective (a
+#   stopped process, a fabric flap) does not notice its head going, and the next head would wait for it for good.
+# Ending is the supervisor's: everything vLLM started (node_processes.py Tree), then a restart counted as a crash
+# (recovery.maxRestarts). With deployments the router's keeper, which reads the same counters, takes a stalled
+# replica out first: it is ended DRAIN_GRACE seconds after it was found. Before ending, what its processes are
+# doing goes to RUN_DIR/fault.txt (state, kernel wait channel, and the Python stacks where the image has py-spy).
+import shutil
+import threading
+
+WATCH_SECONDS = 2
+HEAD_GONE_SECONDS = 10
+DRAIN_GRACE_SECONDS = 5
+FAULT_STATES = {Fault.STALLED: VllmState.STALLED, Fault.WRONG: VllmState.WRONG, Fault.HEAD_GONE: VllmState.HEAD_GONE}
+
+
+def http_get(url, timeout, headers=None):
+    """(status, body text) of a GET; (None, reason) when nothing answered."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+    except (OSError, ValueError) as error:
+        return None, str(error)
+
+
+def served_name(argv):
+    for arg in argv:
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+class VllmWatch:
+    def watch_reset(self):
+        """A new start of vLLM: nothing seen of it yet."""
+        self.stall = None
+        self.next_watch = 0.0
+        self.last_metrics = None
+        self.canary_asking = None  # (thread, when it was asked, its result holder)
+        self.next_canary = 0.0
+        self.canary_misses = 0
+        self.head_seen, self.head_failing_since = False, None
+        self.pending_fault = None  # (kind, detail, when to end)
+
+    def watch_vllm(self, now):
+        watch = self.spec.watch if self.spec else None
+        if watch is None or self.vllm is None or self.ended_why:
+            return
+        if self.pending_fault and now >= self.pending_fault[2]:
+            self.end_for_fault(*self.pending_fault[:2])
+            return
+        if self.pending_fault or now < self.next_watch:
+            return
+        self.next_watch = now + WATCH_SECONDS
+        if watch.head_health_url:
+            self.watch_head(now, watch)
+        elif self.serving and self.spec.health_url:
+            self.watch_serving(now, watch)
+        else:
+            self.stall = None
+
+    def watch_serving(self, now, watch):
+        status, text = http_get(self.spec.health_url.rsplit("/", 1)[0] + "/metrics", 3)
+        if status != 200:
+            return
+        metrics = read_metrics(text)
+        self.last_metrics = metrics
+        if self.stall is None or self.stall.stall_seconds != watch.stall_seconds:
+            self.stall = StallWatch(watch.stall_seconds)
+        reason = self.stall.see(now, metrics)
+        if reason:
+            self.fault_found(now, Fault.STALLED, reason)
+            return
+        self.watch_canary(now, watch, metrics)
+
+    def watch_head(self, now, watch):
+        status, _ = http_get(watch.head_health_url, 3)
+        if status == 200:
+            self.head_seen, self.head_failing_since = True, None
+        elif self.head_seen and self.head_failing_since is None:
+            self.head_failing_since = now
+        elif self.head_seen and now - self.head_failing_since >= HEAD_GONE_SECONDS:
+            self.fault_found(
+                now,
+                Fault.HEAD_GONE,
+                f"its API server ({watch.head_health_url}) has not answered for {now - self.head_failing_since:.0f} s "
+                f"(last: {status or 'no answer'}); a rank whose head went away is ended and joins the next one",
+            )
+
+    # -- the canary -------------------------------------------------------------------------------
+    def watch_canary(self, now, watch, metrics):
+        if self.canary_asking is not None:
+            thread, asked, result = self.canary_asking
+            if not thread.is_alive():
+                self.canary_asking = None
+                self.canary_judged(now, watch, result)
+            return
+        busy = metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
+        if not watch.canary_seconds or now < self.next_canary or busy:
+            return
+        model = served_name(self.spec.argv)
+        key = {**os.environ, **self.spec.env}.get("VLLM_API_KEY")
+        url = self.spec.health_url.rsplit("/", 1)[0]
+        result = {}
+        thread = threading.Thread(target=ask_canary, args=(url, model, key, watch.stall_seconds, result), daemon=True)
+        thread.start()
+        self.canary_asking = (thread, now, result)
+
+    def canary_judged(self, now, watch, result):
+        if result.get("status") is None:  # no answer within stall_seconds, with /health answering
+            self.fault_found(now, Fault.STALLED, f"the canary got no answer within {watch.stall_seconds:g} s: "
+                             f"{result.get('error')}")  # fmt: skip
+            return
+        if result.get("status") != 200 or not (result.get("answer") or {}).get("tokenIds"):
+            say(f"the canary cannot be asked here (HTTP {result.get('status')}: {result.get('error', '')[:200]}); "
+                "not asked again until vLLM restarts")  # fmt: skip
+            self.next_canary = float("inf")
+            return
+        answer = result["answer"]
+        reference = read_canary(self.fingerprint)
+        if reference is None:
+            write_canary(self.fingerprint, answer)
+            say(f"the canary's reference kept: {len(answer['tokenIds'])} token(s) {answer['text'][:60]!r}")
+            self.next_canary = now + watch.canary_seconds
+            return
+        difference = canary_difference(reference, answer)
+        if difference is None:
+            self.canary_misses, self.next_canary = 0, now + watch.canary_seconds
+            return
+        self.canary_misses += 1
+        what = (
+            f"the canary answered token {difference['found']} where it answered {difference['expected']} before, "
+            f"at position {difference['at']} (of {difference['compared']} compared; {answer['text'][:60]!r} now, "
+            f"{reference.get('text', '')[:60]!r} before)"
+        )
+        if self.canary_misses < 2:
+            say(f"{what}: asking it again")
+            self.next_canary = now
+            return
+        self.fault_found(now, Fault.WRONG, f"{what}, twice in a row", canary={**difference, "answer": answer})
+
+    # -- ending it -------------------------------------------------------------------------------
+    def fault_found(self, now, kind, detail, canary=None):
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+        self.last_fault = {
+            "kind": kind,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "detail": detail,
+            "metrics": self.last_metrics,
+            "canary": canary,
+        }
+        self.state = FAULT_STATES[kind]
+        shared = self.tenancy() is not None and kind == Fault.STALLED
+        say(f"vLLM {self.state}: {detail}; ending it" + (f" in {DRAIN_GRACE_SECONDS} s (the router takes it out)"
+                                                          if shared else ""))  # fmt: skip
+        record_processes(sorted(self.tree.alive()) if self.tree else [])
+        self.pending_fault = (kind, detail, now + (DRAIN_GRACE_SECONDS if shared else 0))
+        self.write_status()
+
+    def end_for_fault(self, kind, detail):
+        self.pending_fault = None
+        self.ended_why = f"{FAULT_STATES[kind]}: {detail}"
+        self.tree.end(P.stop_grace_seconds, reap=self.vllm.poll)
+
+
+def ask_canary(base_url, model, key, timeout, result):
+    """The canary, once (a thread's target): result gets status, answer or error."""
+    data = json.dumps(canary_request(model)).encode()
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            result.update(status=response.status, answer=canary_answer(json.loads(response.read())))
+    except urllib.error.HTTPError as error:
+        result.update(status=error.code, error=error.read().decode(errors="replace"))
+    except (OSError, ValueError) as error:
+        result.update(status=None, error=f"{type(error).__name__}: {error}")
+
+
+def read_canary(fingerprint):
+    try:
+        with open(f"{RUN}/canary.json") as handle:
+            kept = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return kept.get("answer") if kept.get("fingerprint") == fingerprint else None
+
+
+def write_canary(fingerprint, answer):
+    kept = {"fingerprint": fingerprint, "answer": answer, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with open(f"{RUN}/canary.json.tmp", "w") as handle:
+        json.dump(kept, handle)
+    os.replace(f"{RUN}/canary.json.tmp", f"{RUN}/canary.json")
+
+
+def record_processes(pids):
+    """RUN_DIR/fault.txt: what each of vLLM's processes is doing (its state, where the kernel has it waiting, and
+    its Python stack where the image has py-spy), for the diagnostics bundle."""
+    lines = [f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: vLLM's processes when it was ended"]
+    spy = shutil.which("py-spy")
+    for pid in pids:
+        state = wchan = "?"
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/wchan") as handle:
+                wchan = handle.read().strip() or "-"
+        except (OSError, IndexError):
+            pass
+        lines.append(f"{describe(pid)}: state {state}, waiting in {wchan}")
+        if spy:
+            try:
+                dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+                lines.append(dump.stdout.strip() or dump.stderr.strip())
+            except (OSError, subprocess.TimeoutExpired) as error:
+                lines.append(f"py-spy: {error}")
+    if not spy:
+        lines.append("(no py-spy in the image: no Python stacks)")
+    try:
+        with open(f"{RUN}/fault.txt", "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+    except OSError:
+        pass
