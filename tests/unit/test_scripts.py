@@ -52,7 +52,9 @@ def vllm_process(tmp_path):
     log = tmp_path / "vllm.log"
     log.write_text("INFO starting\n")
     status = tmp_path / "status.json"
-    status.write_text(json.dumps({"node": "node-1", "executor": "mp", "state": "starting", "vllm_pid": 1234, "failed": None}))
+    status.write_text(
+        json.dumps({"node": "node-1", "executor": "mp", "state": "starting", "vllm_pid": 1234, "failed": None})
+    )
     yield None, status, log
 
 
@@ -163,7 +165,9 @@ def test_wait_ready_fails_at_once_when_the_supervisor_gave_up(vllm_process):
     _, status, log = vllm_process
     log.write_text("ERROR No available node types can fulfill resource request {'GPU': 1.0}\n")
     reason = "vLLM exited 6 times within 600 s (recovery.maxRestarts 5): not starting it again."
-    status.write_text(json.dumps({"node": "node-1", "executor": "mp", "state": "failed", "vllm_pid": None, "failed": reason}))
+    status.write_text(
+        json.dumps({"node": "node-1", "executor": "mp", "state": "failed", "vllm_pid": None, "failed": reason})
+    )
     with FakeVllm(ready_after=600) as server:
         started = time.monotonic()
         result = run_script("wait_ready.py", ready_params(server, status, log, timeout_seconds=60))
@@ -174,7 +178,9 @@ def test_wait_ready_fails_at_once_when_the_supervisor_gave_up(vllm_process):
 
 def test_wait_ready_keeps_waiting_while_the_supervisor_restarts_vllm(vllm_process):
     _, status, log = vllm_process
-    status.write_text(json.dumps({"node": "node-1", "executor": "mp", "state": "backoff", "vllm_pid": None, "failed": None}))
+    status.write_text(
+        json.dumps({"node": "node-1", "executor": "mp", "state": "backoff", "vllm_pid": None, "failed": None})
+    )
     with FakeVllm(ready_after=1.5) as server:
         result = run_script("wait_ready.py", ready_params(server, status, log, progress_seconds=0.5))
     assert result.returncode == 0, result.stdout

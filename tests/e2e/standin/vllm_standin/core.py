@@ -426,7 +426,9 @@ def _run(engine, stop: threading.Event, timeout_s: float, steps=None, environ=os
             )
             if not fatal or stop.is_set():
                 continue
-        log.error(WHERE_CORE, "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding.")
+        log.error(
+            WHERE_CORE, "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding."
+        )
         return 1
     return 0
 
