@@ -24,6 +24,7 @@ from tests.attacks import refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.e2e.cli_stack import StackError
 from tests.e2e.rehearsal import chat, fleet_config, openai_tour, request
+from tests.e2e.test_stalls import SIGNAL as STOP_ENGINE
 from tests.edge_harness import exchange
 from tests.waiting import wait_for, wait_until
 
@@ -39,7 +40,8 @@ def deployments_config(cluster, image_ref, model, **small_vllm):
 @pytest.fixture(scope="module")
 def fleet(sim_cluster3, image3, model_dir, new_stack):
     stack = new_stack("fleet")
-    config, secrets = deployments_config(sim_cluster3, image3.ref, model_dir)
+    # small with the config's shortest vllm.stallSeconds: its stall test waits for it
+    config, secrets = deployments_config(sim_cluster3, image3.ref, model_dir, stallSeconds=30)
     stack.configure(config, secrets)
     started = time.monotonic()
     run = stack.up()
@@ -379,6 +381,49 @@ def test_a_rolling_change_under_steady_load_loses_no_request(sim_cluster3, fleet
     assert moves == [("removed", f"http://{node3_ip}:8000"), ("registered", f"http://{node3_ip}:8000"),
                      ("removed", f"http://{node3_ip}:8001"), ("registered", f"http://{node3_ip}:8001")], moves  # fmt: skip
     fleet.update(config=config, run=run)
+
+
+def test_a_stalled_replica_is_taken_out_of_the_router_first_and_its_neighbour_keeps_answering(sim_cluster3, fleet):
+    """small's first replica stops stepping (its engine core SIGSTOPped) with requests on it and /health 200: the
+    router's keeper takes it out (the supervisor ends it seconds later), the other replica on the same GPU and the
+    other models answer all along, and the replica comes back in once it serves again."""
+    node3, key = sim_cluster3.nodes[2], fleet["secrets"]["apiKey"]
+    endpoint, stuck, url = fleet["run"].outputs["endpoint"], "spark-vllm-small-node-3", f"http://{node3.fabric_ip}:8000"
+    pid = supervisor(sim_cluster3, node3, stuck)["vllm_pid"]
+    args = ["exec", stuck, "python3", "-c", STOP_ENGINE, str(19), "engine", str(pid)]
+    assert sim_cluster3.docker(node3, *args).stdout.strip()
+    stopped = time.monotonic()
+    hung = []  # requests that land on it wait there: they are what makes it a stall
+    for n in range(4):
+        body = {"model": "small-model", "messages": [{"role": "user", "content": f"held {n}"}], "max_tokens": 4}
+        thread = threading.Thread(
+            target=lambda b=body: hung.append(request(endpoint + "/chat/completions", key, b, 120))
+        )
+        thread.start()
+    moments = {}
+
+    def watch():
+        if "out" not in moments and url not in registered_workers(sim_cluster3):
+            moments["out"] = time.monotonic() - stopped
+        if "ended" not in moments and supervisor(sim_cluster3, node3, stuck)["vllm_pid"] != pid:
+            moments["ended"] = time.monotonic() - stopped
+        return "out" in moments and "ended" in moments
+
+    wait_until(watch, 120, "the replica out of the router and ended", every=0.3, errors=(Exception,))
+    for model in ("small-model", "small-model", "small-model", "big-model", "side-model"):  # its neighbour serves
+        assert chat(endpoint, key, model)["model"] == model
+    wait_until(lambda: url in registered_workers(sim_cluster3), 120, "the replica back in the router", every=0.5,
+               errors=(Exception,))  # fmt: skip
+    back = time.monotonic() - stopped
+    print(f"\nDEPLOYMENTS a stalled replica: out of the router after {moments['out']:.1f} s, ended after "
+          f"{moments['ended']:.1f} s, back after {back:.1f} s (stallSeconds 30)")  # fmt: skip
+    assert moments["out"] < moments["ended"]  # drained first
+    status = supervisor(sim_cluster3, node3, stuck)
+    assert status["faults"]["stalled"] >= 1 and status["last_fault"]["kind"] == "stalled"
+    assert (
+        f"{url} out of the router: " in sim_cluster3.docker(sim_cluster3.nodes[0], "logs", "spark-vllm.router").stdout
+    )
+    assert chat(endpoint, key, "small-model")["model"] == "small-model"
 
 
 def test_a_restarted_router_gets_its_workers_back_by_itself(sim_cluster3, fleet):

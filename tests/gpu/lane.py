@@ -419,6 +419,7 @@ def run_lane(args) -> dict:
         raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
     if args.max_num_seqs is not None:
         raw["vllm"]["maxNumSeqs"] = args.max_num_seqs
+    raw["vllm"].update(stallSeconds=args.stall_seconds, canarySeconds=args.stall_seconds)
     if args.speculative:
         method, _, tokens = args.speculative.partition(":")
         raw["vllm"]["speculative"] = {"method": method, "tokens": int(tokens or 1)}
@@ -514,6 +515,8 @@ def run_lane(args) -> dict:
             report["metric_names"] = sorted(
                 {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
             )
+        if "stall" in args.phases:
+            stall_and_recover(node, cfg, served, api_key, ready, report, step, args.stall_target)
         if "kill" in args.phases:
             for round_ in range(args.kills):
                 suffix = f"_{round_ + 1}" if round_ else ""
@@ -589,6 +592,83 @@ def kill_and_recover(
     )
 
 
+def processes_named(prefix: str) -> list[int]:
+    """The machine's processes whose name (/proc/PID/comm, 15 characters) starts with `prefix`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip().startswith(prefix):
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+class Stream:
+    """A streamed completion of many tokens (ignore_eos), read in a thread: chunks so far, how it ended."""
+
+    def __init__(self, base: str, key: str, model: str):
+        body = {"model": model, "prompt": "Tell a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        self.request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                              headers={"Content-Type": "application/json",
+                                                       "Authorization": f"Bearer {key}"})  # fmt: skip
+        self.chunks, self.finished, self.error = 0, False, None
+        self.thread = __import__("threading").Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        try:
+            with urllib.request.urlopen(self.request, timeout=RECOVERY_TIMEOUT) as response:
+                for line in response:
+                    self.finished = self.finished or line.startswith(b"data: [DONE]")
+                    self.chunks += line.startswith(b"data: {")
+        except (OSError, ValueError) as error:
+            self.error = f"{type(error).__name__}: {str(error)[:200]}"
+
+
+def stall_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, report: dict, step, target: str) -> None:
+    """While a request streams, SIGSTOP of vLLM's engine core (`target` engine) or of a Ray worker actor
+    (`worker`): /health stays 200 and nothing moves; the supervisor must find it stalled (vllm.stallSeconds), end
+    vLLM as a whole and serve again. Reported as `stall` and the step `stall_recovery`."""
+    pid = node.status()["vllm_pid"]
+    canary = node.run_dir / "canary.json"
+    wait(canary.exists, 60)  # the canary's reference, asked while vLLM idles: what real vLLM answers it
+    stream = Stream(ready["base_url"], api_key, served)
+    wait(lambda: stream.chunks >= 20, 60)
+    victims = processes_named("VLLM::EngineCor" if target == "engine" else "ray::RayWorker")
+    stopped_at = time.monotonic()
+    for victim in victims:
+        os.kill(victim, signal.SIGSTOP)
+    time.sleep(2)
+    at, health = stream.chunks, get(ready["base_url"] + "/health")
+    found = wait(lambda: (node.status().get("faults") or {}).get("stalled"), cfg.vllm.stall_seconds + 60)
+    found_seconds = round(time.monotonic() - stopped_at, 1) if found else None
+    moved = stream.chunks - at
+    restarted = wait(lambda: node.status().get("vllm_pid") not in (None, pid), RECOVERY_TIMEOUT)
+    code, output, _ = node.exec_python("wait_ready.py", ready, RECOVERY_TIMEOUT)
+    smoke = node.exec_python("smoke.py", smoke_params(cfg, served, api_key), 180)
+    seconds = time.monotonic() - stopped_at
+    step("stall_recovery", code or smoke[0] or not found, output + smoke[1], seconds)
+    status = node.status()
+    report["stall"] = {
+        "target": target, "stopped": [f"{v} {Path(f'/proc/{v}/comm').read_text().strip()}" for v in victims
+                                      if Path(f"/proc/{v}").exists()][:4] or [str(v) for v in victims],
+        "health_while_stopped": health, "chunks_while_stopped": moved, "stall_seconds": cfg.vllm.stall_seconds,
+        "found_seconds": found_seconds, "restarted": restarted,
+        "serving_again_seconds": round(seconds, 1) if not (code or smoke[0]) and found else None,
+        "stream_finished": stream.finished, "stream_error": stream.error,
+        "last_fault": {k: (status.get("last_fault") or {}).get(k) for k in ("kind", "detail")},
+        "last_exit": status.get("last_exit"), "restarts_total": status.get("restarts_total"),
+        "canary": json.loads(canary.read_text()) if canary.exists() else None,
+        "supervisor_said": [line for line in node.vllm_log().splitlines() if "=== spark-vllm:" in line][-10:],
+    }  # fmt: skip
+    for victim in victims:  # whatever is left of them (the supervisor ended vLLM's own)
+        try:
+            os.kill(victim, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def stop(node: Node, report: dict) -> None:
     """SIGTERM to the supervisor (`docker stop`): vLLM and Ray stopped, the GPU freed."""
     if node.supervisor is None or node.supervisor.poll() is not None:
@@ -636,6 +716,10 @@ def summary(report: dict) -> str:
         shown = {key: figures.get(key) for key in ("outputTokensPerSecond", "requestsPerSecond", "ttftMs", "itlMs",
                                                   "tpotMs", "speculative", "errors", "error")}  # fmt: skip
         lines.append(f"  benchmark {tool}: {json.dumps(shown)[:600]}")
+    if report.get("stall"):
+        shown = {name: value for name, value in report["stall"].items() if name not in ("canary", "supervisor_said")}
+        lines.append(f"  stall: {json.dumps(shown)[:900]}")
+        lines.append(f"  canary: {json.dumps(report['stall'].get('canary'))[:400]}")
     for key in sorted(key for key in report if key.startswith("after_kill")):
         after = {name: value for name, value in report[key].items() if name != "timeline"}
         lines.append(f"  {key}: {json.dumps(after)[:600]}")
@@ -703,10 +787,18 @@ def main(argv: list[str] | None = None) -> int:
         "--phases",
         default="kill",
         help="after ready and smoke, comma-separated: 'answers' (the validation's greedy answers), 'router' (the stack's router in front: tests/gpu/lane_router.py), "
-        "'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), 'kill' (and recover); "
+        "'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), 'stall' (a SIGSTOP while a "
+        "request streams: found and served again), 'kill' (and recover); "
         "a stop ends every run",
     )
     parser.add_argument("--kills", type=int, default=1, help="with 'kill': how many SIGKILLs, one recovery each")
+    parser.add_argument(
+        "--stall-target",
+        choices=("engine", "worker"),
+        default="engine",
+        help="with 'stall': SIGSTOP vLLM's engine core, or (Ray) its worker actors",
+    )
+    parser.add_argument("--stall-seconds", type=int, default=30, help="vllm.stallSeconds (and canarySeconds)")
     parser.add_argument(
         "--keep-caches",
         default=None,

@@ -89,6 +89,32 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
     assert all(read["read"] for read in reads), reads
 
 
+def test_the_lane_stall_phase_stops_the_engine_core_mid_stream_and_the_supervisor_serves_again(tmp_path):
+    """The lane's 'stall' phase with the stand-in: the engine core SIGSTOPped while a request streams, /health 200,
+    nothing moving; the supervisor finds it after vllm.stallSeconds, ends vLLM as a whole and serves again."""
+    models = tmp_path / "models" / "qwen3-8b"
+    models.mkdir(parents=True)
+    (models / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"][0]))
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{standin_bin(tmp_path)}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
+         "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
+         "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
+         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}",
+         "--phases", "stall", "--stall-seconds", "30"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    stall = json.loads((out / "lane-mp-qwen3-8b.json").read_text())["stall"]
+    assert stall["health_while_stopped"] == 200 and stall["chunks_while_stopped"] == 0
+    assert 30 <= stall["found_seconds"] < 45 and stall["serving_again_seconds"] is not None
+    assert stall["last_fault"]["kind"] == "stalled" and stall["last_exit"]["error"].startswith("stalled: ")
+    assert stall["stream_finished"] is False and stall["restarts_total"] == 1
+    assert stall["canary"]["answer"]["tokenIds"]  # the canary's reference, kept before the stall
+    assert "stall:" in result.stdout
+
+
 @pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "
                     "SPARK_VLLM_GPU_LANE=1 on a GPU machine with vLLM installed (tests/gpu/device.sh run)")  # fmt: skip
 @pytest.mark.parametrize("executor", ["ray", "mp"])

@@ -107,9 +107,11 @@ print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA dri
 sys.exit(9)
 """
 
-VLLM_WRAPPER = """#!/bin/sh
+VLLM_WRAPPER = f"""#!/bin/sh
 # NOT vLLM: the rehearsal's test double for `vllm serve` (see /opt/site/vllm_standin/__init__.py).
-export PYTHONPATH="/opt/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="/opt/site${{PYTHONPATH:+:$PYTHONPATH}}"
+# A test's settings for the stand-in (its pace, a prefill's chunks: STANDIN_* lines), read at each start
+if [ -r {STANDIN_STATE}/env ]; then set -a; . {STANDIN_STATE}/env; set +a; fi
 exec python3 -m vllm_standin "$@"
 """
 

@@ -12,6 +12,10 @@ behaves like ``vllm serve`` where the deployment can observe it:
   running Ray cluster (``ray.init(address="auto")``), checks ``VLLM_HOST_IP``
   against the alive Ray nodes, reserves ``[{"GPU": 1}] * (TP*PP)`` in a
   placement group and keeps one GPU actor per rank alive while serving;
+* the engine's steps: every token (and every prefill chunk) waits for the engine core's next step, as vLLM's
+  outputs come only from its engine core's steps: a SIGSTOPped engine core, a SIGSTOPped rank of a multi-node
+  mp run (each step is a collective over every rank) or the "hang" fault stops every stream, /health still 200,
+  the gauges as of the last step;
 * the HTTP server: ``/health``, ``/version``, ``/metrics`` (vLLM's metric names:
   requests running, tokens, TTFT / inter-token / end-to-end histograms), ``/v1/models``
   and a deterministic ``/v1/chat/completions`` and ``/v1/completions`` (a prompt of
@@ -25,7 +29,9 @@ No model is loaded and no GPU is used. Environment variables read:
 torch.compile cache; one there loads in 0.1 s), ``STANDIN_LOCAL_GPUS`` (default 1),
 ``STANDIN_PING_TIMEOUT_S`` (default 5), ``STANDIN_DEAD_LINGER_S`` (default 2),
 ``STANDIN_TOKENS_PER_SECOND`` (default 100, each request's decode rate),
-``STANDIN_PREFILL_TOKENS_PER_SECOND`` (default 10000),
+``STANDIN_PREFILL_TOKENS_PER_SECOND`` (default 10000), ``STANDIN_PREFILL_CHUNK_TOKENS`` (default 8192: a prompt
+is prefilled in chunks this size, one engine step each), ``STANDIN_FAULT_FILE`` (default
+/tmp/vllm-standin-fault: "hang" stops the engine's steps, "wrong" answers other tokens; read while it runs),
 ``RAY_ADDRESS`` (through Ray).
 
 Everything except ``engine.py`` is pure standard library; ``ray`` is imported
