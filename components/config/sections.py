@@ -136,7 +136,7 @@ class VllmConfig(_Model):
         "use, requests running and waiting: vLLM updates them at every engine step) moved this long: the supervisor "
         "ends vLLM on every rank and starts it again, as a crash (docs/recovery.md). Above vLLM's longest single "
         "step: a chunked prefill moves the KV cache use at every chunk, and the last chunk of a long context on one "
-        "Spark takes about 2 minutes at the most (docs/recovery.md says how that is reckoned).",
+        "Spark takes about 2 minutes at the most (docs/recovery.md says how that is reckoned). At least 30.",
     )
     canary_seconds: int = Field(
         300,

@@ -40,6 +40,8 @@ MANAGED_FLAGS: dict[str, str] = {
     "--host": "vllm.host",
     "--port": "vllm.port",
     "--served-model-name": "vllm.servedModelName",
+    "--enable-server-load-tracking": "vllm.stallSeconds",  # the stall rule reads /load
+    "--no-enable-server-load-tracking": "vllm.stallSeconds",
     "--trust-remote-code": "vllm.trustRemoteCode",
     "--no-trust-remote-code": "vllm.trustRemoteCode",
     "--reasoning-parser": "vllm.reasoningParser",

@@ -28,6 +28,7 @@ SCRIPT_HELPERS = {
         "node_vllm_watch.py",
     ),
     "serve_spec.py": ("node_contract.py",),
+    "serve_stop.py": ("node_contract.py",),
     "wait_ready.py": ("node_contract.py",),
     "smoke.py": ("node_contract.py", "node_chat.py"),
     "node_answers.py": ("node_contract.py", "node_chat.py"),

@@ -53,22 +53,8 @@ def serve_argv(
         model,
         f"--tensor-parallel-size={cfg.tensor_parallel_size}",
         f"--pipeline-parallel-size={cfg.pipeline_parallel_size}",
+        *executor_args(cfg, node),
     ]
-    if cfg.executor == "ray":
-        # vLLM has no automatic fallback when the world spans nodes, and on one node it would not use
-        # the Ray the container runs: Ray is named whenever it is the executor.
-        argv.append("--distributed-executor-backend=ray")
-    elif len(cfg.nodes) > 1:
-        rank = node_rank(cfg, node or cfg.head_node)
-        argv += [
-            "--distributed-executor-backend=mp",
-            f"--nnodes={len(cfg.nodes)}",
-            f"--node-rank={rank}",
-            f"--master-addr={cfg.head_node.fabric_address}",
-            f"--master-port={cfg.vllm.master_port}",
-        ]
-        if rank > 0:
-            argv.append("--headless")
     if settings.max_model_len is not None:
         argv.append(f"--max-model-len={settings.max_model_len}")
     argv += [
@@ -76,6 +62,7 @@ def serve_argv(
         f"--host={vllm_host(cfg)}",
         f"--port={vllm_port(cfg)}",
         f"--served-model-name={cfg.vllm.served_model_name or model}",
+        "--enable-server-load-tracking",  # /load: what the stall rule counts besides the engine's gauges
     ]
     if settings.trust_remote_code:
         argv.append("--trust-remote-code")
@@ -94,6 +81,25 @@ def serve_argv(
     if settings.speculative is not None:
         argv += ["--speculative-config", settings.speculative.flag_value()]
     return argv + list(settings.extra_args)
+
+
+def executor_args(cfg: ClusterConfig, node: NodeConfig | None = None) -> list[str]:
+    """The executor's flags for `node` (default: the head): Ray named whenever it is the executor (vLLM has no
+    automatic fallback when the world spans nodes, and on one node it would not use the Ray the container runs);
+    with mp across nodes each node's rank, ranks above 0 headless."""
+    if cfg.executor == "ray":
+        return ["--distributed-executor-backend=ray"]
+    if len(cfg.nodes) == 1:
+        return []
+    rank = node_rank(cfg, node or cfg.head_node)
+    found = [
+        "--distributed-executor-backend=mp",
+        f"--nnodes={len(cfg.nodes)}",
+        f"--node-rank={rank}",
+        f"--master-addr={cfg.head_node.fabric_address}",
+        f"--master-port={cfg.vllm.master_port}",
+    ]
+    return [*found, "--headless"] if rank > 0 else found
 
 
 # What differs between nodes among the variables vLLM's Ray executor copies from the driver to every

@@ -72,14 +72,17 @@ class VllmWatch:
             self.stall = None
 
     def watch_serving(self, now, watch):
-        status, text = http_get(self.spec.health_url.rsplit("/", 1)[0] + "/metrics", 3)
+        base = self.spec.health_url.rsplit("/", 1)[0]
+        status, text = http_get(base + "/metrics", 3)
         if status != 200:
             return
         metrics = read_metrics(text)
-        self.last_metrics = metrics
+        status, text = http_get(base + "/load", 3)
+        load = read_load(text) if status == 200 else 0
+        self.last_metrics = {**metrics, "server_load": load}
         if self.stall is None or self.stall.stall_seconds != watch.stall_seconds:
             self.stall = StallWatch(watch.stall_seconds)
-        reason = self.stall.see(now, metrics)
+        reason = self.stall.see(now, metrics, load)
         if reason:
             self.fault_found(now, Fault.STALLED, reason)
             return
@@ -108,6 +111,7 @@ class VllmWatch:
                 self.canary_judged(now, watch, result)
             return
         busy = metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
+        busy += self.last_metrics.get("server_load", 0)
         if not watch.canary_seconds or now < self.next_canary or busy:
             return
         model = served_name(self.spec.argv)

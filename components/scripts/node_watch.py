@@ -9,7 +9,10 @@
 # blocks as it schedules it, so a long chunked prefill moves it at every chunk), vllm:generation_tokens_total
 # (every decode step) and vllm:prompt_tokens_total (once a prompt's prefill is done). Requests running or waiting
 # while none of them moved for stall_seconds: the engine does not step (a process stopped, a collective waiting on
-# a rank for good), while /health, answered by the API server alone, stays 200. The one honest step that moves
+# a rank for good), while /health, answered by the API server alone, stays 200. A request that arrives at an engine
+# already stuck never reaches its scheduler, so the gauges say nothing runs: the API server's own count of the
+# requests it holds (/load, with --enable-server-load-tracking, which the program sets: vllm/entrypoints/serve/
+# instrumentator/basic.py and utils/api_utils.py load_aware_call) counts them too. The one honest step that moves
 # nothing for long is a single engine step longer than stall_seconds: a prefill chunk (max_num_batched_tokens:
 # 8192 on a GPU of 70 GiB or more, a GB10's included; engine/arg_utils.py) at the end of a very long context.
 #
@@ -20,6 +23,8 @@
 # with nothing else running, as its reference was; and a near tie may flip on any change of the arithmetic, so the
 # comparison stops at the first position whose reference margin is under NEAR_TIE_NATS: a different token before
 # it is wrong numerics. One differing answer is asked again at once; two in a row end vLLM.
+import json
+
 NEAR_TIE_NATS = 1.0  # in bf16 a logit moves by ~1e-2 between kernels; a flip needs a margin near that, not 1 nat
 CANARY_PROMPT = "Count from one to twenty in words, separated by commas:"
 CANARY_TOKENS = 8
@@ -57,24 +62,35 @@ class StallWatch:
         self.last = None  # the progress counters as last read
         self.moved_at = None  # when they last moved (or the first reading)
 
-    def see(self, now, metrics):
+    def see(self, now, metrics, load=0):
         """None while it moves (or has nothing to do); the reason, once requests wait on it for stall_seconds
-        with nothing moving."""
+        with nothing moving. `load`: the requests the API server holds (/load), 0 where unknown."""
         progress = tuple(metrics.get(name) for name in PROGRESS_METRICS)
         if progress != self.last or self.moved_at is None:
             self.last, self.moved_at = progress, now
             return None
-        busy = (metrics.get("vllm:num_requests_running") or 0) + (metrics.get("vllm:num_requests_waiting") or 0)
+        engine = (metrics.get("vllm:num_requests_running") or 0) + (metrics.get("vllm:num_requests_waiting") or 0)
+        busy = max(engine, load or 0)
         if busy <= 0 or now - self.moved_at < self.stall_seconds:
             return None
         return (
             f"{busy:g} request(s) running or waiting and none of vLLM's progress counters moved for "
             f"{now - self.moved_at:.0f} s (vllm.stallSeconds {self.stall_seconds:g}): "
             + ", ".join(f"{name.split(':', 1)[1]} {metrics.get(name, 0):g}" for name in PROGRESS_METRICS)
+            + f", server_load {load or 0:g}"
         )
 
     def reset(self):
         self.last, self.moved_at = None, None
+
+
+def read_load(text):
+    """The requests the API server holds, from /load's {"server_load": N}; 0 where it says nothing."""
+    try:
+        found = json.loads(text).get("server_load")
+    except (ValueError, AttributeError):
+        return 0
+    return found if isinstance(found, (int, float)) and not isinstance(found, bool) else 0
 
 
 def canary_request(model):

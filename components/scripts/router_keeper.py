@@ -125,10 +125,12 @@ def serves_no_more(worker, watches, now):
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=2) as response:
             metrics = read_metrics(response.read().decode(errors="replace"))
+        with urllib.request.urlopen(url + "/load", timeout=2) as response:
+            load = read_load(response.read().decode(errors="replace"))
     except (OSError, ValueError):
         return None
     watch = watches.setdefault(url, StallWatch(worker["stall_seconds"]))
-    return watch.see(now, metrics)
+    return watch.see(now, metrics, load)
 
 
 def watch_workers(watches, out):

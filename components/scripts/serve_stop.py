@@ -1,7 +1,6 @@
 # Runs inside a node's container through a quoted heredoc (`python3 - RUN_DIR GRACE`): takes vLLM's
 # settings away from the supervisor, which stops vLLM (SIGTERM to its process group, GRACE
 # seconds, then SIGKILL), and waits until it has. Safe to run when nothing runs.
-import json
 import os
 import sys
 import time
@@ -11,11 +10,8 @@ SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
 
 
 def status():
-    try:
-        with open(STATUS) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return {}
+    """What the supervisor says (node_contract.py SupervisorStatus), or nothing yet."""
+    return SupervisorStatus.read(STATUS) or SupervisorStatus(node="", executor="", state="")  # noqa: F821
 
 
 try:
@@ -23,11 +19,11 @@ try:
 except FileNotFoundError:
     print("vLLM has no settings here: nothing to stop")
     sys.exit(0)
-pid = status().get("vllm_pid")
+pid = status().vllm_pid
 deadline = time.monotonic() + GRACE + 15
 while time.monotonic() < deadline:
     now = status()
-    if now.get("spec_fingerprint") is None and not now.get("vllm_pid"):
+    if now.spec_fingerprint is None and not now.vllm_pid:
         print(f"vLLM (pid {pid}) stopped" if pid else "vLLM stopped")
         sys.exit(0)
     time.sleep(0.5)

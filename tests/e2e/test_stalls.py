@@ -110,7 +110,9 @@ def stall_and_recover(cluster, stack, stop_node, which, fault_node, kind) -> dic
     assert stream.chunks == at  # nothing came while it was stalled
     serving = recovered(cluster, stack, nodes, before, stopped, timeout=STALL_SECONDS + 120)
     for node in nodes:  # where the restart's time went
-        said = cluster.docker(node, "exec", container(node), "grep", "=== spark-vllm", "/run/spark-vllm/vllm.log").stdout
+        said = cluster.docker(
+            node, "exec", container(node), "grep", "=== spark-vllm", "/run/spark-vllm/vllm.log"
+        ).stdout
         print(f"\n{node.name}:\n" + "\n".join(said.splitlines()[-8:]))
     stream.thread.join(30)
     assert not stream.finished and not stream.thread.is_alive(), "the request in flight ended, unfinished"

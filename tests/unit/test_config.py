@@ -111,6 +111,9 @@ BAD = [
         "vllm.maxModelLen: 4096 — no such key here: 'maxModelLen' belongs at the top level",
     ),
     (config(gpus=2), "gpus: 2 — no such key here: 'gpus' belongs at nodes[].gpus"),
+    (config(vllm__stallSeconds=10), "vllm.stallSeconds: 10 — Input should be greater than or equal to 30"),
+    (config(vllm__canarySeconds=-1), "vllm.canarySeconds: -1 — Input should be greater than or equal to 0"),
+    (config(vllm__stallSeconds="soon"), "vllm.stallSeconds: 'soon' — Input should be a valid integer"),
     (
         config(container__shmSizeMb=256),
         "container.shmSizeMb: 256 — no longer a key: Docker ignores a shared-memory size when the container shares",

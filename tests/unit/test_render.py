@@ -43,6 +43,7 @@ def test_serve_argv_golden(cfg):
         "--max-model-len=32768",
         "--gpu-memory-utilization=0.9", "--host=10.9.0.1", "--port=29002",  # behind the edge, on the fabric
         "--served-model-name=/models/Qwen3-0.6B",
+        "--enable-server-load-tracking",
         "--trust-remote-code", "--reasoning-parser=qwen3", "--tool-call-parser=qwen3_coder",
         "--enable-auto-tool-choice",
         "--max-num-seqs", "8",
@@ -76,7 +77,9 @@ def test_single_node_serve_names_its_executor_and_has_no_optional_flags():
     assert "--distributed-executor-backend=ray" in argv
     mp = serving.serve_argv(load_cluster_config({**one, "executor": "mp"}), "org/model")
     assert not any(a.startswith(("--distributed-executor-backend", "--nnodes", "--headless")) for a in mp)
-    assert not any(a.startswith(("--max-model-len", "--trust", "--reasoning", "--tool", "--enable")) for a in argv)
+    optional = ("--max-model-len", "--trust", "--reasoning", "--tool", "--enable-auto", "--max-num-seqs")
+    assert not any(a.startswith(optional) for a in argv)
+    assert "--enable-server-load-tracking" in argv  # always: the stall rule reads /load
     assert "--api-key" not in " ".join(argv)
 
 

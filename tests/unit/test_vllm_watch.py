@@ -18,6 +18,7 @@ WATCH = {}
 exec(script("node_watch.py"), WATCH)  # noqa: S102 - the node's own rules, as the supervisor has them
 read_metrics, StallWatch = WATCH["read_metrics"], WATCH["StallWatch"]
 canary_difference, canary_answer = WATCH["canary_difference"], WATCH["canary_answer"]
+read_load = WATCH["read_load"]
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -73,6 +74,18 @@ def test_a_stall_is_requests_waiting_on_counters_that_do_not_move_for_stall_seco
     assert (verdicts[-1] is not None) is stalled
     if stalled:
         assert "none of vLLM's progress counters moved for 30 s (vllm.stallSeconds 30)" in verdicts[-1]
+
+
+def test_requests_the_api_server_holds_count_where_the_stuck_engine_never_saw_them():
+    """An engine stuck while idle: its gauges say nothing runs; /load says the API server holds requests."""
+    idle = progress(running=0)
+    watch = StallWatch(30)
+    assert [watch.see(now, idle, load=3) for now in (0, 10, 20)] == [None, None, None]
+    assert "3 request(s) running or waiting" in watch.see(30, idle, load=3) and "server_load 3" in watch.see(
+        31, idle, 3
+    )
+    assert StallWatch(30).see(0, idle, 0) is None and read_load('{"server_load": 2}') == 2
+    assert [read_load(text) for text in ('{"server_load": true}', "[]", "nonsense", '{"x": 1}')] == [0, 0, 0, 0]
 
 
 def test_a_stall_is_counted_from_the_last_move_not_the_first_reading():

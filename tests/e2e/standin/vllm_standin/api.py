@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from . import __version__, log
 from .args import ServeConfig
 
-OPEN_PATHS = ("/health", "/version", "/metrics", "/ping")
+OPEN_PATHS = ("/health", "/version", "/metrics", "/ping", "/load")
 # vLLM 0.25's key guards the paths that start with these and nothing else
 # (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX; OPTIONS is never checked)
 GUARDED_PREFIX = ("/v1", "/v2", "/inference")
@@ -623,6 +623,10 @@ class ServerState:
         # (always stepping); the gauges as of that step, as vLLM sets them from the step's scheduler stats.
         self.engine_stepped: float | None = None
         self.shown = (0, 0)  # running, cached tokens
+        # GET /load (vllm/entrypoints/serve/instrumentator/basic.py): with --enable-server-load-tracking the
+        # generating requests the API server holds, counted in as they arrive and out once answered (utils/
+        # api_utils.py load_aware_call), whatever the engine does; 0 without it
+        self.server_load = 0
 
     def stepped(self) -> None:
         """The engine core made a step."""
@@ -765,6 +769,8 @@ def make_handler(state: ServerState):
                 self._json(200, {"version": __version__})
             elif path == "/metrics":
                 self._send(200, state.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/load":
+                self._json(200, {"server_load": state.server_load})
             elif path == "/v1/models":
                 self._json(200, models_payload(cfg, state.created))
             elif path == "/v1/chat/completions":
@@ -861,6 +867,7 @@ def make_handler(state: ServerState):
                 done.append(True)
                 with state.lock:
                     state.running -= 1
+                    state.server_load -= 1 if cfg.load_tracking else 0
                 request.done(result["usage"], counted)
                 if not counted:
                     return
@@ -870,6 +877,7 @@ def make_handler(state: ServerState):
 
             with state.lock:
                 state.running += 1
+                state.server_load += 1 if cfg.load_tracking else 0
             try:
                 if body.get("stream"):
                     self._stream(chunks, delays, generated, request)

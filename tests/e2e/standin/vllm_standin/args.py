@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser", default=None)
     p.add_argument("--tool-call-parser", default=None)
     _bool_flag(p, "--enable-auto-tool-choice", False, "auto tool choice (needs --tool-call-parser)")
+    # vllm/entrypoints/openai/cli_args.py FrontendArgs: /load counts the requests the API server holds
+    _bool_flag(p, "--enable-server-load-tracking", False, "server load tracking")
     p.add_argument(
         "--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"), default="info"
     )
@@ -199,6 +201,7 @@ class ServeConfig:
     )
     weights_gib: float = 0.0  # the model's weight files, which "loading" takes of the GPU
     auto_tool_choice: bool = False  # --enable-auto-tool-choice (with its --tool-call-parser)
+    load_tracking: bool = False  # --enable-server-load-tracking: /load counts the requests in the API server
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
     speculative: dict | None = None  # --speculative-config as vLLM resolved it: {"method", "num_speculative_tokens"}
@@ -330,6 +333,7 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
         weights_gib=weights_gib(model),
         auto_tool_choice=bool(ns.enable_auto_tool_choice),
+        load_tracking=bool(ns.enable_server_load_tracking),
         reasoning_parser=ns.reasoning_parser,
         vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )
