@@ -120,7 +120,6 @@ def supervisor_spec(cfg: ClusterConfig, node: NodeConfig, shared: Optional[Tenan
         ray_ready=ray_ready,
         oom_guard_mib=cfg.memory.os_reserve_gib * 1024 if cfg.memory.oom_guard else None,
         tenancy=shared,
-        watch=watch_spec(cfg, node),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
-from components.plan.container import node_rank, supervisor_spec
+from components.plan.container import node_rank, supervisor_spec, watch_spec
 from components.plan.endpoint import vllm_host, vllm_port, vllm_url
 from components.plan.engine import EngineSettings
 from components.plan.names import (
@@ -137,10 +137,11 @@ def handover_params(
         env=env,
         spec=spec,
         # A bumped restartGeneration is new settings too: the supervisor restarts vLLM.
-        fingerprint=fingerprint([argv, env, spec.fingerprinted(), cfg.vllm.restart_generation]),
+        fingerprint=fingerprint([argv, env, spec.to_json(), cfg.vllm.restart_generation]),
         run_dir=RUN_DIR,
         timeout_seconds=SERVE_HANDOVER_SECONDS,
         ray_non_carry_over=[*NODE_SPECIFIC_ENV, *HEAD_ONLY_ENV] if cfg.executor == "ray" else [],
+        watch=watch_spec(cfg, node),
     )
 
 

@@ -117,9 +117,10 @@ class Tenancy(Contract):
 
 @dataclass(frozen=True)
 class Watch(Contract):
-    """What the supervisor watches while vLLM serves (node_watch.py): the stack's vllm.stallSeconds and
-    vllm.canarySeconds on the API server's node; on a headless rank, the API server's /health (a rank whose head
-    went away is ended with it). Not part of vLLM's fingerprint: changing it restarts nothing."""
+    """RUN_DIR/watch.json: what the supervisor watches while vLLM serves (node_vllm_watch.py), handed over beside
+    spec.json (HandoverParams' watch), not in it: a supervisor from before it reads spec.json as it always did,
+    and changing it restarts nothing. The stack's vllm.stallSeconds and vllm.canarySeconds on the API server's
+    node; on a headless rank, the API server's /health (a rank whose head went away is ended with it)."""
 
     stall_seconds: float  # requests running and none of vLLM's progress counters moved this long: stalled
     canary_seconds: float  # how often an idle vLLM is asked its canary (0: never); the name it asks: vLLM's argv
@@ -139,16 +140,9 @@ class Served(Contract):
     ray_ready: Optional[RayReady]  # on the Ray head
     oom_guard_mib: Optional[float] = None  # memory.oomGuard: vLLM is ended when MemAvailable falls under this
     tenancy: Optional[Tenancy] = None  # with deployments: who this is on the node, and who else is there
-    watch: Optional[Watch] = None  # what the supervisor watches while vLLM serves (outside the fingerprint)
 
     # only when set: turning memory.oomGuard off restarts no vLLM, a single-model stack's spec stays as it was
-    OMIT_NONE = ("oom_guard_mib", "tenancy", "watch")
-
-    def fingerprinted(self):
-        """What vLLM's fingerprint covers of these: all but `watch`, which the supervisor reads as it changes."""
-        data = self.to_json()
-        data.pop("watch", None)
-        return data
+    OMIT_NONE = ("oom_guard_mib", "tenancy")
 
 
 @dataclass(frozen=True)
@@ -173,6 +167,9 @@ class HandoverParams(Contract):
     run_dir: str
     timeout_seconds: float
     ray_non_carry_over: list = field(default_factory=list)  # with Ray: env vars a worker must not inherit
+    watch: Optional[Watch] = None  # RUN_DIR/watch.json beside spec.json (not in its fingerprint)
+
+    OMIT_NONE = ("watch",)
 
 
 @dataclass(frozen=True)

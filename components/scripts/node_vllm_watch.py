@@ -1,7 +1,7 @@
 # What the supervisor watches while vLLM serves, and how it ends one that stopped serving while its /health stays
 # 200 (prepended to supervisor.py by components.plan.programs.SCRIPT_HELPERS; its Supervisor is a VllmWatch; the
-# rules themselves: node_watch.py). The stack's vllm.stallSeconds and vllm.canarySeconds come in the spec's
-# `watch` (outside vLLM's fingerprint: a change restarts nothing).
+# rules themselves: node_watch.py). The stack's vllm.stallSeconds and vllm.canarySeconds come in RUN_DIR/watch.json
+# (serve_spec.py writes it beside spec.json, outside vLLM's fingerprint: a change restarts nothing).
 #
 # * The API server's node: vLLM's /metrics every WATCH_SECONDS; stalled (StallWatch) → ended. While nothing runs
 #   or waits, every canary_seconds the canary (in a thread, off the supervisor's loop, with stall_seconds to
@@ -55,8 +55,7 @@ class VllmWatch:
         self.pending_fault = None  # (kind, detail, when to end)
 
     def watch_vllm(self, now):
-        watch = self.spec.watch if self.spec else None
-        if watch is None or self.vllm is None or self.ended_why:
+        if self.spec is None or self.vllm is None or self.ended_why:
             return
         if self.pending_fault and now >= self.pending_fault[2]:
             self.end_for_fault(*self.pending_fault[:2])
@@ -64,6 +63,9 @@ class VllmWatch:
         if self.pending_fault or now < self.next_watch:
             return
         self.next_watch = now + WATCH_SECONDS
+        watch = read_watch()
+        if watch is None:
+            return
         if watch.head_health_url:
             self.watch_head(now, watch)
         elif self.serving and self.spec.health_url:
@@ -193,6 +195,16 @@ def ask_canary(base_url, model, key, timeout, result):
         result.update(status=error.code, error=error.read().decode(errors="replace"))
     except (OSError, ValueError) as error:
         result.update(status=None, error=f"{type(error).__name__}: {error}")
+
+
+def read_watch():
+    """RUN_DIR/watch.json as serve_spec.py wrote it (a Watch), or None: nothing to watch (none written yet, or a
+    handover from before it)."""
+    try:
+        with open(f"{RUN}/watch.json") as handle:
+            return Watch.from_json(json.load(handle))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def read_canary(fingerprint):

@@ -7,6 +7,8 @@
 #   the supervisor stops the old vLLM and starts the new one;
 # * the supervisor reports failure (vLLM keeps exiting, or refused these settings): its reason and the
 #   log tail, and still exit 0, so the state holds what the node holds; the readiness step then fails.
+# RUN_DIR/watch.json (what the supervisor watches while vLLM serves: stallSeconds, canarySeconds) is written
+# every time, before spec.json; it is not part of the settings' fingerprint, so changing it restarts nothing.
 #
 # Re-running it is safe: a changed SSH credential re-runs every remote command, and this one then
 # leaves a running vLLM alone.
@@ -17,7 +19,7 @@ import time
 
 P = HandoverParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 RUN = P.run_dir
-SPEC, STATUS, LOG = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log"
+SPEC, STATUS, LOG, WATCH = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log", f"{RUN}/watch.json"
 
 
 def read(path):
@@ -34,6 +36,15 @@ def tail(lines):
             return "".join(handle.readlines()[-lines:])
     except OSError:
         return "(no log)\n"
+
+
+def write_private(path, data):
+    """`path` replaced at once, readable by root alone (spec.json carries the API key)."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
 
 
 def keep_node_specific_env():
@@ -55,13 +66,10 @@ def main():
     keep_node_specific_env()
     current = read(SPEC)
     unchanged = bool(current) and current.get("fingerprint") == P.fingerprint
-    wanted = VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json()
-    if current != wanted:  # the same fingerprint with another `watch`: the supervisor reads it, vLLM runs on
-        tmp = f"{SPEC}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(wanted, handle)
-        os.replace(tmp, SPEC)
+    if P.watch is not None:  # first: a supervisor starting vLLM with new settings watches it as it should
+        write_private(WATCH, P.watch.to_json())
+    if not unchanged:
+        write_private(SPEC, VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json())
     deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:
         status = SupervisorStatus.read(STATUS) or SupervisorStatus(node=P.node, executor="", state="")

@@ -409,7 +409,14 @@ def test_a_stalled_replica_is_taken_out_of_the_router_first_and_its_neighbour_ke
             moments["ended"] = time.monotonic() - stopped
         return "out" in moments and "ended" in moments
 
-    wait_until(watch, 120, "the replica out of the router and ended", every=0.3, errors=(Exception,))
+    try:
+        wait_until(watch, 120, "the replica out of the router and ended", every=0.3, errors=(Exception,))
+    except AssertionError as error:
+        keeper = sim_cluster3.docker(sim_cluster3.nodes[0], "logs", "--tail", "30", "spark-vllm.router").stdout
+        raise AssertionError(
+            f"{error}; seen {moments}; its supervisor: {supervisor(sim_cluster3, node3, stuck)}; "
+            f"its log: {vllm_log(sim_cluster3, node3, stuck)[-3000:]}; the keeper: {keeper}"
+        ) from None
     for model in ("small-model", "small-model", "small-model", "big-model", "side-model"):  # its neighbour serves
         assert chat(endpoint, key, model)["model"] == model
     wait_until(lambda: url in registered_workers(sim_cluster3), 120, "the replica back in the router", every=0.5,

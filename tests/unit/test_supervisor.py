@@ -176,7 +176,9 @@ class NodeSim:
         except OSError:
             return ""
 
-    def serve(self, argv=("vllm", "serve", "m"), fingerprint="f1", timeout=20, **spec) -> subprocess.CompletedProcess:
+    def serve(
+        self, argv=("vllm", "serve", "m"), fingerprint="f1", timeout=20, watch=None, **spec
+    ) -> subprocess.CompletedProcess:
         params = {
             "node": "node-1",
             "argv": list(argv),
@@ -197,6 +199,7 @@ class NodeSim:
             "fingerprint": fingerprint,
             "run_dir": str(self.run_dir),
             "timeout_seconds": timeout,
+            **({"watch": watch} if watch else {}),
         }
         return subprocess.run(
             [PYTHON, "-"], input=script_program("serve_spec.py", params), capture_output=True, text=True,

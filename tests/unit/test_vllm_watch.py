@@ -284,6 +284,7 @@ def test_new_watch_settings_reach_the_supervisor_without_restarting_vllm(node, a
     assert first.returncode == 0 and pid
     again = node.serve(health_url=url, watch={"stall_seconds": 3, "canary_seconds": 0})
     assert f"vLLM already running with these settings (pid {pid})" in again.stdout
-    assert json.loads((node.run_dir / "spec.json").read_text())["watch"]["stall_seconds"] == 3
+    assert json.loads((node.run_dir / "watch.json").read_text())["stall_seconds"] == 3
+    assert "watch" not in json.loads((node.run_dir / "spec.json").read_text())  # a supervisor before it reads it
     api.state.update(running=1)
     assert wait_for(lambda: (node.status().get("faults") or {}).get("stalled") == 1, 20)  # the new setting holds

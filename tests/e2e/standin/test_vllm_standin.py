@@ -979,3 +979,28 @@ def test_mp_a_stopped_rank_holds_every_step_of_rank_0_without_killing_it(tmp_pat
     finally:
         for process in (head, worker):
             end(process)
+
+
+def test_a_request_reaching_a_stopped_engine_counts_in_load_not_in_the_engines_gauges(tmp_path):
+    """vLLM's /load (--enable-server-load-tracking) counts what the API server holds; the scheduler's gauges come
+    with the engine's steps, so a request that arrives at a stopped engine core shows in /load alone."""
+    http = free_port()
+    process = serve_one(tmp_path, http, extra=("--enable-server-load-tracking",))
+    try:
+        assert wait_for(lambda: health(http) == 200)
+        (core,) = group_of(process.pid)
+        os.kill(core, signal.SIGSTOP)
+        seen = []
+        streamed(http, {"model": str(tmp_path / "model"), "messages": [{"role": "user", "content": "hi"}]}, seen)
+
+        def load(port):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/load", timeout=5) as response:
+                return json.loads(response.read())["server_load"]
+
+        assert wait_for(lambda: load(http) == 1)
+        assert metric(http, "vllm:num_requests_running") == 0 and not seen  # the engine never saw it
+        os.kill(core, signal.SIGCONT)
+        assert wait_for(lambda: seen[-1:] == ["[DONE]"], 20)
+        assert wait_for(lambda: load(http) == 0)
+    finally:
+        end(process)

@@ -554,12 +554,16 @@ class InFlight:
 
     def __init__(self, state: ServerState, prompt_tokens: int):
         self.state, self.prompt_tokens = state, prompt_tokens
+        self.arrived = time.monotonic()
         self.held = 0  # KV cache tokens it holds
         self.generated = 0
         self.prefilled = False
 
     def advance(self, delay: float, carries_token: bool) -> None:
         state = self.state
+        if self.arrived is not None:  # scheduled by a step after it arrived: none comes from a stopped engine
+            state.engine_work(0.0, since=self.arrived)
+            self.arrived = None
         if not self.prefilled and delay:
             prefill = self.prompt_tokens / state.pace.prefill_tokens_per_second
             chunks = max(1, -(-self.prompt_tokens // state.prefill_chunk))
@@ -634,12 +638,15 @@ class ServerState:
             self.engine_stepped = time.monotonic()
             self.shown = (self.running, self.cached_tokens)
 
-    def engine_work(self, seconds: float) -> None:
+    def engine_work(self, seconds: float, since: float | None = None) -> None:
         """`seconds` of the engine's work, and then for as long as it does not step (a hang, a stopped engine core,
-        a collective waiting on a rank): a request does not move while its engine does not."""
+        a collective waiting on a rank): a request does not move while its engine does not. `since`: a step must
+        come after this moment too (a request that just arrived is first scheduled by the engine's next step)."""
         if seconds:
             time.sleep(seconds)
-        while self.engine_stepped is not None and time.monotonic() - self.engine_stepped > STEP_FRESH_SECONDS:
+        while self.engine_stepped is not None and (
+            time.monotonic() - self.engine_stepped > STEP_FRESH_SECONDS or (since and self.engine_stepped < since)
+        ):
             time.sleep(0.02)
 
     def speculate(self, delays: list[float], seed: str) -> list[float]:
