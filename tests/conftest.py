@@ -32,7 +32,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_recovery.py",  # 435 s
     "tests/e2e/test_refusals.py",  # 361 s
     "tests/e2e/test_rehearsal.py",  # 298 s
-    "tests/e2e/test_stalls.py",  # measured below (2026-12-05)
+    "tests/e2e/test_stalls.py",  # 234 s (2026-12-05)
     "tests/e2e/test_deployments.py",  # 205 s
     "tests/e2e/test_fabric_copy.py",  # 169 s
     "tests/e2e/test_guard.py",  # 145 s
