@@ -154,7 +154,8 @@ class FakeCloud(pulumi.runtime.Mocks):
 
     memory_bytes = 125_000_000 * 1024  # a DGX Spark's unified memory, as /proc/meminfo says it
     # what image_probe.py says of a vLLM image with Ray and its dashboard (a test may change it)
-    image_facts = {"python": "3.12.3", "vllm": "0.25.0", "vllm_nnodes": True, "ray": "2.60.0", "ray_dashboard": True}
+    image_facts = {"python": "3.12.3", "vllm": "0.25.0", "vllm_nnodes": True, "vllm_load_tracking": True, "ray": "2.60.0",
+                   "ray_dashboard": True}  # fmt: skip
 
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}

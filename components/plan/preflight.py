@@ -135,6 +135,12 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
             f"{where}: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and the image's "
             f"vLLM {facts.vllm} has none — use executor: ray, or an image with a newer vLLM"
         )
+    if facts.vllm and facts.vllm_load_tracking is False:
+        problems.append(
+            f"{where}: the image's vLLM {facts.vllm} has no --enable-server-load-tracking, which every vLLM of this "
+            "program is started with (its /load counts the requests a stuck engine never saw: docs/recovery.md) — use "
+            "an image with vLLM 0.8 or later"
+        )
     if cfg.executor == "ray":
         ray = facts.ray
         if not ray:

@@ -3,6 +3,8 @@
 # deployment relies on, as one JSON line:
 #   {"python": "3.12.3", "vllm": "0.25.0" | null, "vllm_nnodes": true | false | null,
 #    "ray": "2.60.0" | null, "ray_dashboard": true | false | null, "ray_dashboard_error": "..."}
+# vllm_load_tracking: whether it has --enable-server-load-tracking (vLLM 0.8 and later; the program sets it: the
+# stall watch reads /load), read from vllm/entrypoints/openai/cli_args.py the same way.
 # vllm_nnodes: whether `vllm serve` has the multi-node mp flags (--nnodes, --node-rank, …), read from
 # vLLM's own argument definitions (vllm/engine/arg_utils.py) without importing vLLM (that takes torch
 # and seconds); an image with a `vllm` command but no `vllm` package is asked `vllm serve --help`.
@@ -38,20 +40,28 @@ def command_output(argv):
     return result.stdout + result.stderr
 
 
+def source_has(root, path, needle):
+    """Whether vLLM's source file `path` (under its package `root`) holds `needle`; None when unreadable."""
+    try:
+        with open(os.path.join(root, *path.split("/"))) as handle:
+            return needle in handle.read()
+    except OSError:
+        return None
+
+
 def vllm_facts():
+    """(version, has --nnodes, has --enable-server-load-tracking), None each where nothing can tell."""
     found = version("vllm")
     spec = importlib.util.find_spec("vllm") if found else None
     if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "engine", "arg_utils.py")
-        try:
-            with open(path) as handle:
-                return found, '"--nnodes"' in handle.read()
-        except OSError:
-            return found, None
+        root = list(spec.submodule_search_locations)[0]
+        tracking = source_has(root, "entrypoints/openai/cli_args.py", "enable_server_load_tracking")
+        return found, source_has(root, "engine/arg_utils.py", '"--nnodes"'), tracking
     if shutil.which("vllm"):
         said = command_output(["vllm", "--version"]).strip().splitlines()
-        return (said[-1].strip() if said else "unknown"), "--nnodes" in command_output(["vllm", "serve", "--help"])
-    return None, None
+        flags = command_output(["vllm", "serve", "--help"])
+        return (said[-1].strip() if said else "unknown"), "--nnodes" in flags, "--enable-server-load-tracking" in flags
+    return None, None, None
 
 
 def ray_facts():
@@ -81,12 +91,13 @@ def has_bytecode(name, sample=40):
     return compiled * 2 >= len(sources[:sample])
 
 
-vllm, nnodes = vllm_facts()
+vllm, nnodes, load_tracking = vllm_facts()
 ray, dashboard, dashboard_error = ray_facts()
 facts = ImageFacts(
     python=sys.version.split()[0],
     vllm=vllm,
     vllm_nnodes=nnodes,
+    vllm_load_tracking=load_tracking,
     ray=ray,
     ray_dashboard=dashboard,
     ray_dashboard_error=dashboard_error or None,

@@ -181,8 +181,11 @@ def test_the_image_is_checked_on_every_node_in_a_throwaway_container():
          "image check spark-01: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
          "them (No module named 'aiohttp_cors')"),
         ({"vllm": None, "vllm_nnodes": None}, {}, "image check spark-01: the image has no vLLM"),
+        ({"vllm": "0.7.3", "vllm_load_tracking": False}, {},
+         "image check spark-01: the image's vLLM 0.7.3 has no --enable-server-load-tracking, which every vLLM of this "
+         "program is started with"),
     ],
-    ids=["mp-without-nnodes", "ray-auth-on-old-ray", "dashboard-without-its-packages", "no-vllm"],
+    ids=["mp-without-nnodes", "ray-auth-on-old-ray", "dashboard-without-its-packages", "no-vllm", "no-load-tracking"],
 )  # fmt: skip
 def test_an_image_that_cannot_work_stops_every_container_naming_each_node_and_the_fix(facts, config, message):
     cloud = FakeCloud()

@@ -721,9 +721,13 @@ def fake_site(root: Path, compiled: bool) -> Path:
     for name, version in (("vllm", "0.25.0"), ("torch", "2.11.0")):
         (site / f"{name}-{version}.dist-info").mkdir(parents=True)
         (site / f"{name}-{version}.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
-        for module in ("__init__.py", "a.py", "b.py", "engine/__init__.py", "engine/arg_utils.py"):
+        sources = {
+            "engine/arg_utils.py": '"--nnodes"\n',
+            "entrypoints/openai/cli_args.py": "enable_server_load_tracking\n",
+        }
+        for module in ("__init__.py", "a.py", "b.py", "engine/__init__.py", *sources):
             (site / name / module).parent.mkdir(parents=True, exist_ok=True)
-            (site / name / module).write_text('"--nnodes"\n' if module.endswith("arg_utils.py") else "x = 1\n")
+            (site / name / module).write_text(sources.get(module, "x = 1\n"))
     if compiled:
         # next to the sources, as pip leaves them, whatever prefix this run keeps its own bytecode under
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
@@ -744,7 +748,7 @@ def test_the_image_probe_says_whether_vllm_and_torch_have_bytecode(tmp_path, com
     )
     facts = json.loads(result.stdout)
     assert facts["bytecode"] == found and facts["dont_write_bytecode"] is bool(flag)
-    assert facts["vllm"] == "0.25.0" and facts["vllm_nnodes"] is True
+    assert facts["vllm"] == "0.25.0" and facts["vllm_nnodes"] is True and facts["vllm_load_tracking"] is True
 
 
 def test_an_image_without_bytecode_that_cannot_write_it_is_a_warning_naming_the_node_and_the_fix():
