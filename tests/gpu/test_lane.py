@@ -45,21 +45,25 @@ def standin_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with_the_standin(tmp_path):
+def standin_lane(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The lane (executor mp, a Qwen3-8B shape) with the stand-in vLLM in `tmp_path`: its run and its --out."""
     models = tmp_path / "models" / "qwen3-8b"
     models.mkdir(parents=True)
     (models / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"][0]))
-    bin_dir = standin_bin(tmp_path)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{standin_bin(tmp_path)}:{os.environ['PATH']}"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
          "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
          "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
-         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}",
-         "--kills", "2"],
+         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    return result, out
+
+
+def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with_the_standin(tmp_path):
+    result, out = standin_lane(tmp_path, "--kills", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "lane-mp-qwen3-8b.json").read_text())
     assert [name for name in report["steps"]] == ["handover", "ready", "smoke", "recovery", "recovery_2"]
@@ -93,19 +97,7 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
 def test_the_lane_stall_phase_stops_the_engine_core_mid_stream_and_the_supervisor_serves_again(tmp_path):
     """The lane's 'stall' phase with the stand-in: the engine core SIGSTOPped while a request streams, /health 200,
     nothing moving; the supervisor finds it after vllm.stallSeconds, ends vLLM as a whole and serves again."""
-    models = tmp_path / "models" / "qwen3-8b"
-    models.mkdir(parents=True)
-    (models / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"][0]))
-    out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{standin_bin(tmp_path)}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
-         "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
-         "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
-         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}",
-         "--phases", "stall", "--stall-seconds", "30"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result, out = standin_lane(tmp_path, "--phases", "stall", "--stall-seconds", "30")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     stall = json.loads((out / "lane-mp-qwen3-8b.json").read_text())["stall"]
     assert stall["health_while_stopped"] == 200 and stall["chunks_while_stopped"] == 0
