@@ -1,5 +1,6 @@
 """The stack's Grafana dashboard (the `dashboard` output): throughput, time to first token and inter-token
-latency (p50, p99), running and waiting requests, KV cache usage, each node's memory and vLLM's restarts,
+latency (p50, p99), running and waiting requests, KV cache usage, each node's memory, vLLM's restarts and the
+times it was ended while /health answered,
 from the metrics the `prometheusConfig` scrapes. vLLM's names are vLLM 0.25's own (a test holds them to the
 names the GPU lane read off a real vLLM); the node's are the supervisor's (metrics.nodePort). Pure."""
 
@@ -51,6 +52,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ),
     ("vLLM restarts per node", "short", [("{{node}}", "spark_vllm_vllm_restarts_total")]),
     ("vLLM serving per node", "short", [("{{node}}", "spark_vllm_vllm_serving")]),
+    # stalled, wrong tokens, a rank whose head went away: ended while /health answered (docs/recovery.md)
+    ("vLLM ended while /health answered", "short", [("{{node}} {{kind}}", "spark_vllm_vllm_faults_total")]),
 ]
 
 
