@@ -53,6 +53,7 @@ class VllmWatch:
         self.canary_misses = 0
         self.head_seen, self.head_failing_since = False, None
         self.pending_fault = None  # (kind, detail, when to end)
+        self.unhealthy_since = None  # since when a vLLM that served does not answer /health 200
 
     def watch_vllm(self, now):
         if self.spec is None or self.vllm is None or self.ended_why:
@@ -69,9 +70,23 @@ class VllmWatch:
         if watch.head_health_url:
             self.watch_head(now, watch)
         elif self.serving and self.spec.health_url:
+            self.unhealthy_since = None
             self.watch_serving(now, watch)
         else:
             self.stall = None
+            self.watch_health(now, watch)
+
+    def watch_health(self, now, watch):
+        """A vLLM that served and no longer answers /health 200 while its processes live on (its API server stuck
+        or stopped) for stall_seconds is stalled too: nothing else would end it."""
+        if not (self.served_since_start and self.spec.health_url):
+            return
+        if self.unhealthy_since is None:
+            self.unhealthy_since = now
+        elif now - self.unhealthy_since >= watch.stall_seconds:
+            silent = now - self.unhealthy_since
+            why = f"its API server has not answered /health with 200 for {silent:.0f} s"
+            self.fault_found(now, Fault.STALLED, f"{why} (vllm.stallSeconds {watch.stall_seconds:g})")
 
     def watch_serving(self, now, watch):
         base = self.spec.health_url.rsplit("/", 1)[0]

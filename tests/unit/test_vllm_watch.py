@@ -227,6 +227,18 @@ def test_a_stalled_vllm_is_ended_and_started_again_as_a_crash_saying_why(node, a
     assert "vLLM stalled: 2 request(s) running" in node.log()
 
 
+def test_a_vllm_that_served_and_stopped_answering_health_is_ended_after_stall_seconds(node, api):
+    """Its API server stuck (or stopped): /health gives no 200 while the processes live on."""
+    node.start()
+    first = serve_watched(node, api, stall=3)
+    assert wait_for(lambda: node.status().get("serving") is True)
+    api.state["health"] = 503
+    assert wait_for(lambda: (node.status().get("faults") or {}).get("stalled") == 1, 30), node.status()
+    assert "has not answered /health with 200 for" in node.status()["last_fault"]["detail"]
+    api.state["health"] = 200
+    assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
+
+
 def test_a_vllm_whose_counters_move_is_left_alone(node, api):
     node.start()
     pid = serve_watched(node, api, stall=3)
