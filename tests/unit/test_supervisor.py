@@ -621,6 +621,18 @@ def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node
             "vLLM: waiting for the GPU turn, serving: no, restarts: 0 (0 in the window), last exit: - ; GPU turn: "
             "waiting: held by coder (node spark-03) since 2026-12-03T10:00:00Z, starting vLLM",
         ),
+        (
+            {
+                "state": "running",
+                "serving": True,
+                "restarts_total": 1,
+                "restarts_in_window": 1,
+                "last_exit": {"code": 0, "error": "stalled: 1 request(s) running or waiting"},
+                "last_fault": {"kind": "stalled", "at": "2026-12-05T13:15:14Z", "detail": "1 request(s) running"},
+            },
+            "vLLM: running, serving: yes, restarts: 1 (1 in the window), last exit: 0 stalled: 1 request(s) running or "
+            "waiting\nlast ended while /health answered: stalled at 2026-12-05T13:15:14Z: 1 request(s) running",
+        ),
     ],
 )
 def test_the_status_line_says_what_a_supervisor_waits_for_or_why_it_gave_up(tmp_path, status, expected):
