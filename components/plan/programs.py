@@ -24,6 +24,7 @@ SCRIPT_HELPERS = {
         "node_metrics.py",
         "node_compile_cache.py",
         "node_vllm_output.py",
+        "node_chat.py",
         "node_watch.py",
         "node_vllm_watch.py",
     ),

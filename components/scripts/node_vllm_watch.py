@@ -23,18 +23,6 @@ DRAIN_GRACE_SECONDS = 5
 FAULT_STATES = {Fault.STALLED: VllmState.STALLED, Fault.WRONG: VllmState.WRONG, Fault.HEAD_GONE: VllmState.HEAD_GONE}
 
 
-def http_get(url, timeout, headers=None):
-    """(status, body text) of a GET; (None, reason) when nothing answered."""
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, ""
-    except (OSError, ValueError) as error:
-        return None, str(error)
-
-
 def served_name(argv):
     for arg in argv:
         if arg.startswith("--served-model-name="):
@@ -197,15 +185,9 @@ class VllmWatch:
 
 
 def ask_canary(base_url, model, key, timeout, result):
-    """The canary, once (a thread's target): result gets status, answer or error."""
-    data = json.dumps(canary_request(model)).encode()
-    request = urllib.request.Request(base_url + "/v1/chat/completions", data=data, method="POST")
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
+    """The canary, once (a thread's target, node_chat.py's chat): result gets status, answer or error."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            result.update(status=response.status, answer=canary_answer(json.loads(response.read())))
+        result.update(status=200, answer=canary_answer(chat(base_url, canary_request(model), key, timeout)))
     except urllib.error.HTTPError as error:
         result.update(status=error.code, error=error.read().decode(errors="replace"))
     except (OSError, ValueError) as error:

@@ -1,5 +1,6 @@
 # Serving that stops while /health is green, told from vLLM's own counters and answers (prepended to supervisor.py
-# and router_keeper.py by components.plan.programs.SCRIPT_HELPERS). Standard library only, no side effects.
+# and router_keeper.py by components.plan.programs.SCRIPT_HELPERS), and the GET both read it with. Standard library
+# only, no side effects.
 #
 # Stalled. vLLM 0.25's engine core sends its scheduler's figures after every step, and the API server sets its
 # Prometheus gauges and counters from them (v1/core/sched/scheduler.py update_from_output → make_stats: "We must
@@ -24,6 +25,8 @@
 # comparison stops at the first position whose reference margin is under NEAR_TIE_NATS: a different token before
 # it is wrong numerics. One differing answer is asked again at once; two in a row end vLLM.
 import json
+import urllib.error
+import urllib.request
 
 NEAR_TIE_NATS = 1.0  # in bf16 a logit moves by ~1e-2 between kernels; a flip needs a margin near that, not 1 nat
 CANARY_PROMPT = "Count from one to twenty in words, separated by commas:"
@@ -35,6 +38,17 @@ PROGRESS_METRICS = (
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_total",
 )
+
+
+def http_get(url, timeout):
+    """(status, body text) of a GET; (None, reason) when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+    except (OSError, ValueError) as error:
+        return None, str(error)
 
 
 def read_metrics(text, names=PROGRESS_METRICS):

@@ -114,23 +114,14 @@ def serves_no_more(worker, watches, now):
     url = worker["url"]
     if not worker.get("stall_seconds"):  # declared without one (a keeper's step of an earlier release): not watched
         return None
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as response:
-            healthy = response.status == 200
-    except (OSError, ValueError):
-        healthy = False
-    if not healthy:
+    if http_get(url + "/health", 2)[0] != 200:
         watches.pop(url, None)
         return "/health does not answer 200"
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=2) as response:
-            metrics = read_metrics(response.read().decode(errors="replace"))
-        with urllib.request.urlopen(url + "/load", timeout=2) as response:
-            load = read_load(response.read().decode(errors="replace"))
-    except (OSError, ValueError):
+    (metrics_status, metrics), (load_status, load) = http_get(url + "/metrics", 2), http_get(url + "/load", 2)
+    if metrics_status != 200 or load_status != 200:
         return None
     watch = watches.setdefault(url, StallWatch(worker["stall_seconds"]))
-    return watch.see(now, metrics, load)
+    return watch.see(now, read_metrics(metrics), read_load(load))
 
 
 def watch_workers(watches, out):
@@ -255,16 +246,11 @@ def wait_until(check, seconds, what):
 
 def in_flight(worker):
     """Requests a vLLM (its /metrics) runs or queues now; None when it does not answer."""
-    try:
-        with urllib.request.urlopen(worker.url + "/metrics", timeout=5) as response:
-            text = response.read().decode(errors="replace")
-    except (OSError, ValueError):
+    status, text = http_get(worker.url + "/metrics", 5)
+    if status != 200:
         return None
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-            total += float(line.rsplit(" ", 1)[-1])
-    return total
+    found = read_metrics(text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    return sum(found.values())
 
 
 def smoke():
