@@ -16,6 +16,8 @@ cluster = VllmCluster(
 )
 
 pulumi.export("endpoint", cluster.endpoint)
+if cluster.tls is not None:
+    pulumi.export("tls", cluster.tls)
 pulumi.export("servedModelName", cluster.served_model_name)
 pulumi.export("headNode", cluster.head_node)
 pulumi.export("executor", cluster.executor)

@@ -42,7 +42,7 @@ def config_for(cluster) -> dict:
         "image": "rehearsal:latest",
         "model": "/models/m",
         "tensorParallelSize": 2,
-        "apiKey": "bench",
+        "apiKey": "bench-key-0123456789",
         "nccl": {"ibDisable": True},  # the simulated links have no RDMA
     }
 

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components.config import config_keys  # noqa: E402
+from components.config.models import SECRET_KEYS  # noqa: E402
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 YAML_BEGIN, YAML_END = "# config-declaration:begin", "# config-declaration:end"
@@ -37,6 +38,8 @@ def _type_name(annotation) -> str:
         return " or ".join(_type_name(a) for a in args)
     if origin is list:
         return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map of name to {_type_name(args[1])}"
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -56,7 +59,7 @@ def _default(field) -> str:
         return "required"
     if field.default_factory is not None:
         value = field.default_factory()
-        return "`[]`" if value == [] else "see below"
+        return "`[]`" if value == [] else "`{}`" if value == {} else "see below"
     return (
         "–"
         if field.default is None
@@ -104,7 +107,9 @@ def project_config() -> str:
         if sub:
             description += f" Keys: {', '.join(sub)} (docs/config.md)."
         entry = {"type": kind, **extra, "description": description}
-        if field.is_required():
+        if path in SECRET_KEYS:  # set with --secret: a declared default would sit beside it in plain text
+            undeclared.append((path, field.description))
+        elif field.is_required():
             declared.append((path, entry))
         elif field.default_factory is not None:
             declared.append((path, {**entry, "default": {} if kind == "object" else field.default_factory()}))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from components.plan.edge import EdgeSpec, render
+from components.plan.edge import CONFIG_DIR, CONFIG_FILE, EdgeSpec, files
 from tests.e2e.image.build import haproxy_command
 from tests.e2e.rehearsal import CACHE_DIR
 from tests.waiting import free_port
@@ -101,6 +101,13 @@ def _content_length(head: bytes) -> int | None:
     return 0
 
 
+def write_files(spec: EdgeSpec, directory: Path) -> Path:
+    """files(spec) into `directory` in place of CONFIG_DIR, as the edge's step writes them; haproxy.cfg's path."""
+    for path, text in files(spec).items():
+        (directory / path.rsplit("/", 1)[1]).write_text(text.replace(CONFIG_DIR + "/", f"{directory}/"))
+    return directory / CONFIG_FILE.rsplit("/", 1)[1]
+
+
 @dataclass
 class Edge:
     """HAProxy with `spec` (host and upstream filled in), its log in `log`."""
@@ -109,8 +116,7 @@ class Edge:
     directory: Path
 
     def start(self) -> Edge:
-        self.config = self.directory / "haproxy.cfg"
-        self.config.write_text(render(self.spec))
+        self.config = write_files(self.spec, self.directory)
         self.log = self.directory / "haproxy.log"
         self.process = subprocess.Popen(
             [*haproxy_command(CACHE_DIR), "-W", "-db", "-f", str(self.config)],
@@ -141,7 +147,7 @@ class Edge:
         """The new configuration, as the edge's step applies it (components/scripts/edge_apply.sh): written, then
         SIGUSR2 to the master until a new worker is there."""
         self.spec = spec
-        self.config.write_text(render(spec))
+        write_files(spec, self.directory)
         before = self.workers()
         for _ in range(6):
             self.process.send_signal(12)  # SIGUSR2
@@ -161,7 +167,8 @@ class Edge:
 
 
 def edge_spec(upstream: Recorder, **changes) -> EdgeSpec:
-    base = EdgeSpec(host="127.0.0.1", port=free_port(), upstream_host="127.0.0.1", upstream_port=upstream.port)
+    base = EdgeSpec(host="127.0.0.1", port=free_port(), upstream_host="127.0.0.1", upstream_port=upstream.port,
+                    metrics_port=free_port())  # fmt: skip
     return replace(base, **changes)
 
 

@@ -141,6 +141,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 
 HF_CACHE = "/srv/hf"  # the container.hfCacheDir the program tests use
+# vLLM's key, which the program makes once per stack (components/resources/cluster.py _program_key)
+PROGRAM_KEY = "sk-spark-vllm-" + "p" * 43
 
 
 def gate_params_of(create: str) -> dict[str, Any]:
@@ -171,7 +173,9 @@ class FakeCloud(pulumi.runtime.Mocks):
             digest = "sha256:" + "ab" * 32
             outputs.update(image_id=digest, repo_digest=f"{args.inputs['name'].split(':')[0]}@{digest}")
         elif args.typ.startswith("command:"):
-            stdout = {"ray-auth-token": "0f" * 32, "fabric-copy-token": "1e" * 32}.get(args.name, "")
+            stdout = {"ray-auth-token": "0f" * 32, "fabric-copy-token": "1e" * 32, "vllm-api-key": PROGRAM_KEY}.get(
+                args.name, ""
+            )
             if args.name.endswith("-model-fingerprint"):
                 stdout = json.dumps(self.fingerprint(args.name.removesuffix("-model-fingerprint")))
             elif args.name.endswith("-preflight"):

@@ -206,6 +206,7 @@ def names_apart(cfg: Any) -> list[str]:
     "router.node",
     "router.port",
     "apiKey",
+    "apiKeys",
     deferred=True,
 )
 def router_exposes_nothing(cfg: Any) -> list[str]:
@@ -213,7 +214,7 @@ def router_exposes_nothing(cfg: Any) -> list[str]:
     every model behind it answers anyone who reaches that port, even where each vLLM is only on loopback or
     allowed to serve without a key on its own address."""
     router = cfg.router
-    if not router.enabled or cfg.api_key is not None or router.allow_unauthenticated:
+    if not router.enabled or cfg.api_key is not None or cfg.api_keys or router.allow_unauthenticated:
         return []
     where = "every address" if router.host == "0.0.0.0" else "the fabric address"
     return [

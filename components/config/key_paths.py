@@ -83,6 +83,9 @@ def describe(error: dict) -> list[str]:
         value = None
     elif error["type"] == "extra_forbidden":
         message = _unknown_key_hint(error["loc"])
-    if isinstance(value, SecretStr) or (error["loc"] and error["loc"][-1] in SECRET_KEYS):
+    loc = tuple(error["loc"])
+    if loc[-1] == "[key]":  # a map's key (apiKeys' client name) is a name, shown; never its value
+        loc = loc[:-1]
+    elif value is not None and (isinstance(value, SecretStr) or {loc[0], loc[-1]} & set(SECRET_KEYS)):
         value = "[secret]"
-    return [problem(_key_path(error["loc"]), value, message)]
+    return [problem(_key_path(loc), value, message)]

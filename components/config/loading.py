@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from components.config.errors import ConfigError, problem
 from components.config.key_paths import describe
+from components.config.key_rules import certificate_problems, endpoint_host
 from components.config.models import SECRET_KEYS, ClusterConfig, resolve_raw
 from components.config.rules import run_rules
 from components.config.runner import partial
@@ -133,11 +134,13 @@ def load_cluster_config(
         cfg, problems = None, [line for item in error.errors() for line in describe(item)]
     else:
         problems = run_rules(cfg)  # every key valid: the cross-field rules run on the whole config
+        outer_problems += certificate_problems(cfg, endpoint_host(cfg) if not problems else None)
     problems += [line for line in outer_problems if line not in problems]
     if cfg is not None and not problems:
         return cfg
     if cfg is None and isinstance(raw, dict):
         raw, _ = resolve_raw(raw)  # as the model resolves it
         # The rules whose keys are valid run on what is: one message lists everything.
-        problems += [line for line in run_rules(partial(ClusterConfig, raw)) if line not in problems]
+        seen = partial(ClusterConfig, raw)
+        problems += [line for line in run_rules(seen) + certificate_problems(seen, None) if line not in problems]
     raise ConfigError(problems)

@@ -26,9 +26,12 @@ from components.config.sections import (
     ReleaseConfig,
     SecurityConfig,
     SshConfig,
+    TlsConfig,
     _Model,
 )
 from components.config.types import (
+    ClientKey,
+    ClientName,
     DnsLabel,
     ImageRef,
     PasswordSecret,
@@ -38,7 +41,10 @@ from components.config.types import (
     _pattern,
 )
 
-SECRET_KEYS = ("apiKey", "hfToken", "sshPrivateKey", "grafanaAdminPassword")
+SECRET_KEYS = ("apiKey", "apiKeys", "tls", "hfToken", "sshPrivateKey", "grafanaAdminPassword")
+# The edge's names for the keys it accepts besides apiKeys': apiKey's, and the program's own (its steps through
+# the edge, and the key the edge hands vLLM).
+DEFAULT_CLIENT, PROGRAM_CLIENT = "default", "spark-vllm"
 # The stock vLLM image ships without Ray since this release (vLLM 0.19 made its own mp executor the
 # multi-node default); NVIDIA's Spark playbook and community Spark images add Ray themselves.
 STOCK_IMAGE = "vllm/vllm-openai"
@@ -202,7 +208,22 @@ class ClusterConfig(ModelSettings, _Machines):
         None,
         description="With promoteFrom: deploy only the release with this fingerprint (the one reviewed).",
     )
-    api_key: Optional[TokenSecret] = Field(None, description="Secret. API key clients must send to /v1 (VLLM_API_KEY).")
+    api_key: Optional[ClientKey] = Field(
+        None,
+        description="Secret. A key clients send (`Authorization: Bearer <key>`), at least 16 characters; the edge "
+        "knows its client as `default`.",
+    )
+    api_keys: dict[ClientName, ClientKey] = Field(
+        default_factory=dict,
+        description="Secret. More keys, one per client by name (`pulumi config set --secret --path apiKeys.alice …`): "
+        "any of them (and apiKey) is accepted; the edge's log and its counter name the client, never the key. "
+        "Adding, removing or replacing one reloads the edge only.",
+    )
+    tls: Optional[TlsConfig] = Field(
+        None,
+        description="Secret. The endpoint over HTTPS: the edge serves this certificate (`endpoint` becomes https://). "
+        "Unset: plain HTTP.",
+    )
     hf_token: Optional[TokenSecret] = Field(
         None, description="Secret. Hugging Face token (HF_TOKEN in the containers)."
     )
@@ -245,6 +266,12 @@ class ClusterConfig(ModelSettings, _Machines):
     def said(self, line: str) -> str:
         """A log line of this replica's: `<replica>: <line>`; a single-model stack's as it is."""
         return f"{self._replica}: {line}" if self._replica else line
+
+    @property
+    def client_keys(self) -> dict[str, str]:
+        """Every key a client may send, by the client's name: apiKey's as `default`, then apiKeys'."""
+        found = {DEFAULT_CLIENT: self.api_key.get_secret_value()} if self.api_key is not None else {}
+        return found | {name: key.get_secret_value() for name, key in sorted(self.api_keys.items())}
 
     @property
     def head_node(self) -> NodeConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from components.config import key_rules  # noqa: F401  (registers the keys' and the certificate's rules)
 from components.config.deployment_rules import unreached
 from components.config.errors import problem
 from components.config.listeners import node_listeners
@@ -183,17 +184,17 @@ def tool_choice_has_a_parser(cfg: Any) -> list[str]:
     return []
 
 
-@rule("vllm.host", "vllm.allowUnauthenticated", "apiKey")
+@rule("vllm.host", "vllm.allowUnauthenticated", "apiKey", "apiKeys")
 def a_public_bind_has_a_key(cfg: Any) -> list[str]:
     host = cfg.vllm.host
-    if host.is_loopback or cfg.api_key is not None or cfg.vllm.allow_unauthenticated:
+    if host.is_loopback or cfg.api_key is not None or cfg.api_keys or cfg.vllm.allow_unauthenticated:
         return []
     return [
         problem(
             "apiKey",
             None,
-            f"a secret (`pulumi config set --secret apiKey …`) because vLLM binds {host}; "
-            "or set vllm.allowUnauthenticated: true to serve without one",
+            f"a secret (`pulumi config set --secret apiKey …`, or apiKeys per client) because the endpoint listens on "
+            f"{host}; or set vllm.allowUnauthenticated: true to serve without one",
         )
     ]
 

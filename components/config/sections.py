@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic.alias_generators import to_camel
 
 from components.config.types import (
@@ -497,6 +497,26 @@ class EdgeConfig(_Model):
         29002,
         description="Without the router: the port vLLM itself listens on behind the edge, on the head's fabric "
         "address (the endpoint keeps vllm.port).",
+    )
+    metrics_port: Port = Field(
+        29003,
+        description="The edge's own plain-HTTP port on its node's fabric address: /metrics (requests per client and "
+        "model, for Prometheus) and the edge's health check. The endpoint's port never serves either.",
+    )
+
+
+class TlsConfig(_Model):
+    """`tls` (a secret: `pulumi config set --secret --path tls.key < key.pem`): the certificate the edge serves the
+    endpoint with (components/config/tls.py checks it before anything starts)."""
+
+    certificate: str = Field(
+        description="PEM: the server's certificate first, then any intermediate ones. Its names (subjectAltName) "
+        "must cover the host the endpoint is reached at (the edge node's `host`).",
+    )
+    key: SecretStr = Field(description="PEM: the certificate's private key, unencrypted (RSA, ECDSA or Ed25519).")
+    ca: str = Field(
+        description="PEM: the CA certificate that signed it (the certificate itself when it is self-signed): the "
+        "program's own steps verify the endpoint with it, as clients do.",
     )
 
 

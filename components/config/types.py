@@ -159,7 +159,8 @@ HostKeyLine = Annotated[str, AfterValidator(_host_key)]
 
 
 _EMPTY_MEANS = {
-    "apiKey": "no key reaches vLLM, which then serves every caller",
+    "apiKey": "the edge would ask no key of its clients",
+    "apiKeys": "the edge would ask this client no key",
     "hfToken": "the Hub is asked without a token: a gated model fails to download",
     "grafanaAdminPassword": "Grafana would keep its admin/admin",
 }
@@ -170,9 +171,10 @@ def _set_secret(value: SecretStr, info: ValidationInfo) -> str:
     key = to_camel(info.field_name or "secret")
     text = value.get_secret_value()
     if not text.strip():
+        path = f"--path {key}.<name>" if key == "apiKeys" else key
         raise ValueError(
             f"a value: it is set but empty, which counts as none ({_EMPTY_MEANS.get(key, 'nothing is sent')}); "
-            f"set one (`pulumi config set --secret {key} …`) or remove it (`pulumi config rm {key}`)"
+            f"set one (`pulumi config set --secret {path} …`) or remove it (`pulumi config rm {path}`)"
         )
     return text
 
@@ -203,7 +205,29 @@ def _private_key_secret(value: SecretStr) -> SecretStr:
     return value
 
 
+# The shortest key a client may be given (apiKey, apiKeys): 16 characters is 96 bits as base64 (`openssl rand
+# -base64 16` gives 24); a shorter one is a password someone chose, not a key.
+CLIENT_KEY_FLOOR = 16
+
+
+def _client_key(value: SecretStr, info: ValidationInfo) -> SecretStr:
+    """A key a client sends: a token, and at least CLIENT_KEY_FLOOR characters."""
+    text = _token_secret(value, info).get_secret_value()
+    if len(text) < CLIENT_KEY_FLOOR:
+        raise ValueError(
+            f"a key of at least {CLIENT_KEY_FLOOR} characters (this one has {len(text)}): make one with "
+            "`openssl rand -base64 24`"
+        )
+    return value
+
+
 TokenSecret = Annotated[SecretStr, AfterValidator(_token_secret)]
+ClientKey = Annotated[SecretStr, AfterValidator(_client_key)]
+# A client's name (apiKeys): what the edge's log and its counter say instead of the key.
+ClientName = Annotated[
+    str,
+    _pattern(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", "a client name: a label (a-z, 0-9, '-', at most 32 characters)"),
+]
 PasswordSecret = Annotated[SecretStr, AfterValidator(_password_secret)]
 PrivateKeySecret = Annotated[SecretStr, AfterValidator(_private_key_secret)]
 

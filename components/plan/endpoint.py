@@ -15,9 +15,11 @@ under /v1, /v2 and /inference (vllm/entrypoints/serve/utils/server_utils.py GUAR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
+from components.config.models import PROGRAM_CLIENT
 from components.plan.edge import EdgeSpec, Timeouts, key_digest
 
 
@@ -53,8 +55,17 @@ def edge_listen(cfg: ClusterConfig) -> tuple[str, int]:
 
 
 def endpoint(cfg: ClusterConfig) -> str:
-    """The stack's OpenAI-compatible endpoint, as clients on the management network reach it."""
-    return f"http://{edge_node(cfg).host}:{edge_listen(cfg)[1]}/v1"
+    """The stack's OpenAI-compatible endpoint, as clients on the management network reach it: https:// with `tls`."""
+    scheme = "https" if cfg.tls is not None else "http"
+    return f"{scheme}://{edge_node(cfg).host}:{edge_listen(cfg)[1]}/v1"
+
+
+def tls_pem(cfg: ClusterConfig) -> Optional[str]:
+    """What the edge serves HTTPS with (secret): the certificate chain, then its key."""
+    if cfg.tls is None:
+        return None
+    chain, key = cfg.tls.certificate.strip(), cfg.tls.key.get_secret_value().strip()
+    return f"{chain}\n{key}\n"
 
 
 def declared_models(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,22 +79,37 @@ def declared_models(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [found[name] for name in sorted(found)]
 
 
-def edge_spec(cfg: ClusterConfig, api_key: Optional[str], models: Optional[list[dict[str, Any]]] = None) -> EdgeSpec:
+def edge_spec(
+    cfg: ClusterConfig,
+    program_key: Optional[str],
+    served: Sequence[str],
+    models: Optional[list[dict[str, Any]]] = None,
+) -> EdgeSpec:
     """The edge's configuration: in front of vllm-router (which answers no OpenAI model list: `models`, the
-    declared models' cards) or of vLLM itself (which does)."""
+    declared models' cards) or of vLLM itself (which does). Its clients: every key of cfg.client_keys by name, and
+    the program's own (`program_key`, which it also sends upstream: vLLM's key); `served`: the models' names."""
     host, port = edge_listen(cfg)
     if cfg.router.enabled:
         upstream: tuple[str, int] = ("127.0.0.1", cfg.router.inner_port)
     else:
         upstream = (vllm_host(cfg), vllm_port(cfg))
+    keys = cfg.client_keys
+    clients = [(name, key_digest(key)) for name, key in keys.items()]
+    if keys and program_key:
+        clients.append((PROGRAM_CLIENT, key_digest(program_key)))
     edge = cfg.edge
     return EdgeSpec(
         host=host,
         port=port,
         upstream_host=upstream[0],
         upstream_port=upstream[1],
-        key_digests=(key_digest(api_key),) if api_key else (),
+        metrics_host=str(edge_node(cfg).fabric_address),
+        metrics_port=edge.metrics_port,
+        clients=tuple(clients),
+        upstream_key=program_key,
         models=models if cfg.router.enabled else None,
+        model_names=tuple(sorted(set(served))),
+        tls_pem=tls_pem(cfg),
         max_connections=edge.max_connections,
         timeouts=Timeouts(head=edge.head_timeout_seconds, idle=edge.idle_timeout_seconds),
     )

@@ -13,6 +13,7 @@ import pulumi_command as command
 
 from components.config import ClusterConfig
 from components.config.replicas import Replica, co_tenants, replicas_of
+from components.config.tls import facts as tls_facts
 from components.plan.container import ray_address, tenancy
 from components.plan.dashboard import dashboard
 from components.plan.endpoint import declared_models, edge_node, edge_spec, endpoint
@@ -76,7 +77,9 @@ class VllmCluster(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:VllmCluster", name, None, opts)
         cfg = args.config
         secrets = _secrets(cfg)
-        api_key = secrets.get("apiKey")
+        # vLLM's key: the program's own, which the edge sends in place of a client's (clients' keys change at the
+        # edge alone) and the program's own steps use; one per stack, kept in its state
+        api_key = _program_key(self)
         self._identity = args.ssh_access.identity
         self.hosts = create_hosts(self, cfg, args.ssh_access, secrets)
         replicas = replicas_of(cfg)  # a single-model stack's one, or every deployment's
@@ -132,12 +135,13 @@ class VllmCluster(pulumi.ComponentResource):
         every replica declared to it and the smoke test through both, which this returns."""
         first = self.runs[0]
         self.edge_config = cfg if self.router is not None else first.replica.config
+        served = pulumi.Output.all(*[run.server.served_model_name for run in self.runs])
         if self.router is None:
-            self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key,
+            self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key, served,
                                     after=[first.server.serve])  # fmt: skip
             return None
         workers = self._workers()
-        self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key,
+        self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key, served,
                                 workers.apply(declared_models), after=[self.router.container])  # fmt: skip
         undrains = [run.router_steps.undrain for run in self.runs]
         return self.router.declare(workers, undrains, api_key, self.edge.config)[1]
@@ -170,11 +174,9 @@ class VllmCluster(pulumi.ComponentResource):
             self._single_model_outputs(cfg, self.runs[0], transfer)
         else:
             self._deployment_outputs(cfg, transfer, on_nodes)
-        self.prometheus_config = (
-            pulumi.Output.secret(api_key.apply(lambda key: prometheus_config(cfg, key)))
-            if api_key
-            else prometheus_config(cfg, None)
-        )
+        # the certificate the endpoint serves (its fingerprint, names, end of validity): public facts, not secret
+        self.tls = tls_facts(cfg.tls.certificate).to_output() if cfg.tls is not None else None
+        self.prometheus_config = prometheus_config(cfg)
         self.metrics = {"targets": targets(cfg), "prometheus": prometheus_url(cfg)}
         self.prometheus = create_prometheus(self, cfg, self.hosts, transfer, self.runs[0].gate, self.prometheus_config)
         self.grafana = create_grafana(
@@ -193,6 +195,7 @@ class VllmCluster(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
+                "tls": self.tls,
                 "containers": self.containers,
                 "release": self.release,
                 "metrics": self.metrics,
@@ -306,16 +309,18 @@ def create_edge(
     hosts: dict[str, NodeHost],
     transfer: Transfer,
     gate: Gate,
-    api_key: Optional[pulumi.Output[str]],
+    program_key: pulumi.Output[str],
+    served: pulumi.Output[list],
     models: Optional[pulumi.Input[list]] = None,
     after: Sequence[pulumi.Resource] = (),
 ) -> Edge:
     """The edge on the endpoint's node (the router's, or the one replica's head), once the nodes passed their
-    checks and that node's guard holds; `cfg`: the stack's config with the router, the replica's view without."""
+    checks and that node's guard holds; `cfg`: the stack's config with the router, the replica's view without;
+    `served`: the models' served names."""
     node = edge_node(cfg).name
     guard = transfer.guards.get(node)
     checked = [gate.passed, *([guard.ready] if guard else [])]
-    spec = pulumi.Output.all(api_key, models).apply(lambda found: edge_spec(cfg, found[0], found[1]))
+    spec = pulumi.Output.all(program_key, served, models).apply(lambda found: edge_spec(cfg, *found))
     return Edge(
         "spark-vllm",
         cfg,
@@ -508,6 +513,18 @@ def _secret_env(cfg: ClusterConfig, secrets: dict, ray_token: Optional[pulumi.Ou
     if _uses_ray_token(cfg) and ray_token is not None:
         parts.append(ray_token.apply(lambda token: f"RAY_AUTH_TOKEN={token.strip()}"))
     return pulumi.Output.secret(pulumi.Output.all(*parts)) if parts else pulumi.Output.from_input([])
+
+
+def _program_key(parent: pulumi.Resource) -> pulumi.Output[str]:
+    """vLLM's API key: the program's own, made once on the machine running Pulumi and kept (as a secret) in the
+    stack's state. No client is given it; the edge puts it in place of the client's key it accepted."""
+    key = command.local.Command(
+        "vllm-api-key",
+        create="python3 -c 'import secrets; print(\"sk-spark-vllm-\" + secrets.token_urlsafe(32))'",
+        logging=command.local.Logging.NONE,
+        opts=pulumi.ResourceOptions(parent=parent, additional_secret_outputs=["stdout", "stderr"]),
+    )
+    return pulumi.Output.secret(key.stdout.apply(lambda text: text.strip()))
 
 
 def _ray_auth_token(parent: pulumi.Resource) -> pulumi.Output[str]:

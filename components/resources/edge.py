@@ -4,9 +4,10 @@ components/plan/endpoint.py where it and vLLM listen). On the endpoint's node:
   `<node>-edge-image`      the HAProxy image (edge.image), pulled by the node;
   `<node>-edge`            the container spark-vllm.edge (host network), its configuration on the volume
                            spark-vllm-edge, so a restart or a reboot starts it with the last one applied;
-  `spark-vllm-edge-config` the configuration, written over stdin (it holds the keys' digests: a secret),
-                           checked by HAProxy, and reloaded in place: a change of keys, models or limits
-                           replaces no container and drops no request in flight.
+  `spark-vllm-edge-config` the configuration (haproxy.cfg and the files it names: the certificate and key with
+                           `tls`, the counters' Lua), written over stdin (a secret: it holds the program's key
+                           and the TLS key), checked by HAProxy, and reloaded in place: a change of keys,
+                           certificate, models or limits replaces no container and drops no request in flight.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
-from components.plan.edge import CONFIG_DIR, EdgeSpec, render
-from components.plan.endpoint import edge_listen, edge_node
+from components.plan.edge import CONFIG_DIR, EdgeSpec, archive
+from components.plan.endpoint import edge_node
 from components.plan.programs import script
 from components.plan.shell import with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, DataKind, data_service, remote_step
@@ -42,9 +43,8 @@ def apply_command(cfg: ClusterConfig) -> str:
     """The step's command on the node: edge_apply.sh in the edge's container, as root (the image's user is
     haproxy), the configuration on stdin; on failure the node's name and the edge's log tail. Plain: made of
     what is known at plan time, never of the secret configuration."""
-    host, port = edge_listen(cfg)
     argv = ["timeout", "--kill-after=10", str(APPLY_TIMEOUT_SECONDS), "docker", "exec", "-u", "0", "-i",
-            EDGE.container, "bash", "-c", script("edge_apply.sh"), "edge_apply", host, str(port)]  # fmt: skip
+            EDGE.container, "bash", "-c", script("edge_apply.sh"), "edge_apply"]  # fmt: skip
     return with_log_tail_on_failure(argv, edge_node(cfg), EDGE.container)
 
 
@@ -77,7 +77,7 @@ class Edge(pulumi.ComponentResource):
             f"{name}-edge-config",
             connection,
             apply_command(cfg),
-            stdin=pulumi.Output.secret(pulumi.Output.from_input(spec).apply(render)),
+            stdin=pulumi.Output.secret(pulumi.Output.from_input(spec).apply(archive)),
             triggers=[self.container.id],
             parent=self,
             secret_outputs=SECRET_IO,

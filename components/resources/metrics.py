@@ -1,10 +1,10 @@
 """Metrics: what a Prometheus scrapes, and (metrics.prometheusNode) a Prometheus of the stack's own.
 
 Targets, on the addresses network.guard lets the nodes reach: vLLM's `/metrics` on the head (rank 0
-with executor mp; the API key as a bearer token when one is set, although vLLM leaves /metrics open)
-and, with `ray.metricsExportPort`, Ray's metrics on every node's fabric address. The
-`prometheusConfig` output is a Prometheus configuration (JSON, which is YAML) a user's Prometheus
-can load as it is; a secret when it holds the API key. With metrics.prometheusNode, that node runs
+with executor mp; vLLM's key guards /v1 only, so no key is needed or given), the edge's requests per client
+and model on its node's fabric address, and, with `ray.metricsExportPort`, Ray's metrics on every node's
+fabric address. The `prometheusConfig` output is a Prometheus configuration (JSON, which is YAML) a user's
+Prometheus can load as it is; it holds no secret. With metrics.prometheusNode, that node runs
 the container `spark-vllm.prometheus` (host network, `metrics.prometheusImage`) with this
 configuration and its samples on the volume `spark-vllm-prometheus`, kept when the stack goes.
 """
@@ -19,7 +19,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import replicas_of
-from components.plan.endpoint import vllm_host, vllm_port
+from components.plan.endpoint import edge_node, vllm_host, vllm_port
 from components.plan.shell import shell_line
 from components.resources.steps import DataKind, data_service
 
@@ -56,8 +56,13 @@ def router_target(cfg: ClusterConfig) -> Optional[str]:
     return f"{node.fabric_address}:{cfg.router.metrics_port}"
 
 
+def edge_target(cfg: ClusterConfig) -> str:
+    """The edge's own port (edge.metricsPort) on its node's fabric address: its requests per client and model."""
+    return f"{edge_node(cfg).fabric_address}:{cfg.edge.metrics_port}"
+
+
 def targets(cfg: ClusterConfig) -> dict[str, list[str]]:
-    found = {"vllm": [target for target, _ in _vllm_jobs(cfg)]}
+    found = {"vllm": [target for target, _ in _vllm_jobs(cfg)], "edge": [edge_target(cfg)]}
     if _ray_targets(cfg):
         found["ray"] = [target for target, _ in _ray_targets(cfg)]
     if cfg.metrics.node_port is not None:
@@ -67,16 +72,16 @@ def targets(cfg: ClusterConfig) -> dict[str, list[str]]:
     return found
 
 
-def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
+def scrape_config(cfg: ClusterConfig) -> dict[str, Any]:
     interval = f"{cfg.metrics.scrape_interval_seconds}s"
     vllm_job: dict[str, Any] = {
         "job_name": "vllm",
         "metrics_path": "/metrics",
         "static_configs": [{"targets": [target], "labels": labels} for target, labels in _vllm_jobs(cfg)],
     }
-    if api_key:
-        vllm_job["authorization"] = {"type": "Bearer", "credentials": api_key}
-    jobs = [vllm_job]
+    edge_at = {"targets": [edge_target(cfg)], "labels": {"node": edge_node(cfg).name}}
+    edge_job = {"job_name": "spark-vllm-edge", "static_configs": [edge_at]}
+    jobs = [vllm_job, edge_job]
     ray = [{"targets": [target], "labels": {"node": node}} for target, node in _ray_targets(cfg)]
     if ray:
         jobs.append({"job_name": "ray", "static_configs": ray})
@@ -103,8 +108,8 @@ def scrape_config(cfg: ClusterConfig, api_key: Optional[str]) -> dict[str, Any]:
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": jobs}
 
 
-def prometheus_config(cfg: ClusterConfig, api_key: Optional[str]) -> str:
-    return json.dumps(scrape_config(cfg, api_key), indent=2)
+def prometheus_config(cfg: ClusterConfig) -> str:
+    return json.dumps(scrape_config(cfg), indent=2)
 
 
 def config_env(text: str) -> str:

@@ -21,7 +21,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
-from components.plan.endpoint import vllm_url
+from components.plan.endpoint import edge_node, vllm_url
 from components.plan.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.plan.programs import script_program
 from components.plan.router_params import keeper_params, router_node
@@ -153,11 +153,15 @@ class Router(pulumi.ComponentResource):
         return declared, smoke
 
     def _smoke_params(self, models: list[str], api_key: Optional[str]) -> dict[str, Any]:
+        tls = self._cfg.tls
         return keeper_params(
             self._cfg,
             "smoke",
             models=models,
             api_key=api_key,
+            # over TLS: verified with tls.ca, for the name clients reach the endpoint at
+            tls_ca=tls.ca if tls is not None else None,
+            server_name=edge_node(self._cfg).host if tls is not None else None,
             prompt=SMOKE_PROMPT,
             max_tokens=SMOKE_MAX_TOKENS,
             timeout=SMOKE_TIMEOUT_SECONDS,

@@ -538,10 +538,12 @@ class KeeperParams(Contract):
     api_key: Optional[str] = None  # smoke (secret)
     prompt: Optional[str] = None  # smoke
     max_tokens: Optional[int] = None  # smoke
+    tls_ca: Optional[str] = None  # smoke, with tls: the CA (PEM) the endpoint's certificate is verified with
+    server_name: Optional[str] = None  # smoke, with tls: the name it is verified for (the endpoint's host)
     run_dir: Optional[str] = None  # tests only
 
     # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
-    OMIT_NONE = tuple("timeout workers worker models api_key prompt max_tokens run_dir".split())
+    OMIT_NONE = tuple("timeout workers worker models api_key prompt max_tokens tls_ca server_name run_dir".split())
 
 
 class VllmState:

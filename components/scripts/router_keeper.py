@@ -36,7 +36,8 @@ WORKERS, DRAINED, UNSERVING = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.jso
 FIELDS = ("url", "model", "stall_seconds")  # a declared worker, as workers.json keeps it
 WATCH_SECONDS = 2  # how often the serving keeper reads each worker's /health and /metrics
 ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
-FRONT = f"http://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint: the edge
+# the stack's endpoint: the edge (https:// with tls, its certificate verified for P.server_name)
+FRONT = f"{'https' if P.tls_ca else 'http'}://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
 
 
@@ -260,11 +261,10 @@ def smoke():
         body = {"model": model, "messages": [{"role": "user", "content": P.prompt}], "max_tokens": P.max_tokens}
         started = time.monotonic()
         try:
-            answer = chat(FRONT, body, P.api_key, P.timeout)
+            answer = chat(FRONT, body, P.api_key, P.timeout, (P.server_name, P.tls_ca) if P.tls_ca else None)
         except urllib.error.HTTPError as error:
-            raise SystemExit(
-                f"router: {model} answered {error.code}: {error.read().decode(errors='replace')[:500]}"
-            ) from None
+            said = error.read().decode(errors="replace")[:500] if error.fp else error.reason
+            raise SystemExit(f"router: {model} answered {error.code}: {said}") from None
         except (OSError, ValueError) as error:
             raise SystemExit(f"router: no answer for {model}: {error}") from None
         usage = answer.get("usage") or {}

@@ -321,7 +321,11 @@ class RehearsalStack:
         document["config"] = {f"{PROJECT}:{key}": value for key, value in config.items()}
         self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
         for key, value in secrets.items():
-            self.cli("config", "set", "--secret", key, stdin=value)
+            if isinstance(value, dict):  # apiKeys, tls: each value at its path, as docs/security.md shows
+                for sub, text in value.items():
+                    self.cli("config", "set", "--secret", "--path", f"{key}.{sub}", stdin=text)
+            else:
+                self.cli("config", "set", "--secret", key, stdin=value)
 
     def _run(self, command: str, *args: str) -> Run:
         """`pulumi COMMAND ARGS…` as a user types it, its engine events read from `--event-log` as they come."""

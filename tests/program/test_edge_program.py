@@ -3,16 +3,32 @@ and that a change of key or of the declared models touches its configuration ste
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+import tarfile
+
+import pytest
+
 from components.plan.edge import key_digest
-from tests.harness import run_program
+from tests.harness import PROGRAM_KEY, changed_inputs, run_program
 from tests.program.test_deployments_program import run_fleet
 from tests.program.test_program import SECRETS, prod
+from tests.tls_ca import TestCa
 
 CONTAINER = "docker:index/container:Container"
+ALICE, BOB = "sk-alice-000000000000000001", "sk-bob-00000000000000000002"
+
+
+def edge_files(run) -> dict[str, str]:
+    """The edge's configuration as its step receives it on stdin: the files of a tar, in base64."""
+    raw = base64.b64decode(run.named("spark-vllm-edge-config").inputs["stdin"])
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        return {member.name: tar.extractfile(member).read().decode() for member in tar.getmembers()}
 
 
 def edge_config(run) -> str:
-    return run.named("spark-vllm-edge-config").inputs["stdin"]
+    return edge_files(run)["haproxy.cfg"]
 
 
 def test_one_model_the_edge_takes_the_endpoint_and_vllm_the_fabric_behind_it():
@@ -26,6 +42,13 @@ def test_one_model_the_edge_takes_the_endpoint_and_vllm_the_fabric_behind_it():
     assert run.exports["endpoint"] == "http://spark-01.lan:30000/v1"
     # the key's digest, never the key; the step's stdin is a secret, its command plain (known in a preview)
     assert key_digest(SECRETS["apiKey"]) in config and SECRETS["apiKey"] not in config
+    assert "set-var(txn.client) str(default)" in config  # apiKey's client, by name
+    # what reaches vLLM is the program's own key, which the program's steps use too
+    assert f'set-header authorization "Bearer {PROGRAM_KEY}"' in config
+    assert (
+        f"str(spark-vllm) if {{ req.fhdr(authorization),sha2(256),hex,lower -m str {key_digest(PROGRAM_KEY)} }}"
+        in config
+    )
     step = run.named("spark-vllm-edge-config")
     assert "stdin" in step.secret_paths() and "create" not in step.secret_paths()
     assert step.inputs["create"].startswith("timeout --kill-after=10 120 docker exec -u 0 -i spark-vllm.edge bash -c")
@@ -84,3 +107,63 @@ def test_one_listed_deployment_without_the_router_gets_the_edge_on_its_own_head(
     assert "server upstream 192.168.200.14:29002" in edge_config(run)
     assert run.exports["endpoint"] == "http://spark-03.lan:8000/v1"
     assert "spark-03.lan" in run.exports["logCommands"]["edge"]
+
+
+KEYS = {**SECRETS, "apiKeys": {"alice": ALICE, "bob": BOB}}
+
+
+def tls_for(host: str) -> dict:
+    ca = TestCa()
+    issued = ca.issue(host)
+    return {"certificate": issued.certificate, "key": issued.key, "ca": ca.pem}
+
+
+def test_each_named_key_is_a_client_of_its_own_and_none_is_in_the_configuration():
+    config = edge_config(run_program(prod(), KEYS, stack="prod"))
+    for name, key in (("alice", ALICE), ("bob", BOB), ("default", SECRETS["apiKey"])):
+        assert f"str({name}) if {{ req.fhdr(authorization),sha2(256),hex,lower -m str {key_digest(key)} }}" in config
+        assert key not in config
+    assert "client=%[var(txn.client)] model=%[var(txn.model)]" in config  # the name in the log, never the key
+
+
+@pytest.mark.parametrize("shape", ["one model", "several models"])
+def test_adding_removing_or_replacing_a_key_changes_the_edges_configuration_step_alone(shape):
+    def run(secrets):
+        return run_fleet(secrets=secrets) if shape == "several models" else run_program(prod(), secrets, stack="prod")
+
+    before = run(KEYS)
+    for after_keys in ({"alice": ALICE}, {"alice": ALICE, "bob": BOB, "carol": "sk-carol-0000000000000003"},
+                       {"alice": ALICE, "bob": "sk-bob-rotated-000000000004"}):  # fmt: skip
+        assert changed_inputs(before, run({**SECRETS, "apiKeys": after_keys})) == {"spark-vllm-edge-config": {"stdin"}}
+    # apiKey itself too: vLLM's key is the program's own, not a client's
+    other = run({**KEYS, "apiKey": "sk-another-key-000000000000"})
+    assert changed_inputs(before, other) == {"spark-vllm-edge-config": {"stdin"}}
+
+
+def test_with_tls_the_edge_serves_https_with_the_certificate_in_a_file_of_its_own():
+    tls = tls_for("spark-01.lan")
+    run = run_program(prod(), {**KEYS, "tls": tls}, stack="prod")
+    files = edge_files(run)
+    [pem_name] = [name for name in files if name.startswith("tls-")]
+    assert files[pem_name] == tls["certificate"].strip() + "\n" + tls["key"].strip() + "\n"
+    assert f"bind 0.0.0.0:30000 ssl crt /etc/spark-vllm-edge/{pem_name} alpn http/1.1" in files["haproxy.cfg"]
+    assert run.exports["endpoint"] == "https://spark-01.lan:30000/v1"
+    out = run.exports["tls"]
+    assert out["names"] == ["spark-01.lan"] and len(out["fingerprintSha256"]) == 95 and out["notAfter"].endswith("Z")
+    assert "tls" not in run.secret_exports  # public facts; the key is in no output
+    assert tls["key"].split("\n")[1] not in json.dumps(run.exports)
+
+
+def test_a_new_certificate_changes_the_edges_configuration_step_alone():
+    before = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan")}, stack="prod")
+    after = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan")}, stack="prod")
+    assert changed_inputs(before, after) == {"spark-vllm-edge-config": {"stdin"}}
+
+
+def test_the_routers_smoke_goes_through_the_edge_over_tls_verified_for_the_endpoints_name():
+    tls = tls_for("spark-01.lan")  # the router's node
+    run = run_fleet(secrets={**KEYS, "tls": tls})
+    stdin = run.named("spark-vllm-router-smoke").inputs["stdin"]
+    params = json.loads(json.loads(stdin.split("\n")[0][len("PARAMS = ") :]))
+    assert params["tls_ca"] == tls["ca"] and params["server_name"] == "spark-01.lan"
+    assert params["api_key"] == PROGRAM_KEY  # the program's own client at the edge

@@ -17,6 +17,7 @@ from tests.harness import (
     DOCKER_PROVIDER,
     IMAGE,
     LOCAL_COMMAND,
+    PROGRAM_KEY,
     REMOTE_COMMAND,
     ROOT,
     FakeCloud,
@@ -29,7 +30,7 @@ from tests.keys import host_key_line, openssh_private_key
 
 HOST_KEY = host_key_line("pinned")
 SECRETS = {
-    "apiKey": "sk-live-7d1c9e",
+    "apiKey": "sk-live-7d1c9e40aa",
     "hfToken": "hf_tok_55aa",
     "sshPrivateKey": openssh_private_key("program-tests"),
 }
@@ -73,9 +74,10 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
     for reg in run.of_type(IMAGE) + run.of_type(CONTAINER):
         node = reg.name.split("-edge")[0].split("-image")[0].split("-container")[0].split("-guard")[0]
         assert reg.provider.startswith(providers[f"{node}-docker"].urn)
-    # no host key scan when every hostKey is set: locally, only the Ray token and the checks' gate
+    # no host key scan when every hostKey is set: locally, only the Ray token, vLLM's key and the checks' gate
     assert {r.name for r in run.of_type(LOCAL_COMMAND)} == {
         "ray-auth-token",
+        "vllm-api-key",
         "spark-vllm-fabric-passed",
         "spark-vllm-checks-passed",
     }
@@ -237,7 +239,7 @@ def test_serve_hands_vllm_its_settings_in_the_head_container_with_the_key_off_th
     }  # fmt: skip
     assert params["argv"][:3] == ["vllm", "serve", "/models/Qwen3.5-122B-A10B-FP8"]
     assert "--distributed-executor-backend=ray" in params["argv"] and "--tensor-parallel-size=2" in params["argv"]
-    assert params["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
+    assert params["env"]["VLLM_API_KEY"] == PROGRAM_KEY  # the program's own: no client's key reaches vLLM
     assert "stdin" in serve.secret_paths()
     assert {"stdin", "stdout", "stderr"} <= set(serve.additional_secret_outputs)
     assert {"stdin", "stdout", "stderr"} <= set(run.named("spark-vllm-ready").additional_secret_outputs)
@@ -259,11 +261,11 @@ def test_executor_mp_runs_a_rank_on_every_node_without_ray(tmp_path):
     common = ["--distributed-executor-backend=mp", "--nnodes=2", "--master-addr=192.168.200.12", "--master-port=29501"]
     assert all(flag in rank0 for flag in common) and "--node-rank=0" in rank0 and "--headless" not in rank0
     assert all(flag in rank1 for flag in common) and "--node-rank=1" in rank1 and "--headless" in rank1
-    assert params_of(run_.named("spark-vllm-serve"))["env"]["VLLM_API_KEY"] == SECRETS["apiKey"]
+    assert params_of(run_.named("spark-vllm-serve"))["env"]["VLLM_API_KEY"] == PROGRAM_KEY
     assert "stdin" in run_.named("spark-vllm-serve").secret_paths()
     # the headless rank serves no API: no key there (it would land in its compile cache's metadata)
     assert "VLLM_API_KEY" not in params_of(run_.named("spark-02-serve"))["env"]
-    assert SECRETS["apiKey"] not in run_.named("spark-02-serve").inputs["stdin"]
+    assert PROGRAM_KEY not in run_.named("spark-02-serve").inputs["stdin"]
     ready = run_.named("spark-vllm-ready")
     assert {run_.named("spark-vllm-serve").urn, run_.named("spark-02-serve").urn} <= set(ready.dependencies)
     assert run_.exports["rayAddress"] is None and run_.exports["executor"] == "mp"
@@ -307,8 +309,8 @@ def test_the_harness_reads_an_export_through_plain_containers_and_sees_a_secret_
 
 def test_no_secret_appears_in_plain_inputs_or_outputs(run):
     plain = json.dumps([strip_secrets(r.wire) for r in run.registrations]) + json.dumps(run.plain_exports())
-    assert run.secret_exports == {"prometheusConfig"}  # it holds the API key (vLLM's bearer token)
-    for name, value in SECRETS.items():
+    assert run.secret_exports == set()  # vLLM's key is the program's own, in no output
+    for name, value in {**SECRETS, "program key": PROGRAM_KEY}.items():
         assert value not in plain, name
         assert SECRETS["sshPrivateKey"].splitlines()[1] not in plain
 

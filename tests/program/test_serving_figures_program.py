@@ -5,7 +5,7 @@ import json
 import pytest
 
 from components.config import ConfigError
-from tests.harness import CONTAINER, IMAGE, FakeCloud, changed_inputs, run_program
+from tests.harness import CONTAINER, IMAGE, PROGRAM_KEY, FakeCloud, changed_inputs, run_program
 from tests.program.test_program import SECRETS, prod
 from tests.program.test_promotion import STAGING, promoted, release, staging_cloud
 
@@ -27,9 +27,10 @@ def test_the_benchmark_runs_after_the_smoke_test_with_the_configured_load_and_it
     assert (
         params["base_url"] == "http://192.168.200.12:29002" and params["model_path"] == "/models/Qwen3.5-122B-A10B-FP8"
     )
-    assert params["api_key"] == SECRETS["apiKey"]  # on stdin, which is a secret; never on a command line
-    assert SECRETS["apiKey"] not in bench.inputs["create"]
-    assert [run.by_urn()[urn].name for urn in bench.dependencies] == ["spark-vllm-smoke"]
+    assert params["api_key"] == PROGRAM_KEY  # on stdin, which is a secret; never on a command line
+    assert PROGRAM_KEY not in bench.inputs["create"]
+    # after the smoke test (and the key it is given, vLLM's, made once)
+    assert {run.by_urn()[urn].name for urn in bench.dependencies} == {"spark-vllm-smoke", "vllm-api-key"}
     figures = run.exports["benchmark"]
     assert figures["outputTokensPerSecond"] == 412.5 and figures["settings"]["concurrency"] == 8
     recorded = run.exports["release"]["benchmark"]
@@ -79,22 +80,28 @@ def test_a_release_that_meets_its_floors_is_deployed_and_one_without_figures_is_
         run_program(promoted(release=floors), SECRETS, stack="prod", mocks=staging_cloud(release()))
 
 
-def test_metrics_targets_and_a_prometheus_config_that_holds_the_api_key_as_a_secret():
+def test_metrics_targets_and_a_prometheus_config_that_holds_no_key():
     run = run_program(prod(ray={"metricsExportPort": 8080}), SECRETS, stack="prod")
     assert run.exports["metrics"] == {
-        "targets": {"vllm": ["192.168.200.12:29002"], "ray": ["192.168.200.12:8080", "192.168.200.13:8080"]},
+        "targets": {
+            "vllm": ["192.168.200.12:29002"],
+            "edge": ["192.168.200.12:29003"],  # the edge's requests per client and model, on the fabric
+            "ray": ["192.168.200.12:8080", "192.168.200.13:8080"],
+        },
         "prometheus": None,
     }
     config = json.loads(run.exports["prometheusConfig"])
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert jobs["vllm"]["authorization"] == {"type": "Bearer", "credentials": SECRETS["apiKey"]}
+    assert "authorization" not in jobs["vllm"]  # vLLM's key guards /v1 only: /metrics needs none
+    assert jobs["spark-vllm-edge"]["static_configs"] == [
+        {"targets": ["192.168.200.12:29003"], "labels": {"node": "spark-01"}}
+    ]
     assert [c["labels"]["node"] for c in jobs["ray"]["static_configs"]] == ["spark-01", "spark-02"]
-    assert "prometheusConfig" in run.secret_exports
+    assert "prometheusConfig" not in run.secret_exports
+    for secret in (*SECRETS.values(), PROGRAM_KEY):
+        assert secret not in run.exports["prometheusConfig"]
     ray_heads = [r for r in run.of_type(CONTAINER) if r.inputs["name"] == "spark-vllm-spark-01"]
     assert "--metrics-export-port=8080" in json.dumps(ray_heads[0].inputs)
-    without_key = run_program(prod(vllm={"host": "127.0.0.1", "port": 30000}), {}, stack="prod")
-    assert "prometheusConfig" not in without_key.secret_exports
-    assert "authorization" not in json.loads(without_key.exports["prometheusConfig"])["scrape_configs"][0]
 
 
 def test_a_prometheus_node_runs_prometheus_with_the_config_in_a_secret_env_and_its_data_on_a_volume():
@@ -106,17 +113,16 @@ def test_a_prometheus_node_runs_prometheus_with_the_config_in_a_secret_env_and_i
     ]
     entry = container.inputs["entrypoints"]
     assert entry[:2] == ["/bin/sh", "-c"] and "--web.listen-address=0.0.0.0:9090" in entry[2]
-    assert SECRETS["apiKey"] not in json.dumps(entry)
-    (env,) = container.inputs["envs"]  # one line: the configuration, with the key, in a secret input
-    assert env.startswith("SPARK_VLLM_PROMETHEUS_CONFIG={") and "\n" not in env and SECRETS["apiKey"] in env
-    assert "envs" in container.secret_paths() and "envs" in container.additional_secret_outputs
+    (env,) = container.inputs["envs"]  # one line: the configuration, which holds no key
+    assert env.startswith("SPARK_VLLM_PROMETHEUS_CONFIG={") and "\n" not in env
+    assert SECRETS["apiKey"] not in env and PROGRAM_KEY not in env
     assert "spark-02-guard-ready" in [run.by_urn()[urn].name for urn in container.dependencies]  # the guard holds first
     image = run.named("spark-02-prometheus-image")
     assert image.inputs["name"] == "prom/prometheus:v3.5.0"
     assert run.exports["metrics"]["prometheus"] == "http://spark-02.lan:9090"
     config = json.loads(run.exports["prometheusConfig"])
     assert config["global"]["scrape_interval"] == "5s"
-    assert {job["job_name"] for job in config["scrape_configs"]} == {"vllm", "prometheus"}
+    assert {job["job_name"] for job in config["scrape_configs"]} == {"vllm", "spark-vllm-edge", "prometheus"}
     guard = params_of(run.named("spark-02-guard-ready"))["spec"]
     assert 9090 in guard["public"]
 

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from tests.harness import CONTAINER, IMAGE, FakeCloud, changed_inputs, run_program
+from tests.harness import CONTAINER, IMAGE, PROGRAM_KEY, FakeCloud, changed_inputs, run_program
 from tests.program.test_program import SECRETS, params_of, prod
 from tests.program.test_promotion import STAGING, promoted, release, staging_cloud
 
@@ -47,7 +47,7 @@ def test_the_start_without_speculation_goes_first_and_the_validation_holds_the_a
     steps = [name for name, _ in chain_steps(baseline.inputs["stdin"])]
     assert steps == ["wait_ready.py", "node_answers.py", "node_benchmark.py"]
     (_, smoke), (_, answers) = chain_steps(run.named("spark-vllm-smoke").inputs["stdin"])
-    assert answers["baseline"] == FakeCloud.answers and answers["api_key"] == SECRETS["apiKey"]
+    assert answers["baseline"] == FakeCloud.answers and answers["api_key"] == PROGRAM_KEY
     assert "stdin" in baseline.secret_paths() and "stdin" in run.named("spark-vllm-smoke").secret_paths()
     spec_record = run.exports["release"]["speculative"]
     assert spec_record["method"] == "mtp" and spec_record["tokens"] == 3

@@ -241,7 +241,8 @@ BAD = [
     ),
     (
         config(vllm__allowUnauthenticated=False),
-        "apiKey: None — a secret (`pulumi config set --secret apiKey …`) because vLLM binds 0.0.0.0",
+        "apiKey: None — a secret (`pulumi config set --secret apiKey …`, or apiKeys per client) because the endpoint "
+        "listens on 0.0.0.0",
     ),
     (config(image=DELETE), "image: None — a value (or promoteFrom: a stack whose release to deploy)"),
     (config(image="Vllm/Bad Image"), "image: 'Vllm/Bad Image' — expected an image reference"),
@@ -286,12 +287,12 @@ def test_a_secret_set_in_plain_text_is_refused_with_the_command_that_fixes_it(ke
 
 
 def test_the_same_secrets_set_with_secret_pass():
-    keys = {"apiKey": "sk-1", "hfToken": "hf_1", "sshPrivateKey": openssh_private_key("plain")}
+    keys = {"apiKey": "sk-1-0123456789ab", "hfToken": "hf_1", "sshPrivateKey": openssh_private_key("plain")}
     load_cluster_config(config(**keys), plain={"image", "model", "nodes"})
 
 
 def test_a_plain_secret_is_listed_with_every_other_problem():
-    problems = problems_of_plain(config(apiKey="sk-1", vllm__port=0, nodes__0__gpus=0), {"apiKey"})
+    problems = problems_of_plain(config(apiKey="sk-1-0123456789ab", vllm__port=0, nodes__0__gpus=0), {"apiKey"})
     assert [p.split(":")[0] for p in problems] == ["nodes[0].gpus", "vllm.port", "apiKey"]
 
 

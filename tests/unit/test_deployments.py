@@ -159,7 +159,7 @@ def test_a_public_bind_without_an_api_key_is_refused_once_for_the_stack():
     raw = config()
     del raw["apiKey"]
     (line,) = [p for p in problems_of(raw) if p.startswith("apiKey:")]
-    assert "because vLLM binds 0.0.0.0" in line
+    assert "because the endpoint listens on 0.0.0.0" in line
     for index in range(3):  # or each deployment serves openly, said where it is said
         raw["deployments"][index]["vllm"]["allowUnauthenticated"] = True
     (line,) = problems_of(raw)  # and the router in front of them, which listens beyond loopback, too

@@ -29,7 +29,7 @@ def upstream():
 
 @pytest.fixture
 def edge(upstream, tmp_path):
-    running = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),)), tmp_path).start()
+    running = Edge(edge_spec(upstream, clients=(("client", key_digest(KEY)),)), tmp_path).start()
     yield running
     running.close()
 
@@ -59,7 +59,7 @@ def test_a_control_character_cannot_reach_the_configuration(hostile):
 
 
 def test_the_configuration_holds_digests_never_a_key():
-    text = render(EdgeSpec("0.0.0.0", 8080, "127.0.0.1", 29001, key_digests=(key_digest(KEY),)))
+    text = render(EdgeSpec("0.0.0.0", 8080, "127.0.0.1", 29001, clients=(("client", key_digest(KEY)),)))
     assert KEY not in text
     assert key_digest(KEY) in text
 
@@ -175,7 +175,7 @@ def test_an_oversized_head_is_refused(edge, upstream):
 @pytest.fixture
 def catalogue_edge(upstream, tmp_path):
     models = [{"id": "Qwen/Qwen3-8B", "root": "/models/qwen", "max_model_len": 8192}, {"id": "small", "root": None}]
-    running = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),), models=models), tmp_path).start()
+    running = Edge(edge_spec(upstream, clients=(("client", key_digest(KEY)),), models=models), tmp_path).start()
     yield running
     running.close()
 
@@ -240,10 +240,17 @@ def test_slow_and_idle_clients_are_dropped_and_the_endpoint_still_answers(upstre
 
 
 def test_a_reload_keeps_the_listener_and_applies_new_keys(upstream, tmp_path):
-    edge = Edge(edge_spec(upstream, key_digests=(key_digest(KEY),)), tmp_path).start()
+    edge = Edge(edge_spec(upstream, clients=(("client", key_digest(KEY)),)), tmp_path).start()
     try:
         second = "sk-second-key-0001"
-        edge.reload(edge_spec(upstream, port=edge.spec.port, key_digests=(key_digest(second),)))
+        edge.reload(
+            edge_spec(
+                upstream,
+                port=edge.spec.port,
+                metrics_port=edge.spec.metrics_port,
+                clients=(("client", key_digest(second)),),
+            )
+        )
 
         def applied() -> bool:  # the old process stops listening once the new one does: a moment with both
             old = exchange(edge.spec.port, request("POST", "/v1/completions", "h", body=b"{}"))

@@ -4,15 +4,18 @@ and watches it, and edge_apply.sh, the step that writes, checks and reloads a co
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import signal
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
-from components.plan.edge import key_digest, render
+from components.plan.edge import archive, key_digest, render
 from components.plan.programs import script
 from tests.e2e.image.build import haproxy_command
 from tests.e2e.rehearsal import CACHE_DIR
@@ -45,9 +48,20 @@ def start_entry(env, interval=1, misses=2) -> subprocess.Popen:
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def apply(env, spec) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script("edge_apply.sh"), "edge_apply", spec.host, str(spec.port)],
-                          input=render(spec), env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+def apply(env, spec, stdin=None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script("edge_apply.sh"), "edge_apply"],
+                          input=stdin or archive(spec, env["EDGE_DIR"]), env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def tar_of(files: dict[str, str]) -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def chat(port: int, key: str) -> int:
@@ -77,17 +91,28 @@ def test_the_first_configuration_starts_haproxy_a_new_one_reloads_it_and_the_sam
     env, edge_dir, upstream = node
     entry = start_entry(env)
     try:
-        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        spec = edge_spec(upstream, clients=(("client", key_digest(KEY)),))
         first = apply(env, spec)
         assert first.returncode == 0, first.stderr
         assert "configuration written; HAProxy starts with it" in first.stdout and "answering on" in first.stdout
         assert chat(spec.port, KEY) == 200 and chat(spec.port, OTHER) == 401
-        rotated = apply(env, edge_spec(upstream, port=spec.port, key_digests=(key_digest(OTHER),)))
+        rotated = apply(
+            env,
+            edge_spec(
+                upstream, port=spec.port, metrics_port=spec.metrics_port, clients=(("client", key_digest(OTHER)),)
+            ),
+        )
         assert rotated.returncode == 0 and "configuration reloaded" in rotated.stdout, rotated.stderr
         assert wait_for(lambda: chat(spec.port, OTHER) == 200 and chat(spec.port, KEY) == 401, 10)
-        same = apply(env, edge_spec(upstream, port=spec.port, key_digests=(key_digest(OTHER),)))
+        same = apply(
+            env,
+            edge_spec(
+                upstream, port=spec.port, metrics_port=spec.metrics_port, clients=(("client", key_digest(OTHER)),)
+            ),
+        )
         assert same.returncode == 0 and "configuration unchanged" in same.stdout
-        assert oct((edge_dir / "haproxy.cfg").stat().st_mode & 0o777) == "0o644"
+        for path in edge_dir.iterdir():  # the program's key, the TLS key: the edge's user's alone
+            assert path.stat().st_mode & 0o777 == 0o600 and path.stat().st_uid == os.stat("/proc/1").st_uid, path
     finally:
         end(entry)
 
@@ -96,12 +121,13 @@ def test_a_configuration_haproxy_refuses_changes_nothing(node):
     env, edge_dir, upstream = node
     entry = start_entry(env)
     try:
-        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        spec = edge_spec(upstream, clients=(("client", key_digest(KEY)),))
         assert apply(env, spec).returncode == 0
-        broken = subprocess.run(["bash", "-c", script("edge_apply.sh"), "edge_apply", spec.host, str(spec.port)],
-                                input="frontend x\n    bind nonsense\n", env=env, capture_output=True, text=True)  # fmt: skip
+        before = sorted(path.name for path in edge_dir.iterdir())
+        broken = apply(env, spec, tar_of({"haproxy.cfg": "frontend x\n    bind nonsense\n", "tls-0.pem": "x"}))
         assert broken.returncode == 1 and "HAProxy refuses the configuration" in broken.stderr
-        assert (edge_dir / "haproxy.cfg").read_text() == render(spec) and not (edge_dir / "haproxy.cfg.new").exists()
+        assert (edge_dir / "haproxy.cfg").read_text() == render(spec).replace("/etc/spark-vllm-edge", str(edge_dir))
+        assert sorted(path.name for path in edge_dir.iterdir()) == before  # nothing new left behind
         assert chat(spec.port, KEY) == 200
     finally:
         end(entry)
@@ -113,7 +139,7 @@ def test_a_listener_that_accepts_and_never_answers_ends_the_container_for_docker
     env, edge_dir, upstream = node
     entry = start_entry(env, interval=1, misses=2)
     try:
-        spec = edge_spec(upstream, key_digests=(key_digest(KEY),))
+        spec = edge_spec(upstream, clients=(("client", key_digest(KEY)),))
         assert apply(env, spec).returncode == 0
         master = int(Path(env["EDGE_PIDFILE"]).read_text())
         workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")

@@ -33,7 +33,7 @@ def _raw():
         "image": "vllm/vllm-openai:v0.25.0",
         "model": "/models/m",
         "tensorParallelSize": 2,
-        "apiKey": "k",
+        "apiKey": "k" * 16,
     }
 
 

@@ -67,7 +67,7 @@ def test_the_bad_config_example_is_what_the_program_prints():
         "model": "/models/Qwen3.5-122B-A10B-FP8",
         "tensorParallelSize": 4,
         "vllm": {"maxModelLen": 32768},
-        "apiKey": "sk-example",
+        "apiKey": "sk-example-0123456789",
     }
     try:
         load_cluster_config(raw)
@@ -85,7 +85,7 @@ def test_the_guard_rules_shown_are_what_the_guard_writes_for_the_prod_head():
     from components.resources.guard import guard_params
 
     raw = {k.split(":", 1)[1]: v for k, v in yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"].items()}
-    cfg = load_cluster_config({**raw, "apiKey": "x", "security": {}})  # host keys are the user's to add
+    cfg = load_cluster_config({**raw, "apiKey": "x" * 16, "security": {}})  # host keys are the user's to add
     with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
         low, high = handle.read().split()
     for backend in ("nft", "iptables"):
@@ -134,3 +134,12 @@ def test_every_page_the_readme_links_to_exists_and_every_link_lands():
     assert not broken, broken
     linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", README))
     assert {path.name for path in DOCS} <= linked, "a page under docs/ that the README does not link"
+
+
+def openssl_recipe(host: str) -> list[str]:
+    """docs/security.md's commands that make a CA and the endpoint's certificate, for `host` (an address)."""
+    text = DOCS[ROOT / "docs" / "security.md"]
+    block = text.split("<!-- tls-recipe:begin -->", 1)[1].split("<!-- tls-recipe:end -->", 1)[0]
+    script = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert script.startswith('SAN="DNS:spark-01.lan"\n'), script
+    return [script.replace('SAN="DNS:spark-01.lan"', f'SAN="IP:{host}"', 1)]

@@ -136,7 +136,7 @@ def router(tmp_path):
         [sys.executable, "-c", script_program("router_keeper.py", {**base, "mode": "serve"})],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    spec = EdgeSpec("127.0.0.1", port, "127.0.0.1", inner, key_digests=(key_digest(KEY),), models=CATALOGUE)
+    spec = EdgeSpec("127.0.0.1", port, "127.0.0.1", inner, clients=(("client", key_digest(KEY)),), models=CATALOGUE)
     edge = Edge(spec, tmp_path).start()
     try:
         assert keeper("ready", timeout=20).returncode == 0, (tmp_path / "keeper.log").read_text()

@@ -46,7 +46,7 @@ BASE = {
     "image": "vllm/vllm-openai:v0.25.0",
     "model": "Qwen/Qwen3.5-35B-A3B",
     "tensorParallelSize": 2,
-    "apiKey": "k",
+    "apiKey": "k" * 16,
 }
 MTP = {"method": "mtp", "tokens": 3}
 
