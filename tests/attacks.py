@@ -78,15 +78,16 @@ def smuggling(key: str) -> dict[str, bytes]:
     }  # fmt: skip
 
 
-def refusals(host: str, port: int, key: str, paths=FORBIDDEN) -> list[str]:
+def refusals(host: str, port: int, key: str, paths=FORBIDDEN, tls=None) -> list[str]:
     """Every spelling of every path, with no key, a wrong one and the right one, by GET, POST and DELETE: what
-    was not refused (an empty list when all were)."""
+    was not refused (an empty list when all were). `tls`: the endpoint speaks HTTPS, verified with this context."""
     let_through = []
     for path in paths:
         for target in spellings(path, f"{host}:{port}"):
             for who in (None, "wrong-key", key):
                 for method in ("GET", "POST", "DELETE"):
-                    answer = exchange(port, request(method, target, f"{host}:{port}", who, b"{}"), host=host)
+                    raw = request(method, target, f"{host}:{port}", who, b"{}")
+                    answer = exchange(port, raw, host=host, tls=tls)
                     found = statuses(answer)
                     if not found or found[0] not in REFUSED:
                         let_through.append(f"{method} {target} (key {who!r}): {answer[:120]!r}")

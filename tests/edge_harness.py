@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -172,12 +173,23 @@ def edge_spec(upstream: Recorder, **changes) -> EdgeSpec:
     return replace(base, **changes)
 
 
-def exchange(port: int, raw: bytes, wait: float = 2.0, host: str = "127.0.0.1") -> bytes:
-    """`raw` sent on one connection; everything answered until the edge closes it or `wait` passes quietly."""
-    with socket.create_connection((host, port), timeout=wait) as sock:
+def exchange(
+    port: int,
+    raw: bytes,
+    wait: float = 2.0,
+    host: str = "127.0.0.1",
+    tls: ssl.SSLContext | None = None,
+    first: bool = True,
+) -> bytes:
+    """`raw` sent on one connection; everything answered until the edge closes it or `wait` passes quietly.
+    `tls`: over TLS, verified for `host` with that context; then the first whole answer is enough unless `first`
+    is False (a TLS client cannot half-close as a plain one does, which lets the edge answer and close)."""
+    with socket.create_connection((host, port), timeout=wait) as plain:
+        sock = tls.wrap_socket(plain, server_hostname=host) if tls is not None else plain
         sock.sendall(raw)
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
+        if tls is None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
         answer = b""
         while True:
             try:
@@ -187,6 +199,20 @@ def exchange(port: int, raw: bytes, wait: float = 2.0, host: str = "127.0.0.1") 
             if not data:
                 return answer
             answer += data
+            if tls is not None and first and _whole(answer):
+                return answer
+
+
+def _whole(answer: bytes) -> bool:
+    """Whether `answer` holds one whole HTTP answer (its head and Content-Length's body)."""
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value.strip())
+    return False
 
 
 def statuses(answer: bytes) -> list[int]:

@@ -134,7 +134,7 @@ def load_cluster_config(
         cfg, problems = None, [line for item in error.errors() for line in describe(item)]
     else:
         problems = run_rules(cfg)  # every key valid: the cross-field rules run on the whole config
-        outer_problems += certificate_problems(cfg, endpoint_host(cfg) if not problems else None)
+        outer_problems += certificate_problems(cfg, endpoint_host(cfg))
     problems += [line for line in outer_problems if line not in problems]
     if cfg is not None and not problems:
         return cfg

@@ -1,13 +1,13 @@
 """The rehearsal: the real program applied to simulated nodes on this machine, end to end.
 
-    sudo ./rehearse                  # 2 nodes: deploy, one chat request, destroy; time per stage
+    sudo ./rehearse                  # 2 nodes: deploy (HTTPS, named keys), the openai client, destroy; stage times
     sudo ./rehearse --nodes 3 --pp   # 3 nodes, pipeline parallel
     sudo ./rehearse --fleet          # several models on 3 nodes behind one endpoint, a real openai client
     sudo ./rehearse --keep           # leave the cluster up to explore …
     sudo ./rehearse teardown         # … and remove it afterwards
 
 It runs what the README tells a user to run — `pulumi login`, `pulumi stack init`, `pulumi config
-set --secret …`, `pulumi preview --diff`, `pulumi up`, one chat request, `pulumi destroy` — with the
+set --secret …`, `pulumi preview --diff`, `pulumi up`, the openai client over HTTPS, `pulumi destroy` — with the
 real Pulumi CLI, engine, Python language host and provider plugins (pulumi-command, pulumi-docker; built
 from source by scripts/toolchain.sh; tests/e2e/cli_stack.py) on simulated nodes: each a network namespace with
 its own sshd and dockerd (tests/e2e/nodes.py), pulling from a registry on the host. The image is built
@@ -22,7 +22,9 @@ import os
 import re
 import secrets
 import shutil
+import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -103,8 +105,9 @@ def rehearsal_config(
     pipeline_parallel: bool = False,
     pin_host_keys: bool = True,
     key_secret: bool = True,
+    tls: bool = False,
     **overrides: Any,
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stack config and secrets for the simulated nodes: management and fabric addresses differ, as on Sparks.
 
     The staging/prod way by default (host keys pinned and required, the SSH key as a secret); the dev
@@ -144,6 +147,9 @@ def rehearsal_config(
     values = {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "hfToken": "hf_rehearsal_" + secrets.token_hex(12)}
     if key_secret:
         values["sshPrivateKey"] = cluster.client_key_private
+    if tls:  # the endpoint over HTTPS (the head's), two clients with keys of their own beside apiKey
+        values["tls"] = endpoint_tls(cluster.nodes[0].mgmt_ip)
+        values["apiKeys"] = client_keys()
     return config, values
 
 
@@ -172,14 +178,40 @@ def stage_times(run: Run) -> dict[str, Optional[float]]:
     return result
 
 
+# The CAs the rehearsal's clients trust: each stack with `tls` gets a CA of its own (endpoint_tls), and every
+# https:// request of the tests verifies the endpoint's certificate with them, as a user's client would.
+TRUSTED: list[str] = []
+
+
+def endpoint_tls(host: str) -> dict[str, str]:
+    """The `tls` secret for an endpoint reached at `host`: a new CA's certificate for it, the CA trusted from now."""
+    from tests.tls_ca import TestCa
+
+    ca = TestCa("spark-vllm rehearsal CA")
+    issued = ca.issue(host)
+    TRUSTED.append(ca.pem)
+    return {"certificate": issued.certificate, "key": issued.key, "ca": ca.pem}
+
+
+def client_keys() -> dict[str, str]:
+    """`apiKeys`: two clients, each with a key of its own."""
+    return {name: f"sk-{name}-" + secrets.token_hex(16) for name in ("alice", "bob")}
+
+
+def client_context() -> ssl.SSLContext:
+    """What the tests' clients verify an https:// endpoint with: the CAs in TRUSTED, nothing else."""
+    return ssl.create_default_context(cadata="".join(TRUSTED)) if TRUSTED else ssl.create_default_context()
+
+
 def request(url: str, api_key: Optional[str] = None, body: Optional[dict] = None, timeout: float = 30) -> tuple:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     req.add_header("Content-Type", "application/json")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
+    context = client_context() if url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         return error.code, None
@@ -194,6 +226,87 @@ def chat(endpoint: str, api_key: str, model: str) -> dict:
     if status != 200:
         raise RuntimeError(f"chat completion failed: HTTP {status}")
     return answer
+
+
+class Load:
+    """Steady chat requests through the endpoint, from `threads` clients, streaming and not; every failure kept."""
+
+    def __init__(self, endpoint, key, model, threads=4):
+        self.endpoint, self.key, self.model = endpoint, key, model
+        self.ok, self.failures, self.stop = 0, [], threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.client, args=(n,), daemon=True) for n in range(threads)]
+
+    def client(self, n):
+        while not self.stop.is_set():
+            body = {"model": self.model, "messages": [{"role": "user", "content": f"load {n} one two three"}],
+                    "max_tokens": 8, "stream": n % 2 == 1}  # fmt: skip
+            req = urllib.request.Request(self.endpoint + "/chat/completions", data=json.dumps(body).encode())
+            req.add_header("Content-Type", "application/json")
+            req.add_header("Authorization", f"Bearer {self.key}")
+            try:
+                with urllib.request.urlopen(req, timeout=60, context=client_context()) as response:
+                    text = response.read().decode()
+                done = '"finish_reason": "length"' in text or '"finish_reason": "stop"' in text
+                with self.lock:
+                    if response.status == 200 and done:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{response.status}: {text[-200:]}")
+            except (urllib.error.URLError, OSError, ValueError) as error:
+                with self.lock:
+                    self.failures.append(repr(error))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(90)
+
+
+def program_key(cluster: simnodes.SimCluster, node: simnodes.SimNode, container: str) -> str:
+    """vLLM's key as the head's supervisor hands it over (/run/spark-vllm/spec.json): the program's own."""
+    return json.loads(cluster.container_file(node, container, "/run/spark-vllm/spec.json"))["env"]["VLLM_API_KEY"]
+
+
+def curl_chat(endpoint: str, api_key: str, model: str, ca_pem: Optional[str], scratch: Path) -> tuple[int, str]:
+    """(curl's exit status, what it printed) for one chat completion as a user sends it: `--cacert` the CA (None:
+    curl's own trust store), the key in a header file (never on curl's command line)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=scratch) as where:
+        header = Path(where) / "auth"
+        header.write_text(f"Authorization: Bearer {api_key}\n")
+        argv = [
+            "curl",
+            "-sS",
+            "--max-time",
+            "60",
+            "-H",
+            f"@{header}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+        ]
+        if ca_pem is not None:
+            (Path(where) / "ca.pem").write_text(ca_pem)
+            argv += ["--cacert", str(Path(where) / "ca.pem")]
+        done = subprocess.run([*argv, f"{endpoint}/chat/completions"], capture_output=True, text=True, timeout=90)
+    return done.returncode, done.stdout + done.stderr
+
+
+def edge_requests(cluster: simnodes.SimCluster, node: simnodes.SimNode, port: int = 29003) -> dict[tuple, int]:
+    """spark_vllm_edge_requests_total by (client, model), as Prometheus scrapes it on `node`'s fabric address."""
+    probe = f"import urllib.request; print(urllib.request.urlopen('http://{node.fabric_ip}:{port}/metrics').read().decode())"
+    text = cluster.run_in(cluster.nodes[-1], [sys.executable, "-c", probe]).stdout
+    found = re.findall(r'^spark_vllm_edge_requests_total\{client="([^"]*)",model="([^"]*)"\} (\d+)$', text, re.M)
+    return {(client, model): int(count) for client, model, count in found}
 
 
 def compile_factors(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> list[dict]:
@@ -250,6 +363,9 @@ def fleet_config(cluster: simnodes.SimCluster, image_ref: str, model: Path, **sm
     config["router"] = {"port": 8080, "healthCheckIntervalSeconds": 2}
     # this machine's memory is the nodes' (about 24 GiB): a GB10's 8 GiB reserve would leave two vLLMs little
     config["memory"] = {"osReserveGib": 4}
+    # the endpoint as it should be handed out: over TLS (the router's node), a key per client beside apiKey
+    secrets_["tls"] = endpoint_tls(cluster.nodes[0].mgmt_ip)
+    secrets_["apiKeys"] = client_keys()
     return config, secrets_
 
 
@@ -263,12 +379,19 @@ WEATHER_TOOL = {
 }
 
 
+def openai_client(endpoint: str, api_key: str):
+    """The `openai` SDK's client of the endpoint, verifying an https:// one with the CAs in TRUSTED."""
+    import httpx2 as httpx  # what openai 3.x is built on
+    from openai import OpenAI
+
+    http_client = httpx.Client(verify=client_context(), timeout=60) if endpoint.startswith("https://") else None
+    return OpenAI(base_url=endpoint, api_key=api_key, max_retries=0, timeout=60, http_client=http_client)
+
+
 def openai_tour(endpoint: str, api_key: str) -> dict:
     """What a real client (the `openai` SDK) gets through the endpoint: the models it lists, then for each a
     streamed chat and a tool call."""
-    from openai import OpenAI
-
-    client = OpenAI(base_url=endpoint, api_key=api_key, max_retries=0, timeout=60)
+    client = openai_client(endpoint, api_key)
     found: dict = {"models": sorted(model.id for model in client.models.list())}
     for model in found["models"]:
         stream = client.chat.completions.create(
@@ -334,11 +457,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             config, secret_values = fleet_config(cluster, image.ref, make_model(args.workdir))
         else:
             config, secret_values = rehearsal_config(
-                cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp
+                cluster, image.ref, make_model(args.workdir), pipeline_parallel=args.pp, tls=True
             )
         _say("pulumi login && pulumi stack init rehearsal")
         stack.init()
-        _say("pulumi config set --secret apiKey / hfToken / sshPrivateKey (+ the stack file)")
+        _say("pulumi config set --secret apiKey, apiKeys.alice/bob, tls.certificate/key/ca, hfToken, sshPrivateKey")
         stack.configure(config, secret_values)
         _say("pulumi preview --diff")
         stack.preview()
@@ -347,7 +470,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         endpoint = run.outputs["endpoint"]
         if args.fleet:
             _say(f"the openai client through {endpoint}: models.list(), then a streamed chat and a tool call each")
-            tour = openai_tour(endpoint, secret_values["apiKey"])
+            tour = openai_tour(endpoint, secret_values["apiKeys"]["alice"])
             print(f"models: {tour.pop('models')}")
             for model, answers in tour.items():
                 print(f"  {model:12} streamed {answers['streamed']!r} ({answers['chunks']} chunks); tool call "
@@ -356,9 +479,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 f"{name} KV {plan.get('kvCache', {}).get('pinnedGib', 'profiled')} GiB"
                 for name, plan in run.outputs["memoryPlan"].items()))  # fmt: skip
         else:
-            _say(f"one chat request to {endpoint}")
-            answer = chat(endpoint, secret_values["apiKey"], run.outputs["servedModelName"])
-            print(f"answered: {answer['choices'][0]['message']['content']!r}")
+            _say(f"the openai client through {endpoint} (its certificate verified), as alice")
+            tour = openai_tour(endpoint, secret_values["apiKeys"]["alice"])
+            for model, answers in tour.items():
+                if model != "models":
+                    print(f"  {model}: streamed {answers['streamed']!r}; tool call {answers['tool']}")
+        if "tls" in run.outputs:
+            print(f"certificate served: {run.outputs['tls']}")
         _print_stages("deployed:", run)
         print(f"smoke test output: {run.outputs['smoke']}")
         v = stack.versions()
@@ -366,9 +493,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"command {v['command']} and docker {v['docker']} (as each binary reports itself; scripts/toolchain.sh)")  # fmt: skip
         if args.keep:
             (args.workdir / "api-key").write_text(secret_values["apiKey"])
-            print(
-                f'\nkept up. Try:\n  curl -s -H "Authorization: Bearer $(cat {args.workdir}/api-key)" {endpoint}/models'
-            )
+            (args.workdir / "ca.pem").write_text(secret_values["tls"]["ca"])
+            print(f'\nkept up. Try:\n  curl -s --cacert {args.workdir}/ca.pem -H "Authorization: Bearer $(cat '
+                  f'{args.workdir}/api-key)" {endpoint}/models')  # fmt: skip
             print(f"  ssh -F {cluster.ssh_config_path} root@{cluster.nodes[0].mgmt_ip} docker ps")
             print("remove it with: sudo ./rehearse teardown")
             return 0

@@ -12,18 +12,27 @@ from __future__ import annotations
 import json
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from tests.attacks import refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.e2e.cli_stack import StackError
-from tests.e2e.rehearsal import chat, fleet_config, openai_tour, request
+from tests.e2e.rehearsal import (
+    Load,
+    chat,
+    client_context,
+    curl_chat,
+    edge_requests,
+    fleet_config,
+    openai_tour,
+    program_key,
+    request,
+)
 from tests.e2e.test_stalls import SIGNAL as STOP_ENGINE
 from tests.edge_harness import exchange
 from tests.waiting import wait_for, wait_until
@@ -72,11 +81,84 @@ def test_a_request_for_each_model_is_answered_through_the_router(sim_cluster3, f
     node3 = sim_cluster3.nodes[2]
     assert [r["endpoint"] for r in small] == [f"http://{node3.fabric_ip}:{port}/v1" for port in (8000, 8001)]
     probe = (
-        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1] + '/models', headers="
-        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=30).status)"
+        "import sys, urllib.request, urllib.error\ntry:\n r = urllib.request.Request(sys.argv[1] + '/models', headers="
+        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=30).status)\n"
+        "except urllib.error.HTTPError as e:\n print(e.code)"
     )
-    found = sim_cluster3.run_in(sim_cluster3.nodes[0], [sys.executable, "-c", probe, small[1]["endpoint"], key])
-    assert found.stdout.strip() == "200"
+    # vLLM's key is the program's own (the edge puts it in place of a client's): a client's key is not one there
+    inner = program_key(sim_cluster3, node3, "spark-vllm-small-2-node-3")
+    for who, expected in ((inner, "200"), (key, "401")):
+        found = sim_cluster3.run_in(sim_cluster3.nodes[0], [sys.executable, "-c", probe, small[1]["endpoint"], who])
+        assert found.stdout.strip() == expected
+
+
+def test_each_client_over_tls_with_its_own_key_the_openai_sdk_and_curl(sim_cluster3, fleet, tmp_path):
+    """The endpoint as it is handed out: https://, its certificate verified with the stack's CA for the router
+    node's address; alice and bob each with a key of their own, by name in the edge's log and its counter."""
+    head, secrets = sim_cluster3.nodes[0], fleet["secrets"]
+    outputs, keys, ca = fleet["run"].outputs, secrets["apiKeys"], secrets["tls"]["ca"]
+    assert outputs["endpoint"] == f"https://{head.mgmt_ip}:{ROUTER_PORT}/v1"
+    assert outputs["tls"]["names"] == [head.mgmt_ip] and outputs["tls"]["notAfter"].endswith("Z")
+    served = ssl.DER_cert_to_PEM_cert(ssl_server_certificate(head.mgmt_ip, ROUTER_PORT))
+    assert served.strip() == secrets["tls"]["certificate"].strip()
+    before = edge_requests(sim_cluster3, head)
+    tour = openai_tour(outputs["endpoint"], keys["alice"])  # the openai SDK, verifying with the CA
+    assert tour["models"] == ["big-model", "side-model", "small-model"] and all(
+        tour[m]["chunks"] for m in tour["models"]
+    )
+    status, said = curl_chat(outputs["endpoint"], keys["bob"], "small-model", ca, tmp_path)
+    assert status == 0 and json.loads(said)["model"] == "small-model", said
+    status, said = curl_chat(outputs["endpoint"], keys["bob"], "small-model", None, tmp_path)
+    assert status == 60, said  # curl's own trust store does not know the stack's CA: it refuses, as it should
+    counted = edge_requests(sim_cluster3, head)
+    assert counted[("alice", "small-model")] - before.get(("alice", "small-model"), 0) == 2  # a stream, a tool call
+    assert counted[("bob", "small-model")] - before.get(("bob", "small-model"), 0) == 1
+    log = sim_cluster3.docker(head, "logs", "spark-vllm.edge").stdout
+    assert "client=alice model=small-model" in log and "client=bob model=small-model" in log
+    for secret in (*keys.values(), secrets["apiKey"]):
+        assert secret not in log
+
+
+def ssl_server_certificate(host: str, port: int) -> bytes:
+    """The certificate the endpoint presents (DER), read by a client that verifies it."""
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with client_context().wrap_socket(raw, server_hostname=host) as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def test_a_key_replaced_under_load_reloads_the_edge_alone_and_fails_no_request(sim_cluster3, fleet):
+    """bob's key is replaced and carol added while alice keeps chatting: the preview names the edge's
+    configuration step alone, no container or vLLM restarts, no request of alice's fails, and bob's old key is
+    refused as soon as the `up` is done."""
+    secrets, config = fleet["secrets"], fleet["config"]
+    old_bob = secrets["apiKeys"]["bob"]
+    keys = {**secrets["apiKeys"], "bob": "sk-bob-rotated-" + "0" * 20, "carol": "sk-carol-" + "1" * 20}
+    rotated = {**secrets, "apiKeys": keys}
+    containers = {
+        node.name: sim_cluster3.docker(node, "ps", "-q", "--no-trunc").stdout.split() for node in sim_cluster3.nodes
+    }
+    pids = {c: supervisor(sim_cluster3, sim_cluster3.nodes[2], c)["vllm_pid"]
+            for c in ("spark-vllm-small-node-3", "spark-vllm-small-2-node-3")}  # fmt: skip
+    fleet["stack"].configure(config, rotated)
+    preview = fleet["stack"].preview()
+    assert preview.changed == {"spark-vllm-edge-config": "update"}, preview.changed
+    endpoint = fleet["run"].outputs["endpoint"]
+    with Load(endpoint, keys["alice"], "small-model") as load:
+        time.sleep(2)
+        run = fleet["stack"].up()
+        assert request(f"{endpoint}/models", old_bob)[0] == 401  # right after the up
+        time.sleep(2)
+    assert load.failures == [] and load.ok > 0, load.failures[:5]
+    assert set(run.changed) == {"spark-vllm-edge-config"}
+    assert (
+        request(f"{endpoint}/models", keys["bob"])[0] == 200 and request(f"{endpoint}/models", keys["carol"])[0] == 200
+    )
+    assert {
+        node.name: sim_cluster3.docker(node, "ps", "-q", "--no-trunc").stdout.split() for node in sim_cluster3.nodes
+    } == containers
+    assert {c: supervisor(sim_cluster3, sim_cluster3.nodes[2], c)["vllm_pid"] for c in pids} == pids
+    print(f"\nKEY ROTATION under load: {load.ok} requests answered during the up, none failed")
+    fleet.update(secrets=rotated, run=run)
 
 
 def test_no_spelling_of_an_admin_or_unguarded_route_gets_past_the_edge(sim_cluster3, fleet):
@@ -85,9 +167,9 @@ def test_no_spelling_of_an_admin_or_unguarded_route_gets_past_the_edge(sim_clust
     and the right one; every request hidden behind a chat; the workers the keeper declared stay as they were."""
     head, key = sim_cluster3.nodes[0], fleet["secrets"]["apiKey"]
     before = registered_workers(sim_cluster3)
-    assert refusals(head.mgmt_ip, ROUTER_PORT, key) == []
+    assert refusals(head.mgmt_ip, ROUTER_PORT, key, tls=client_context()) == []  # over the endpoint's TLS
     for name, raw in smuggling(key).items():  # the chat in front may reach vllm-router; what hides behind, never
-        answer = exchange(ROUTER_PORT, raw, host=head.mgmt_ip)
+        answer = exchange(ROUTER_PORT, raw, host=head.mgmt_ip, tls=client_context(), first=False)
         assert b'"workers"' not in answer and b"model_id" not in answer, (name, answer[-300:])
     assert registered_workers(sim_cluster3) == before
 
@@ -150,6 +232,7 @@ def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim
                         ROUTER_PORT,
                         attack_request("POST", target, f"{head.mgmt_ip}:{ROUTER_PORT}", who),
                         host=head.mgmt_ip,
+                        tls=client_context(),
                     )
                     attempts += 1
             answered.append(chat(fleet["run"].outputs["endpoint"], key, "small-model")["model"])
@@ -309,46 +392,6 @@ def test_a_change_of_one_deployment_touches_only_its_resources(fleet):
     run = fleet["stack"].up()
     assert chat(run.outputs["endpoint"], fleet["secrets"]["apiKey"], "big-model")["model"] == "big-model"
     fleet.update(config=config, run=run)
-
-
-class Load:
-    """Steady requests through the router, from `threads` clients, streaming and not; every failure kept."""
-
-    def __init__(self, endpoint, key, model, threads=4):
-        self.endpoint, self.key, self.model = endpoint, key, model
-        self.ok, self.failures, self.stop = 0, [], threading.Event()
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.client, args=(n,), daemon=True) for n in range(threads)]
-
-    def client(self, n):
-        while not self.stop.is_set():
-            body = {"model": self.model, "messages": [{"role": "user", "content": f"load {n} one two three"}],
-                    "max_tokens": 8, "stream": n % 2 == 1}  # fmt: skip
-            req = urllib.request.Request(self.endpoint + "/chat/completions", data=json.dumps(body).encode())
-            req.add_header("Content-Type", "application/json")
-            req.add_header("Authorization", f"Bearer {self.key}")
-            try:
-                with urllib.request.urlopen(req, timeout=60) as response:
-                    text = response.read().decode()
-                done = '"finish_reason": "length"' in text or '"finish_reason": "stop"' in text
-                with self.lock:
-                    if response.status == 200 and done:
-                        self.ok += 1
-                    else:
-                        self.failures.append(f"{response.status}: {text[-200:]}")
-            except (urllib.error.URLError, OSError, ValueError) as error:
-                with self.lock:
-                    self.failures.append(repr(error))
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(90)
 
 
 def test_a_rolling_change_under_steady_load_loses_no_request(sim_cluster3, fleet):

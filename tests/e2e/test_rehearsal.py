@@ -31,6 +31,7 @@ from tests.e2e.rehearsal import (
     compile_cache_keys,
     compile_factors,
     last_vllm_start,
+    program_key,
     rehearsal_config,
     request,
 )
@@ -277,7 +278,8 @@ def test_the_api_key_stays_with_the_api_server_and_out_of_every_nodes_compile_ca
     """vLLM 0.25's workers hash every VLLM_* variable they have into their torch.compile cache and write the
     raw values beside it (cache_key_factors.json; the stand-in writes it as each Ray worker "compiles"): the
     key is never handed to a Ray worker, on any node."""
-    key = deployed["secrets"]["apiKey"]
+    key = program_key(sim_cluster, sim_cluster.nodes[0], "spark-vllm-node-1")  # vLLM's: the program's own
+    assert key != deployed["secrets"]["apiKey"]  # a client's key never reaches vLLM
     for node in sim_cluster.nodes:
         factors = compile_factors(sim_cluster, node)
         assert factors and all("VLLM_API_KEY" not in found["env"] for found in factors), node.name
@@ -296,8 +298,10 @@ def test_ray_refuses_a_client_without_the_token(sim_cluster, deployed):
     assert "RAY_AUTH_MODE=token" in env
 
 
-def test_no_secret_is_on_any_command_line_in_any_output_or_in_the_stored_state(deployed):
-    stack, values = deployed["stack"], deployed["secrets"]
+def test_no_secret_is_on_any_command_line_in_any_output_or_in_the_stored_state(sim_cluster, deployed):
+    stack = deployed["stack"]
+    # vLLM's key, the program's own, as secret as the stack's
+    values = {**deployed["secrets"], "program": program_key(sim_cluster, sim_cluster.nodes[0], "spark-vllm-node-1")}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -310,7 +314,7 @@ def test_no_secret_is_on_any_command_line_in_any_output_or_in_the_stored_state(d
     outputs = json.dumps(stack.outputs())
     cli_output = deployed["run"].output + deployed["preview"].output
     key_body = values["sshPrivateKey"].strip().splitlines()[1]
-    for secret in (values["apiKey"], values["hfToken"], key_body):
+    for secret in (values["apiKey"], values["hfToken"], values["program"], key_body):
         assert secret not in exported
         assert secret not in config_file
         assert secret not in outputs

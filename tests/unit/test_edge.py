@@ -6,8 +6,12 @@ must be refused, and the upstream must never see anything but the routes the end
 from __future__ import annotations
 
 import json
+import re
 import socket
+import ssl
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -15,6 +19,7 @@ from components.plan.edge import ROUTES, EdgeSpec, Timeouts, key_digest, quoted,
 from tests.attacks import FORBIDDEN, HIDDEN, refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
+from tests.tls_ca import TestCa
 
 KEY = "sk-edge-test-key"
 CHAT = b'{"model":"small","messages":[{"role":"user","content":"hi"}]}'
@@ -312,3 +317,126 @@ def test_odd_request_forms_never_reach_the_upstream_with_another_route(edge, ups
     if name.startswith(("an Upgrade", "h2c")):
         assert statuses(answer)[:1] == [400] and upstream.received == []
     upstream_saw_only_routes(upstream)
+
+
+# --- clients by name, the program's key upstream, TLS --------------------------------------------------
+
+PROGRAM = "sk-spark-vllm-program-key-0000000000000000"
+ALICE, BOB = "sk-alice-000000000000000001", "sk-bob-00000000000000000002"
+
+
+def clients(**keys: str) -> tuple[tuple[str, str], ...]:
+    return tuple((name, key_digest(key)) for name, key in keys.items())
+
+
+def edge_metrics(edge: Edge) -> dict[tuple[str, str], int]:
+    """spark_vllm_edge_requests_total by (client, model), from the edge's own port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{edge.spec.metrics_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    found = {}
+    for client, model, count in re.findall(r'^spark_vllm_edge_requests_total\{client="([^"]*)",model="([^"]*)"\} (\d+)$',
+                                           text, re.M):  # fmt: skip
+        found[(client, model)] = int(count)
+    return found
+
+
+def test_each_client_is_known_by_name_and_vllm_gets_the_programs_key_never_theirs(upstream, tmp_path):
+    spec = edge_spec(upstream, clients=clients(alice=ALICE, bob=BOB, **{"spark-vllm": PROGRAM}), upstream_key=PROGRAM,
+                     model_names=("small",))  # fmt: skip
+    edge = Edge(spec, tmp_path).start()
+    try:
+        for key, body in ((ALICE, CHAT), (ALICE, CHAT), (BOB, b'{"model":"big","messages":[]}'), (BOB, b"{}")):
+            answer = exchange(spec.port, request("POST", "/v1/chat/completions", "h", key=key, body=body))
+            assert statuses(answer) == [200]
+        assert statuses(exchange(spec.port, request("GET", "/v1/models", "h", key=ALICE))) == [200]
+        assert statuses(
+            exchange(spec.port, request("POST", "/v1/completions", "h", key="sk-nobody-00000000000000"))
+        ) == [401]
+        time.sleep(0.2)
+        forwarded = b"".join(upstream.received).decode("latin-1").lower()
+        assert forwarded.count(f"authorization: bearer {PROGRAM}".lower()) == 5
+        assert ALICE.lower() not in forwarded and BOB.lower() not in forwarded
+        # a model the stack does not serve, or none, is `other`; the routes without one `-`
+        assert edge_metrics(edge) == {("alice", "small"): 2, ("bob", "other"): 2, ("alice", "-"): 1}
+        log = edge.log.read_text()
+        assert "client=alice model=small" in log and "client=bob model=other" in log
+        assert ALICE not in log and BOB not in log and PROGRAM not in log
+    finally:
+        edge.close()
+
+
+def test_the_edges_own_port_serves_metrics_and_its_check_and_nothing_else(edge):
+    own = edge.spec.metrics_port
+    assert statuses(exchange(own, request("GET", "/spark-vllm-edge/alive", "h", key=None))) == [200]
+    assert statuses(exchange(own, request("GET", "/metrics", "h", key=None))) == [200]
+    for path in ("/v1/models", "/health", "/v1/chat/completions", "/metrics/x"):
+        assert statuses(exchange(own, request("GET", path, "h", key=KEY))) == [404], path
+
+
+def test_over_tls_a_client_that_verifies_gets_through_and_nothing_plain_does(upstream, tmp_path):
+    ca, other_ca = TestCa(), TestCa("another CA")
+    issued = ca.issue("127.0.0.1", "edge.test")
+    spec = edge_spec(
+        upstream, clients=clients(alice=ALICE), upstream_key=PROGRAM, tls_pem=issued.certificate + issued.key
+    )
+    edge = Edge(spec, tmp_path).start()
+    try:
+        for name in ("127.0.0.1", "edge.test"):  # verified for the name the client asked for (SNI)
+            context = ssl.create_default_context(cadata=ca.pem)
+            with socket.create_connection(("127.0.0.1", spec.port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname=name) as tls:
+                    assert tls.version() in ("TLSv1.2", "TLSv1.3")
+                    tls.sendall(request("POST", "/v1/chat/completions", name, key=ALICE, body=CHAT))
+                    assert tls.recv(65536).startswith(b"HTTP/1.1 200")
+        for server_name, trusted in (("127.0.0.1", other_ca), ("spark-02.lan", ca)):  # another CA, another name
+            context = ssl.create_default_context(cadata=trusted.pem)
+            with socket.create_connection(("127.0.0.1", spec.port), timeout=5) as raw:
+                with pytest.raises(ssl.SSLCertVerificationError):
+                    context.wrap_socket(raw, server_hostname=server_name)
+        # plain HTTP on the endpoint's port: no HTTP answer, nothing forwarded
+        before = len(upstream.request_lines())
+        assert statuses(exchange(spec.port, request("POST", "/v1/chat/completions", "h", key=ALICE, body=CHAT))) == []
+        assert len(upstream.request_lines()) == before
+    finally:
+        edge.close()
+
+
+def test_the_programs_own_chat_verifies_the_endpoint_for_its_name_while_it_reaches_an_address(upstream, tmp_path):
+    """node_chat.chat as the router's smoke uses it: to 127.0.0.1 (the edge on the node itself), the certificate
+    verified for the endpoint's host name with tls.ca; another CA or another name is refused, not ignored."""
+    from components.plan.programs import script
+
+    helpers: dict = {}
+    exec(compile(script("node_chat.py"), "node_chat.py", "exec"), helpers)
+    ca, other_ca = TestCa(), TestCa("another CA")
+    issued = ca.issue("spark-01.lan")
+    spec = edge_spec(upstream, clients=clients(**{"spark-vllm": PROGRAM}), upstream_key=PROGRAM,
+                     tls_pem=issued.certificate + issued.key)  # fmt: skip
+    edge = Edge(spec, tmp_path).start()
+    try:
+        base = f"https://127.0.0.1:{spec.port}"
+        answer = helpers["chat"](base, {"model": "m", "messages": []}, PROGRAM, 10, ("spark-01.lan", ca.pem))
+        assert answer["upstream"].startswith("POST /v1/chat/completions")
+        for name, trusted in (("spark-01.lan", other_ca), ("spark-02.lan", ca)):
+            with pytest.raises(ssl.SSLCertVerificationError):
+                helpers["chat"](base, {"model": "m"}, PROGRAM, 10, (name, trusted.pem))
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a wrong key: the edge's 401, with its body
+            helpers["chat"](base, {"model": "m"}, "sk-wrong-key-0000000000000", 10, ("spark-01.lan", ca.pem))
+        assert refused.value.code == 401 and b"Unauthorized" in refused.value.read()
+    finally:
+        edge.close()
+
+
+def test_over_tls_the_attack_table_is_refused_as_over_plain_http(upstream, tmp_path):
+    ca = TestCa()
+    issued = ca.issue("127.0.0.1")
+    spec = edge_spec(
+        upstream, clients=clients(alice=ALICE), upstream_key=PROGRAM, tls_pem=issued.certificate + issued.key
+    )
+    edge = Edge(spec, tmp_path).start()
+    try:
+        context = ssl.create_default_context(cadata=ca.pem)
+        assert refusals("127.0.0.1", spec.port, ALICE, paths=("/workers", "/invocations"), tls=context) == []
+        upstream_saw_only_routes(upstream)
+    finally:
+        edge.close()
