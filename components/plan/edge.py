@@ -44,11 +44,9 @@ ROUTES = {**OPEN_ROUTES, **KEYED_ROUTES}
 
 CONFIG_DIR = "/etc/spark-vllm-edge"  # the edge container's volume: haproxy.cfg and the files it names
 CONFIG_FILE = f"{CONFIG_DIR}/haproxy.cfg"
-# What the edge's own watchdog asks (components/scripts/edge_entry.sh) on the edge's own port: answered by HAProxy
-# itself, without the upstream, and only to the edge's own host.
+# What the edge's own watchdog asks (components/scripts/edge_entry.sh) at the configuration's first `bind`, the
+# edge's own port: answered by HAProxy itself, without the upstream, and only to the edge's own host.
 ALIVE_PATH = "/spark-vllm-edge/alive"
-# The line of haproxy.cfg that tells the watchdog and the configuration step where to ask it.
-ALIVE_MARK = "# spark-vllm-edge-alive"
 NO_KEY_CLIENT = "anonymous"  # the client's name in the log and the counter where no key is asked for
 OTHER_MODEL = "other"  # a `model` that is not one the stack serves (the counter's labels stay few)
 
@@ -312,7 +310,6 @@ def _own(spec: EdgeSpec) -> list[str]:
     watchdog's check from the edge's own host; nothing else."""
     here = f"{{ src 127.0.0.0/8 {_local(spec.metrics_host)} }}"
     return [
-        f"{ALIVE_MARK} {_local(spec.metrics_host)} {spec.metrics_port}",
         "frontend edge-own",
         f"    bind {spec.metrics_host}:{spec.metrics_port}",
         "    maxconn 64",
@@ -331,8 +328,10 @@ def render(spec: EdgeSpec) -> str:
             "# spark-vllm's edge: rendered by the program (components/plan/edge.py); a `pulumi up` rewrites it",
             *_global(spec),
             *_defaults(spec.timeouts),
-            *_front(spec),
+            # the edge's own port first: its `bind` is the first, which the watchdog and the configuration step ask
+            # (plain HTTP, which the endpoint's port may not speak with `tls`)
             *_own(spec),
+            *_front(spec),
             "backend upstream",
             f"    server upstream {spec.upstream_host}:{spec.upstream_port}",
             "",

@@ -33,6 +33,7 @@ from components.plan.programs import printed, script, script_chain, script_progr
 from components.plan.serving import (
     answers_params,
     benchmark_params,
+    endpoint_smoke_params,
     handover_params,
     ready_params,
     serve_argv,
@@ -97,7 +98,7 @@ class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServerArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         cfg = args.config
-        self._args = args
+        self._args, self._name = args, name
         self.argv = self._argv(None)
         self.served_model_name = pulumi.Output.from_input(args.model).apply(
             lambda model: cfg.vllm.served_model_name or model
@@ -132,6 +133,30 @@ class VllmServer(pulumi.ComponentResource):
         )
         self.validation = self.smoke.stdout.apply(validation_summary) if self.smoke else pulumi.Output.from_input(None)
         self.register_outputs({"argv": self.argv, "smoke_result": smoke_result, "benchmark": self.benchmark_result})
+
+    def through_endpoint(
+        self, triggers: Sequence[pulumi.Input], after: Sequence[pulumi.Resource]
+    ) -> Optional[command.remote.Command]:
+        """Without the router: one short chat completion through the endpoint (the edge on the head), as a client
+        sends it, after `after` (the edge's configuration): over TLS with `tls`, the certificate verified with
+        tls.ca for the endpoint's host, never unverified. What the router's smoke is to several models. None with
+        smokeTest off."""
+        cfg = self._args.config
+        if self.smoke is None:
+            return None
+
+        def program(parts: list) -> str:
+            served, api_key = parts
+            return script_program("smoke.py", endpoint_smoke_params(cfg, served, api_key))
+
+        return self._head_command(
+            f"{self._name}-endpoint-smoke",
+            SMOKE_TIMEOUT_SECONDS + 60,
+            pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
+            triggers=list(triggers),
+            depends_on=[*after, self.smoke],
+            secret_outputs=SECRET_IO,
+        )
 
     def _argv(self, node: Optional[NodeConfig], baseline: bool = False) -> pulumi.Output[list[str]]:
         """`vllm serve …` for `node`; `baseline`: without speculation."""

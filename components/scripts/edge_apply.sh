@@ -5,8 +5,8 @@
 # key); haproxy.cfg is checked with HAProxy itself before anything changes, put in place, and the running HAProxy
 # reloads it (master-worker: SIGUSR2 to the master, whose pid edge_entry.sh keeps in /tmp; the old worker
 # finishes what it serves), the signal sent again until a new worker is there (one sent while HAProxy is still
-# starting is lost); then the step waits until the edge answers its own check on its own port (the line
-# `# spark-vllm-edge-alive ADDRESS PORT` of haproxy.cfg), and removes the files no configuration names any more.
+# starting is lost); then the step waits until the edge answers its own check at the configuration's first `bind`
+# (the edge's own port, as edge_entry.sh asks it), and removes the files no configuration names any more.
 # The official haproxy image has bash, tar and base64, no curl.
 set -euo pipefail
 dir=${EDGE_DIR:-/etc/spark-vllm-edge}
@@ -78,7 +78,8 @@ else
 fi
 tidy
 
-read -r _ _ address port < <(grep -m 1 '^# spark-vllm-edge-alive ' "$cfg")
+read -r address port < <(sed -n 's/^[[:space:]]*bind[[:space:]]\{1,\}\([0-9.]*\):\([0-9]*\).*/\1 \2/p' "$cfg" | head -n 1)
+[ "$address" = 0.0.0.0 ] && address=127.0.0.1
 deadline=$((SECONDS + 30))
 while [ "$SECONDS" -lt "$deadline" ]; do
   # the connection included within 5 s: a listener whose queue is full leaves a connect waiting for minutes

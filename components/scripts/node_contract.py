@@ -189,7 +189,8 @@ class ReadyParams(Contract):
 
 @dataclass(frozen=True)
 class SmokeParams(Contract):
-    """smoke.py on the API node: one short chat completion."""
+    """smoke.py on the API node: one short chat completion (to vLLM, or through the endpoint: with `tls`, its
+    certificate verified with `tls_ca` for `server_name`)."""
 
     base_url: str
     model: str
@@ -197,6 +198,10 @@ class SmokeParams(Contract):
     max_tokens: int
     timeout_seconds: float
     api_key: Optional[str] = None
+    tls_ca: Optional[str] = None
+    server_name: Optional[str] = None
+
+    OMIT_NONE = ("tls_ca", "server_name")  # only through the endpoint with tls: the smoke test's own is as it was
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ body = {
 }
 start = time.monotonic()
 try:
-    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds)
+    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds, (P.server_name, P.tls_ca) if P.tls_ca else None)
 except urllib.error.HTTPError as error:
     print(f"smoke test failed: HTTP {error.code}: {error.read()[:500]!r}")
     sys.exit(1)

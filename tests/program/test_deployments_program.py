@@ -240,7 +240,7 @@ def test_a_release_with_deployments_is_promoted_deployment_by_deployment():
 @pytest.mark.parametrize("variant", ["prod", "dev", "staging", "mp"])
 def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(variant):
     """The URNs of these stacks as the program made them before deployments existed (recorded at 2ecc6e7):
-    an existing stack previews with no resource removed or renamed; what is added is the edge and vLLM's own key."""
+    an existing stack previews with no resource removed or renamed; what is added is the edge, vLLM's own key and the smoke test through the edge."""
     from tests.program.test_program import stack_file
 
     expected = json.loads((HERE / "single_model_urns.json").read_text())[variant]
@@ -257,7 +257,14 @@ def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(var
     added = {urn.rsplit("::", 1)[1] for urn in set(found) - set(expected)}
     head = cfg["nodes"][0]["name"]
     assert set(expected) <= set(found)
-    assert added == {"spark-vllm", "spark-vllm-edge-config", f"{head}-edge", f"{head}-edge-image", "vllm-api-key"}
+    assert added == {
+        "spark-vllm",
+        "spark-vllm-edge-config",
+        f"{head}-edge",
+        f"{head}-edge-image",
+        "vllm-api-key",
+        "spark-vllm-endpoint-smoke",
+    }
 
 
 def handover(run, name: str) -> dict:

@@ -112,8 +112,8 @@ def test_one_listed_deployment_without_the_router_gets_the_edge_on_its_own_head(
 KEYS = {**SECRETS, "apiKeys": {"alice": ALICE, "bob": BOB}}
 
 
-def tls_for(host: str) -> dict:
-    ca = TestCa()
+def tls_for(host: str, ca: TestCa | None = None) -> dict:
+    ca = ca or TestCa()
     issued = ca.issue(host)
     return {"certificate": issued.certificate, "key": issued.key, "ca": ca.pem}
 
@@ -154,10 +154,35 @@ def test_with_tls_the_edge_serves_https_with_the_certificate_in_a_file_of_its_ow
     assert tls["key"].split("\n")[1] not in json.dumps(run.exports)
 
 
-def test_a_new_certificate_changes_the_edges_configuration_step_alone():
-    before = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan")}, stack="prod")
-    after = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan")}, stack="prod")
+def test_a_renewed_certificate_changes_the_edges_configuration_step_alone():
+    ca = TestCa()
+    before = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan", ca)}, stack="prod")
+    after = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan", ca)}, stack="prod")
     assert changed_inputs(before, after) == {"spark-vllm-edge-config": {"stdin"}}
+    # another CA: the smoke test through the endpoint verifies with the new one, so it runs again too
+    other = run_program(prod(), {**KEYS, "tls": tls_for("spark-01.lan")}, stack="prod")
+    assert changed_inputs(before, other) == {
+        "spark-vllm-edge-config": {"stdin"},
+        "spark-vllm-endpoint-smoke": {"stdin"},
+    }
+
+
+def smoke_params_of(run, name: str) -> dict:
+    return json.loads(json.loads(run.named(name).inputs["stdin"].split("\n")[0][len("PARAMS = ") :]))
+
+
+def test_one_model_a_chat_goes_through_the_endpoint_verified_for_the_heads_name_after_the_edge():
+    tls = tls_for("spark-01.lan")
+    run = run_program(prod(), {**KEYS, "tls": tls}, stack="prod")
+    params = smoke_params_of(run, "spark-vllm-endpoint-smoke")
+    assert params["base_url"] == "https://127.0.0.1:30000" and params["server_name"] == "spark-01.lan"
+    assert params["tls_ca"] == tls["ca"] and params["api_key"] == PROGRAM_KEY  # the program's own client
+    step = run.named("spark-vllm-endpoint-smoke")
+    assert {run.by_urn()[urn].name for urn in step.dependencies} >= {"spark-vllm-edge-config", "spark-vllm-smoke"}
+    plain = smoke_params_of(run_program(prod(), SECRETS, stack="prod"), "spark-vllm-endpoint-smoke")
+    assert plain["base_url"] == "http://127.0.0.1:30000" and "tls_ca" not in plain and "server_name" not in plain
+    # vLLM's own smoke test is as it was: no tls keys in its parameters
+    assert "tls_ca" not in smoke_params_of(run, "spark-vllm-smoke")
 
 
 def test_the_routers_smoke_goes_through_the_edge_over_tls_verified_for_the_endpoints_name():

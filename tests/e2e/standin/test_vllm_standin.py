@@ -233,7 +233,7 @@ def test_what_vllm_serves_without_its_key_the_standin_serves_too(tmp_path, dev):
         tmp_path, http, extra=("--api-key", "sk-standin"), environ={"VLLM_SERVER_DEV_MODE": "1"} if dev else None
     )
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert _post(http, "/v1/chat/completions", chat)[0] == 401
         status, answer = _post(http, "/invocations", {**chat, "model": str(tmp_path / "model")})
@@ -434,7 +434,7 @@ def test_mp_rank_0_serves_only_once_every_rank_joined_and_dies_with_a_rank(tmp_p
     try:
         assert not wait_for(lambda: health(http) == 200, timeout=1.5)  # waits for rank 1
         worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2")
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         log = (tmp_path / "rank0.log").read_text()
         assert "node rank 1 joined from 127.0.0.1 (VLLM_HOST_IP 127.0.0.2)" in log
         # what vLLM 0.25 leaves beside its compiled graphs: the raw VLLM_* values it hashed, the key among them
@@ -645,7 +645,7 @@ def test_the_engine_core_is_another_process_of_the_group_that_outlives_a_sigkill
     http = free_port()
     first = serve_one(tmp_path, http)
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         (core,) = group_of(first.pid)
         assert Path(f"/proc/{core}/comm").read_text().strip() == "VLLM::EngineCor"
         assert "serve" not in Path(f"/proc/{core}/cmdline").read_text()  # not found by `pgrep -f "vllm serve"`
@@ -664,7 +664,7 @@ def test_the_engine_core_is_another_process_of_the_group_that_outlives_a_sigkill
         os.killpg(first.pid, signal.SIGKILL)  # what the supervisor does: the whole group
         assert wait_for(lambda: not group_of(first.pid), 10)
         third = serve_one(tmp_path, http, name="third")
-        assert wait_for(lambda: health(http) == 200)  # the GPU is free again
+        assert wait_for(lambda: health(http) == 200, 60)  # the GPU is free again
         end(third)
     finally:
         end(first)
@@ -680,7 +680,7 @@ def test_a_graph_in_the_compile_cache_is_loaded_and_a_missing_one_compiled(tmp_p
                                   ("other-len", ("--max-model-len", "1024"), compiled)):  # fmt: skip
         process = serve_one(tmp_path, http, name=name, extra=extra)
         try:
-            assert wait_for(lambda: health(http) == 200)
+            assert wait_for(lambda: health(http) == 200, 60)
         finally:
             end(process)
         out = (tmp_path / f"{name}.log").read_text()
@@ -693,13 +693,13 @@ def test_a_sigterm_ends_the_api_server_and_its_engine_core(tmp_path):
     http = free_port()
     process = serve_one(tmp_path, http)
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         (core,) = group_of(process.pid)
         process.terminate()
         assert process.wait(timeout=60) == 0
         assert wait_for(lambda: not group_of(process.pid), 10)
         again = serve_one(tmp_path, http, name="again")
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         end(again)
     finally:
         end(process)
@@ -709,7 +709,7 @@ def test_an_engine_core_that_dies_takes_the_api_server_with_it(tmp_path):
     http = free_port()
     process = serve_one(tmp_path, http)
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         (core,) = group_of(process.pid)
         os.kill(core, signal.SIGKILL)
         assert process.wait(timeout=60) == 1
@@ -851,7 +851,7 @@ def test_a_stopped_engine_core_stalls_generation_mid_stream_while_health_stays_2
     http = free_port()
     process = serve_one(tmp_path, http, environ={"STANDIN_TOKENS_PER_SECOND": "20"})
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         (core,) = group_of(process.pid)
         seen = []
         streamed(http, {**LONG_ANSWER, "model": str(tmp_path / "model")}, seen)
@@ -880,7 +880,7 @@ def test_the_fault_file_hangs_the_engine_or_makes_it_answer_other_tokens(tmp_pat
     canary = {"model": model, "messages": [{"role": "user", "content": "count to three"}], "max_tokens": 8,
               "temperature": 0, "return_token_ids": True, "logprobs": True, "top_logprobs": 2}  # fmt: skip
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         status, right = post_json(http, "/v1/chat/completions", canary)
         assert status == 200
         choice = right["choices"][0]
@@ -942,7 +942,7 @@ def test_a_long_prefill_moves_the_kv_cache_use_chunk_by_chunk(tmp_path):
     env = {"STANDIN_PREFILL_TOKENS_PER_SECOND": "400", "STANDIN_PREFILL_CHUNK_TOKENS": "100"}
     process = serve_one(tmp_path, http, environ=env)
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         seen = []
         prompt = {"model": str(tmp_path / "model"), "messages": [{"role": "user", "content": "x " * 1200}]}
         streamed(http, {**prompt, "max_tokens": 2}, seen)  # 3 s of prefill in 12 chunks
@@ -965,7 +965,7 @@ def test_mp_a_stopped_rank_holds_every_step_of_rank_0_without_killing_it(tmp_pat
     head = mp_rank(tmp_path, 0, 2, master, http, "127.0.0.1", extra=())
     worker = mp_rank(tmp_path, 1, 2, master, http, "127.0.0.2")
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         seen = []
         streamed(http, {**LONG_ANSWER, "model": str(tmp_path / "model")}, seen, key="k" * 16)
         assert wait_for(lambda: len(seen) >= 2)
@@ -987,7 +987,7 @@ def test_a_request_reaching_a_stopped_engine_counts_in_load_not_in_the_engines_g
     http = free_port()
     process = serve_one(tmp_path, http, extra=("--enable-server-load-tracking",))
     try:
-        assert wait_for(lambda: health(http) == 200)
+        assert wait_for(lambda: health(http) == 200, 60)
         (core,) = group_of(process.pid)
         os.kill(core, signal.SIGSTOP)
         seen = []

@@ -907,6 +907,14 @@ def make_server(state: ServerState) -> ThreadingHTTPServer:
         allow_reuse_address = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
+        def get_request(self):
+            # TCP_NODELAY on every connection, as vLLM's server has it (uvicorn on asyncio, whose TCP transports
+            # set it: cpython Lib/asyncio/selector_events.py _set_nodelay). Without it a kept-alive connection
+            # waits out the client's delayed ACK (40 ms) between the small writes of a streamed answer.
+            conn, address = super().get_request()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return conn, address
+
     server = Server((host, state.cfg.port), make_handler(state))
     server.daemon_threads = True
     return server
