@@ -78,6 +78,8 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
         found.add("vllm.port", "the endpoint's edge", vllm.port, default=_single(VllmConfig, "port"))
         found.add("edge.vllmPort", "vLLM API server, behind the edge", cfg.edge.vllm_port,
                   default=_single(EdgeConfig, "vllm_port"))  # fmt: skip
+        found.add("edge.metricsPort", "the edge's own port (its metrics, its check)", cfg.edge.metrics_port,
+                  default=_single(EdgeConfig, "metrics_port"))  # fmt: skip
     if cfg.executor == "mp" and is_head and len(cfg.nodes) > 1:
         found.add("vllm.masterPort", "vLLM rank 0 with executor mp", vllm.master_port,
                   default=_single(VllmConfig, "master_port"))  # fmt: skip
@@ -132,6 +134,8 @@ def _service_listeners(found: _Found, cfg: Any, node: Any, head_name: str) -> No
                   default=_single(RouterConfig, "metrics_port"))  # fmt: skip
         found.add("router.innerPort", "vllm-router behind the edge, on loopback", router.inner_port,
                   default=_single(RouterConfig, "inner_port"))  # fmt: skip
+        found.add("edge.metricsPort", "the edge's own port (its metrics, its check)", cfg.edge.metrics_port,
+                  default=_single(EdgeConfig, "metrics_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = transfer.method == "copy" or sync.enabled is True
     if copying and len(cfg.nodes) > 1:

@@ -288,7 +288,7 @@ PORT_KEYS = (
     "ray.dashboard", "ray.dashboardPort", "ray.minWorkerPort", "ray.maxWorkerPort", "ray.metricsExportPort",
     "fabric.gate", "fabric.bandwidthTest", "fabric.testPort", "metrics.prometheusNode", "metrics.prometheusPort",
     "metrics.nodePort", "metrics.grafanaNode", "metrics.grafanaPort", "router.enabled", "router.node", "router.port",
-    "router.metricsPort", "router.innerPort", "edge.vllmPort",
+    "router.metricsPort", "router.innerPort", "edge.vllmPort", "edge.metricsPort",
     "imageTransfer.method", "modelSync.enabled", "fabricCopy.source", "fabricCopy.port",
 )  # fmt: skip
 

@@ -34,9 +34,10 @@ def test_the_head_guards_every_ray_port_and_leaves_ssh_and_the_api_alone():
         [10001, 10001],
         [10002, 19999],
         [29002, 29002],
+        [29003, 29003],
         [29660, 29660],
         [32768, 60999],
-    ]  # fmt: skip  (29002: vLLM behind the edge; 29660: the fabric gate's bandwidth test)
+    ]  # fmt: skip  (29002: vLLM behind the edge; 29003: the edge's own port; 29660: the fabric gate's test)
     assert spec.public == [22, 8000] and spec.ephemeral is True and spec.api is None
 
 
@@ -50,7 +51,12 @@ def test_a_worker_guards_its_own_ray_ports_and_the_depot_is_guarded_on_the_sourc
 
 def test_with_mp_the_master_port_is_guarded_and_ray_has_no_ports():
     cfg = load_cluster_config(config(executor="mp", network={"guard": True}))
-    assert guard.guard_spec(cfg, cfg.nodes[0]).guarded == [[29002, 29002], [29501, 29501], [29660, 29660]]
+    assert guard.guard_spec(cfg, cfg.nodes[0]).guarded == [
+        [29002, 29002],
+        [29003, 29003],
+        [29501, 29501],
+        [29660, 29660],
+    ]
     assert guard.guard_spec(cfg, cfg.nodes[1]).guarded == [[29660, 29660]]  # the fabric gate's test port
 
 
