@@ -144,3 +144,83 @@ def plan(model_dir, root, entries):
                     extra.append(relative)
             subdirs[:] = [d for d in subdirs if os.path.relpath(os.path.join(current, d), root) in entries]
     return fetch, links, dirs, extra
+
+
+# --- the receiver: what it accepts of a depot's offer ----------------------------------------------------
+# The depot is a peer on the fabric, and a node taken must not take the others: a receiver applies nothing of a
+# manifest it did not check (paths inside the target, links that stay inside it, no path through a link, modes a
+# model file needs, sizes the disk holds), and places every file by a path whose directories are not links.
+
+MAX_ENTRIES = 1_000_000  # a model's files and directories: a Hugging Face repository has hundreds
+MODE_BITS = 0o755  # what a model or image file needs: no setuid, setgid or sticky bit, writable by its owner only
+KINDS = ("file", "dir", "link")
+
+
+def file_mode(mode):
+    """A file's mode as the receiver applies it, whatever the depot said."""
+    return mode & MODE_BITS
+
+
+def _path_problem(relative):
+    if not isinstance(relative, str) or "\x00" in relative or relative.startswith("/"):
+        return "leaves the target (a relative path of plain names)"
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "leaves the target (a relative path of plain names)"
+    if any(part.startswith(".") for part in parts):
+        return "a hidden name: the copy sends none (its own partial files are hidden names)"
+    return None
+
+
+def _entry_problem(relative, entry):
+    if not isinstance(entry, dict) or entry.get("type") not in KINDS:
+        return "a file, a directory or a link"
+    if entry["type"] == "file":
+        size, mtime, mode = entry.get("size"), entry.get("mtime_ns"), entry.get("mode")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return "a size (bytes, 0 or more)"
+        if not isinstance(mtime, int) or isinstance(mtime, bool):
+            return "a modification time (ns)"
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+            return "a mode (permission bits)"
+    if entry["type"] == "link":
+        target = entry.get("target")
+        if not isinstance(target, str) or not target or "\x00" in target or target.startswith("/"):
+            return "a link out of the target"
+        resolved = os.path.normpath(os.path.join(os.path.dirname(relative), target))
+        if resolved == ".." or resolved.startswith("../"):
+            return "a link out of the target"
+    return None
+
+
+def offer_problems(root, entries, free_bytes=None):
+    """What a receiver whose sync root is `root` refuses of a depot's `entries` (its manifest), one line each;
+    [] when every entry may be applied. Nothing is written before this is empty. `free_bytes`: the files must fit
+    in that too (the receiver asks with the files it will fetch, once it knows them)."""
+    if not isinstance(entries, dict):
+        return ["not a manifest: a mapping of paths to entries"]
+    if len(entries) > MAX_ENTRIES:
+        return [f"{len(entries)} entries: more than a model has ({MAX_ENTRIES})"]
+    links = {relative for relative, entry in entries.items() if isinstance(entry, dict) and entry.get("type") == "link"}
+    problems, total = [], 0
+    for relative, entry in sorted(entries.items(), key=lambda item: repr(item[0])):
+        why = _path_problem(relative) or _entry_problem(relative, entry)
+        if why is None:
+            parents = ["/".join(relative.split("/")[:n]) for n in range(1, relative.count("/") + 1)]
+            through = next((parent for parent in parents if parent in links), None)
+            why = f"a path through the link {through}" if through else None
+        if why is not None:
+            problems.append(f"{relative!r}: {why}")
+        elif entry["type"] == "file":
+            total += entry["size"]
+    if free_bytes is not None and total > free_bytes:
+        problems.append(f"{total / 2**30:.1f} GiB to write, the disk has {free_bytes / 2**30:.1f} GiB free at {root}")
+    return problems
+
+
+def free_bytes(path):
+    """What the filesystem holding `path` (or its nearest existing parent) has free for this process."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    found = os.statvfs(path)
+    return found.f_bavail * found.f_frsize

@@ -317,10 +317,22 @@ class Finisher:
 def fetch_file(channel, root, relative, entry, progress, finisher):
     final = os.path.join(root, relative)
     directory, name = os.path.split(final)
+    no_link_on_the_way(root, relative)
     os.makedirs(directory, exist_ok=True)
     partial = os.path.join(directory, f".{name}{PARTIAL}")
     channel.send_json({"op": "file", "path": relative})
     header = channel.receive_json()
+    header = header if isinstance(header, dict) else {}
+    spans = header.get("extents")
+    if (
+        header.get("size") != entry["size"]
+        or not isinstance(spans, list)
+        or not all(
+            isinstance(span, list) and len(span) == 2 and 0 <= span[0] and 0 <= span[1] and sum(span) <= entry["size"]
+            for span in spans
+        )
+    ):
+        raise CopyError(f"{relative}: the depot sends another size or data beyond it than its manifest said")
     handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(handle, header["size"])
@@ -338,7 +350,7 @@ def fetch_file(channel, root, relative, entry, progress, finisher):
             os.pwrite(handle, payload, offset)
             offset += len(payload)
             progress.add(len(payload))
-        os.fchmod(handle, entry["mode"])
+        os.fchmod(handle, file_mode(entry["mode"]))  # no setuid, setgid or sticky bit, whatever the depot said
     except BaseException:
         os.close(handle)
         os.unlink(partial)
@@ -346,8 +358,11 @@ def fetch_file(channel, root, relative, entry, progress, finisher):
     finisher.put(handle, partial, final, header["mtime_ns"])
 
 
-def place_link(path, target):
-    """A symbolic link at `path` to `target`, put in place whole (a link made aside, then renamed over)."""
+def place_link(root, relative, target):
+    """A symbolic link at `relative` under `root` to `target`, put in place whole (a link made aside, then renamed
+    over)."""
+    no_link_on_the_way(root, relative)
+    path = os.path.join(root, relative)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{PARTIAL}")
     if os.path.lexists(temporary):
@@ -356,6 +371,15 @@ def place_link(path, target):
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     os.replace(temporary, path)
+
+
+def no_link_on_the_way(root, relative):
+    """Refuse a path whose directories under `root` include a link (one an earlier copy placed, or anyone)."""
+    current = root
+    for part in relative.split("/")[:-1]:
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise CopyError(f"{relative}: {os.path.relpath(current, root)} is a link; nothing is written through one")
 
 
 def sync_model():
@@ -369,9 +393,16 @@ def sync_model():
     root, entries = offer["root"], offer["entries"]
     if root != sync_root(model_dir):
         raise CopyError(f"the depot copies {root}, this node expects {sync_root(model_dir)}")
+    refused = offer_problems(root, entries)
+    if refused:
+        raise CopyError(f"the depot's offer is refused, nothing was written ({len(refused)} problem(s)): "
+                        + "; ".join(refused[:10]))  # fmt: skip
     os.makedirs(model_dir, exist_ok=True)
     stale_partials(model_dir)
     fetch, links, dirs, extra = plan(model_dir, root, entries)
+    room = offer_problems(root, {relative: entries[relative] for relative in fetch}, free_bytes(root))
+    if room:
+        raise CopyError(f"the depot's offer is refused, nothing was written: {room[0]}")
     decided = time.monotonic() - started
     total = sum(entries[r]["size"] for r in fetch)
     if not (fetch or links or dirs or extra):
@@ -385,8 +416,9 @@ def sync_model():
     for relative in extra:
         remove(os.path.join(root, relative))
     for relative in dirs:
+        no_link_on_the_way(root, relative)
         path = os.path.join(root, relative)
-        if os.path.lexists(path) and not os.path.isdir(path):
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             os.unlink(path)
         os.makedirs(path, exist_ok=True)
     progress = Progress("model", total)
@@ -402,7 +434,7 @@ def sync_model():
         raise
     finisher.close()
     for relative in links:
-        place_link(os.path.join(root, relative), entries[relative]["target"])
+        place_link(root, relative, entries[relative]["target"])
     say(progress.line() + f" — {len(fetch)} file(s), {len(links)} link(s), {len(extra)} removed")
     decided = round(decided, 3)
     copied = ModelCopied(copied_bytes=progress.done, files=len(fetch), removed=len(extra), decided_seconds=decided)
