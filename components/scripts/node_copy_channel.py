@@ -103,23 +103,22 @@ def accept(sock, token):
 
 
 def connect(address, port, token, wait_seconds=30):
-    """A Channel to the depot; it may still be starting, so a refused connection is tried again."""
+    """A Channel to the depot; it may still be starting, or busy with connections that have yet to prove the token
+    (it closes more than it takes at once without a greeting), so a refused or closed connection is tried again."""
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
             sock = socket.create_connection((address, port), timeout=10)
+            sock.settimeout(120)
+            hello = read_exact(sock, len(MAGIC) + 32)
             break
-        except OSError as error:
+        except (CopyError, OSError) as error:
             if time.monotonic() > deadline:
                 raise CopyError(
-                    f"cannot reach the depot of {P.source} at {address}:{port} over the fabric: {error}"
+                    f"cannot reach the depot of {P.source} at {address}:{port} over the fabric, or it did not greet: "
+                    f"{error}"
                 ) from error
             time.sleep(0.5)
-    sock.settimeout(120)
-    try:
-        hello = read_exact(sock, len(MAGIC) + 32)
-    except (CopyError, OSError) as error:
-        raise CopyError(f"the depot at {address}:{port} did not greet: {error}") from error
     if bytes(hello[: len(MAGIC)]) != MAGIC:
         raise CopyError(f"{address}:{port} is not a spark-vllm depot")
     nonce_server, nonce_client = bytes(hello[len(MAGIC) :]), os.urandom(32)

@@ -62,9 +62,29 @@ def image_info(image_id):
 # --- the model directory ----------------------------------------------------------------------------
 
 
+# A peer has HANDSHAKE_SECONDS to prove the copy token, and at most UNPROVEN_AT_ONCE connections may be proving it:
+# more are closed at once, before any greeting (a receiver tries again), so peers without the token cannot tie up
+# the depot's threads (a slow handshake held one for 300 s before).
+HANDSHAKE_SECONDS = 5
+UNPROVEN_AT_ONCE = 16
+
+
 class Depot(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.unproven = threading.BoundedSemaphore(UNPROVEN_AT_ONCE)
+        self.dropped, self.said_dropped = 0, 0.0
+
+    def drop(self, peer):
+        """A connection over the cap: closed; said at most every 10 s (a flood must not flood the log)."""
+        self.dropped += 1
+        if time.monotonic() - self.said_dropped >= 10:
+            self.said_dropped = time.monotonic()
+            print(f"[depot] dropped {peer} ({self.dropped} so far): {UNPROVEN_AT_ONCE} connections are still "
+                  "proving the copy token", flush=True)  # fmt: skip
 
 
 class DepotHandler(socketserver.BaseRequestHandler):
@@ -72,12 +92,18 @@ class DepotHandler(socketserver.BaseRequestHandler):
 
     def handle(self):
         sock, peer = self.request, self.client_address[0]
-        sock.settimeout(300)
+        if not self.server.unproven.acquire(blocking=False):
+            self.server.drop(peer)
+            return
         try:
+            sock.settimeout(HANDSHAKE_SECONDS)
             channel = accept(sock, TOKEN)
         except (CopyError, OSError) as error:
             print(f"[depot] refused {peer}: {error}", flush=True)
             return
+        finally:
+            self.server.unproven.release()
+        sock.settimeout(300)
         try:
             while True:
                 try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from components.plan.programs import script_program
+from components.plan.programs import script, script_program
 from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
 
@@ -499,3 +499,52 @@ def test_a_source_that_cannot_serve_says_why_to_the_receiver(depot, dockers, tmp
     out = result.stdout + result.stderr
     assert "the depot says: node-1 cannot serve the image: FileNotFoundError" in out, out
     assert "connection closed after 0 of" not in out
+
+
+# --- the depot: peers without the token cannot tie it up ------------------------------------------------
+
+
+def greeted(sock: socket.socket, within: float) -> bytes:
+    """What the depot sends first on `sock` within `within` seconds (b"": it closed the connection)."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(64)
+    except TimeoutError:
+        return b"(nothing yet)"
+
+
+@needs_root
+def test_a_slow_handshake_is_dropped_in_seconds_and_idle_peers_cannot_shut_a_receiver_out(depot, tmp_path):
+    """UNPROVEN_AT_ONCE peers that connect and never prove the token hold every handshake slot: the next connection
+    is closed at once, without a greeting; the idle ones are dropped after HANDSHAKE_SECONDS; a receiver that came
+    meanwhile tries again and copies."""
+    constants = helpers_of("node_fabric_copy.py")
+    source, target = tmp_path / "source" / "tiny", tmp_path / "models" / "tiny"
+    write(source / "config.json", "{}")
+    target.mkdir(parents=True)
+    port = depot(model_dir=target, bind=(source, target))
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(constants["UNPROVEN_AT_ONCE"])]
+    try:
+        for sock in idle:
+            assert greeted(sock, 5).startswith(b"spark-vllm-copy/1")
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port)) as over:
+            assert greeted(over, 5) == b""  # closed at once: no thread waits on it
+        assert time.monotonic() - started < 2
+        result, summary = client("model", port, model_dir=str(target))  # retries until a slot is free
+        assert result.returncode == 0 and summary["files"] == 1, result.stdout
+        for sock in idle:  # dropped after HANDSHAKE_SECONDS, not the 300 s a slow peer held a thread before
+            assert greeted(sock, constants["HANDSHAKE_SECONDS"] + 5) == b""
+        assert time.monotonic() - started < constants["HANDSHAKE_SECONDS"] + 10
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def helpers_of(name: str) -> dict:
+    """The module-level constants of a node script (read, not run: it would serve)."""
+    found: dict = {}
+    for line in script(name).splitlines():
+        if line and line.split(" = ", 1)[0].isupper() and " = " in line and line.split(" = ", 1)[1].strip().isdigit():
+            found[line.split(" = ", 1)[0]] = int(line.split(" = ", 1)[1].split("#")[0])
+    return found
