@@ -220,6 +220,21 @@ def present(kind):
     )
 
 
+def listing(kind):
+    """What the kernel holds of the guard's rules now, as the tools print them (None: the table, chain or jump is
+    gone): compared with what it held right after they were applied, so rules emptied or edited are seen too."""
+    if kind == "nft":
+        found = host(["nft", "list", "table", "inet", TABLE], check=False)
+        return found.stdout if found.returncode == 0 else None
+    parts = []
+    for tool in ("iptables", "ip6tables"):
+        rules = host([tool, "-S", CHAIN], check=False)
+        if rules.returncode != 0 or host([tool, "-C", "INPUT", "-j", CHAIN], check=False).returncode != 0:
+            return None
+        parts.append(rules.stdout)
+    return "".join(parts)
+
+
 def remove(kind):
     if kind == "nft":
         if present(kind):
@@ -267,13 +282,17 @@ def run():
     kind = backend()
     apply(kind)
     write_marker(kind)
+    applied = listing(kind)
     say(f"applied ({kind}) {describe(kind)}")
     while not stopping:
         time.sleep(P.check_seconds)
-        if not stopping and not present(kind):
-            say("the rules were gone (another firewall tool flushed them?): applying them again")
+        now = None if stopping else listing(kind)
+        if not stopping and now != applied:
+            what = "gone" if now is None else "changed (emptied or edited)"
+            say(f"the rules were {what} (another firewall tool flushed them?): applying them again")
             apply(kind)
             write_marker(kind)
+            applied = listing(kind)
     say("stopping; the rules stay until the stack removes them")
 
 
