@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import socket
+import struct
 import time
 
 TURN_NAME = "spark-vllm-gpu-turn"
@@ -102,13 +103,20 @@ class Listener:
 
 
 def ask(name, timeout=1.5):
-    """What the abstract socket `name` answers (None: nobody listens there; {}: no answer)."""
+    """What the abstract socket `name` answers: a mapping (None: nobody listens there; {}: no answer, or one that is
+    not a mapping). An abstract name has no permissions: any process in the host's network namespace may bind one.
+    A listener of another user than this supervisor's (the stack's own run as root) is not believed: its answer is
+    {"impostor": {"pid", "uid"}}, what the kernel says of it (SO_PEERCRED), never what it says of itself."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(name)
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.geteuid():
+            return {"impostor": {"pid": pid, "uid": uid}}
         with sock.makefile("rb") as answer:
-            return json.loads(answer.readline().decode() or "{}")
+            found = json.loads(answer.readline(65536).decode() or "{}")
+        return found if isinstance(found, dict) else {}
     except (ConnectionRefusedError, FileNotFoundError):
         return None
     except (OSError, ValueError):
@@ -142,7 +150,7 @@ class Tenant:
         for name in abstract_names(self.prefix):
             if name != mine:
                 answer = ask(name)
-                if answer:
+                if answer and "impostor" not in answer:  # what another user's process says is not a neighbour's
                     found.append(answer)
         return found
 
@@ -164,8 +172,14 @@ def abstract_names(prefix):
 
 
 def describe_holder(holder):
-    """`coder (node spark-03) since 12:01:02, starting vLLM` from what a holder answered."""
-    if not holder:
+    """`coder (node spark-03) since 12:01:02, starting vLLM` from what a holder answered; whatever it answered, a
+    line (a holder's answer can neither crash the supervisor nor put anything but text in its status)."""
+    if not isinstance(holder, dict) or not holder:
         return "another supervisor on this node"
-    who = holder.get("replica") or "a single-model stack's vLLM"
-    return f"{who} (node {holder.get('node', '?')}) since {holder.get('taken', '?')}, {holder.get('why', 'starting')}"
+    impostor = holder.get("impostor")
+    if isinstance(impostor, dict):
+        return (f"process {impostor.get('pid')} (uid {impostor.get('uid')}), not a supervisor of this stack: it "
+                "holds the GPU turn's name, so no vLLM on this node can start until it is ended")  # fmt: skip
+    defaults = (("replica", "a single-model stack's vLLM"), ("node", "?"), ("taken", "?"), ("why", "starting"))
+    said = {key: str(holder.get(key, default))[:80] for key, default in defaults}
+    return f"{said['replica'] or 'a vLLM'} (node {said['node']}) since {said['taken']}, {said['why']}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -174,3 +176,86 @@ def test_a_memory_refusal_while_a_neighbour_is_starting_is_never_called_a_refusa
     assert "coder was starting meanwhile: that is another process's doing" in small.log()
     status = small.status()
     assert status["failed"] is None and status["restarts_total"] == 0
+
+
+# --- the turn's and the neighbours' names are abstract: anyone may bind them ----------------------------
+
+NOBODY = 65534
+
+
+def helpers_space() -> dict:
+    program = script("supervisor.py").split("P = SupervisorParams")[0]
+    space: dict = {}
+    exec(compile(program, "supervisor-helpers", "exec"), space)  # noqa: S102 - our own script's helpers
+    return space
+
+
+def squat(name: str, answer: bytes, uid: int | None) -> subprocess.Popen:
+    """A process that binds the abstract `name` first (as `uid`) and answers each connection with `answer`."""
+    program = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind('\\0' + sys.argv[1]); s.listen(8)\n"
+        "print('bound', flush=True)\n"
+        "while True:\n"
+        "    c, _ = s.accept(); c.sendall(bytes.fromhex(sys.argv[2])); c.close()\n"
+    )
+    drop = (lambda: os.setuid(uid)) if uid is not None else None  # noqa: E731
+    assert name.startswith("\0")
+    python = "/usr/bin/python3" if uid is not None else sys.executable  # one another user may run
+    process = subprocess.Popen([python, "-c", program, name[1:], answer.hex()], preexec_fn=drop,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stdout.readline().strip() == "bound"
+    return process
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="another user's squatter needs root to become it, and a python3 that user may run")  # fmt: skip
+def test_a_squatter_of_another_user_is_named_for_what_it_is_not_believed(monkeypatch):
+    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-squat")
+    space = helpers_space()
+    turn = space["GpuTurn"]()
+    squatter = squat(turn.listener.name, b'{"replica": "coder", "why": "starting vLLM"}\n', NOBODY)
+    try:
+        assert not turn.take({"replica": "small"})  # it holds the name: nobody of the stack can take it
+        holder = turn.holder()
+        assert holder == {"impostor": {"pid": squatter.pid, "uid": NOBODY}}  # the kernel's word, not its own
+        said = space["describe_holder"](holder)
+        assert f"process {squatter.pid} (uid {NOBODY}), not a supervisor of this stack" in said
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert wait_for(lambda: turn.take({"replica": "small"}), 5)  # gone: the name is free again
+    turn.give_back()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="another user's liar needs root to become it, and a python3 that user may run")  # fmt: skip
+def test_a_neighbour_of_another_user_saying_it_is_starting_is_not_a_neighbour(monkeypatch):
+    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-liar")
+    space = helpers_space()
+    tenant = space["Tenant"]()
+    tenant.tell({"replica": "small", "state": "running"})
+    liar = squat(tenant.prefix + "big.0000", b'{"replica": "big", "state": "starting"}\n', NOBODY)
+    honest = squat(tenant.prefix + "side.0001", b'{"replica": "side", "state": "starting"}\n', None)
+    try:
+        assert [n["replica"] for n in tenant.neighbours()] == ["side"]  # root's, as the stack's supervisors are
+    finally:
+        for process in (liar, honest):
+            process.kill()
+            process.wait()
+        tenant.close()
+
+
+@pytest.mark.parametrize("answer", [b"[1]\n", b"1\n", b'"x"\n', b"null\n", b"{\n", b"\xff\xfe\n", b"x" * 40000])
+def test_whatever_a_holder_answers_the_supervisor_says_a_line_and_goes_on(monkeypatch, answer):
+    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-crash")
+    space = helpers_space()
+    turn = space["GpuTurn"]()
+    crasher = squat(turn.listener.name, answer, None)
+    try:
+        holder = turn.holder()
+        assert holder == {} and space["describe_holder"](holder) == "another supervisor on this node"
+        assert space["describe_holder"]({"replica": ["x"], "node": {"a": 1}, "why": 3}).startswith("['x'] (node ")
+    finally:
+        crasher.kill()
+        crasher.wait()
