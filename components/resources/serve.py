@@ -12,7 +12,7 @@ restarts vLLM (components/scripts/supervisor.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -141,18 +141,12 @@ class VllmServer(pulumi.ComponentResource):
         sends it, after `after` (the edge's configuration): over TLS with `tls`, the certificate verified with
         tls.ca for the endpoint's host, never unverified. What the router's smoke is to several models. None with
         smokeTest off."""
-        cfg = self._args.config
         if self.smoke is None:
             return None
-
-        def program(parts: list) -> str:
-            served, api_key = parts
-            return script_program("smoke.py", endpoint_smoke_params(cfg, served, api_key))
-
         return self._head_command(
             f"{self._name}-endpoint-smoke",
             SMOKE_TIMEOUT_SECONDS + 60,
-            pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
+            self._served_program("smoke.py", endpoint_smoke_params),
             triggers=list(triggers),
             # after the benchmark too: a request of its own inside the benchmark's window would count in its figures
             depends_on=[*after, self.benchmark or self.smoke],
@@ -325,18 +319,19 @@ class VllmServer(pulumi.ComponentResource):
             **step,
         )
 
-    def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
+    def _served_program(self, name: str, params: Callable[..., dict[str, Any]]) -> pulumi.Output[str]:
+        """The script `name` with `params(cfg, served name, vLLM's key)`: what a head step reads on stdin."""
         cfg = self._args.config
-        timeout = cfg.vllm.ready_timeout_seconds
+        return pulumi.Output.all(self.served_model_name, self._args.api_key).apply(
+            lambda found: script_program(name, params(cfg, found[0], found[1]))
+        )
 
-        def program(parts: list) -> str:
-            served, api_key = parts
-            return script_program("wait_ready.py", ready_params(cfg, served, api_key))
-
+    def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
+        timeout = self._args.config.vllm.ready_timeout_seconds
         return self._head_command(
             f"{name}-ready",
             timeout + 60,
-            pulumi.Output.all(self.served_model_name, self._args.api_key).apply(program),
+            self._served_program("wait_ready.py", ready_params),
             # Runs again whenever a serve step started vLLM anew (another pid or other settings), also
             # after an `up` that failed while waiting; read-only, no delete.
             triggers=[self.serve.id, argv_fingerprint, *[started(step) for step in [self.serve, *self.worker_serves]]],
