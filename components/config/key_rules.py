@@ -40,10 +40,9 @@ def each_client_has_its_own_key(cfg: Any) -> list[str]:
 
 
 def endpoint_host(cfg: Any) -> Optional[str]:
-    """The host clients reach the endpoint at (a validated config): the router's node's, or the head's
-    (components/plan/endpoint.py edge_node); None where the config names a node it lacks (a rule says so)."""
-    name = cfg.router.node if cfg.router.enabled else (cfg.head or cfg.nodes[0].name)
-    return next((node.host for node in cfg.nodes if node.name == name), None)
+    """The host clients reach the endpoint at (a validated config; None where it names a node it lacks)."""
+    node = cfg.endpoint_node
+    return node.host if node is not None else None
 
 
 def certificate_problems(cfg: Any, host: Optional[str]) -> list[str]:

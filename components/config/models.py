@@ -312,6 +312,12 @@ class ClusterConfig(ModelSettings, _Machines):
     def node_named(self, name: Optional[str]) -> Optional[NodeConfig]:
         return next((node for node in self.nodes if node.name == name), None)
 
+    @property
+    def endpoint_node(self) -> Optional[NodeConfig]:
+        """Where the endpoint (the edge) is: the router's node, or the head; None where the config names a node it
+        lacks (a rule says so)."""
+        return self.node_named(self.router.node if self.router.enabled else (self.head or self.nodes[0].name))
+
     def url_on(self, name: Optional[str], port: int) -> Optional[str]:
         """http://<host>:<port> of the node `name` (its management address, where a user's browser goes)."""
         node = self.node_named(name)

@@ -40,10 +40,10 @@ def vllm_url(cfg: ClusterConfig) -> str:
 
 
 def edge_node(cfg: ClusterConfig) -> NodeConfig:
-    """Where the edge runs: the router's node, or the head."""
-    if cfg.router.enabled:
-        return next(node for node in cfg.nodes if node.name == cfg.router.node)
-    return cfg.head_node
+    """Where the edge runs: the router's node, or the head (a valid config names both)."""
+    node = cfg.endpoint_node
+    assert node is not None, "a valid config names the router's node and the head"
+    return node
 
 
 def edge_listen(cfg: ClusterConfig) -> tuple[str, int]:
