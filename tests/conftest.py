@@ -1,7 +1,7 @@
 import logging
-import os
+import shutil
 import sys
-import uuid
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,10 +18,14 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 @pytest.fixture(autouse=True)
 def _own_gpu_turn(monkeypatch):
-    """Supervisors started by a test on this machine share its network namespace, where the node's GPU turn
-    lives (components/scripts/node_gpu_turn.py): each test gets a turn of its own, so tests running side by side
-    never wait for each other's. (The rehearsal's nodes are namespaces of their own: one turn each.)"""
-    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-test-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    """Supervisors started by a test on this machine would share the node's GPU turn
+    (components/scripts/node_gpu_turn.py): each test gets a directory of its own for it, so tests running side by
+    side never wait for each other's. Short, under /tmp: a Unix socket's path is at most 107 bytes. (The
+    rehearsal's nodes have a dockerd each, so a turn volume each.)"""
+    directory = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
+    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", directory)
+    yield
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 # The rehearsal's modules, longest first (seconds per file in the whole suite, 3 processes, 2026-12-04): ./run-tests

@@ -9,6 +9,7 @@ from components.config import ClusterConfig, NodeConfig
 from components.plan.endpoint import vllm_url
 from components.plan.names import (
     CONTAINER_PREFIX,
+    GPU_TURN_DIR_IN_NODE,
     GUARD_MARKER_IN_NODE,
     POLL_SECONDS,
     PROGRESS_SECONDS,
@@ -93,6 +94,7 @@ def supervisor_params(cfg: ClusterConfig, node: NodeConfig) -> dict[str, Any]:
         stop_grace_seconds=VLLM_STOP_GRACE_SECONDS,
         guard_marker=GUARD_MARKER_IN_NODE if cfg.network.guard else None,
         metrics_port=cfg.metrics.node_port,
+        gpu_turn_dir=GPU_TURN_DIR_IN_NODE,
     )
 
 

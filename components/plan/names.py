@@ -16,6 +16,10 @@ COMPILE_CACHE_VOLUMES = (
 GUARD_VOLUME = "spark-vllm-guard"
 GUARD_MARKER_DIR_IN_NODE = "/run/spark-vllm-guard"
 GUARD_MARKER_IN_NODE = f"{GUARD_MARKER_DIR_IN_NODE}/applied.json"
+# The node's GPU turn (components/scripts/node_gpu_turn.py): a volume every node container of the stack mounts, so
+# the node's supervisors share it and nobody else on the node can reach it (Docker keeps it root's, 0755).
+GPU_TURN_VOLUME = "spark-vllm-gpu-turn"
+GPU_TURN_DIR_IN_NODE = "/run/spark-vllm-turn"
 # The router's container: vllm-router installed once per version where the image lacks it (a volume)
 ROUTER_INSTALL_DIR = "/opt/spark-vllm-router"
 RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status

@@ -23,6 +23,8 @@ from components.plan.container import container_name, node_env, ray_address, sup
 from components.plan.fabric import rdma_in_container
 from components.plan.names import (
     COMPILE_CACHE_VOLUMES,
+    GPU_TURN_DIR_IN_NODE,
+    GPU_TURN_VOLUME,
     GUARD_MARKER_DIR_IN_NODE,
     GUARD_VOLUME,
     HF_CACHE_IN_CONTAINER,
@@ -78,14 +80,16 @@ def hf_cache_mount(cfg: ClusterConfig) -> docker.ContainerMountArgs:
 
 
 def _mounts(cfg: ClusterConfig, model: pulumi.Input[str]) -> pulumi.Output[list]:
-    """The container's mounts: the model, the Hugging Face cache, the compile caches, the guard's marker."""
+    """The container's mounts: the model, the Hugging Face cache, the compile caches, the node's GPU turn, the
+    guard's marker."""
+    turn = docker.ContainerMountArgs(type="volume", source=GPU_TURN_VOLUME, target=GPU_TURN_DIR_IN_NODE)
     guard = (
         [docker.ContainerMountArgs(type="volume", source=GUARD_VOLUME, target=GUARD_MARKER_DIR_IN_NODE, read_only=True)]
         if cfg.network.guard
         else []
     )
     return pulumi.Output.from_input(model).apply(
-        lambda path: [*model_mounts(path), hf_cache_mount(cfg), *compile_cache_mounts(cfg), *guard]
+        lambda path: [*model_mounts(path), hf_cache_mount(cfg), *compile_cache_mounts(cfg), turn, *guard]
     )
 
 

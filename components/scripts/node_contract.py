@@ -81,8 +81,13 @@ class SupervisorParams(Contract):
     stop_grace_seconds: float
     guard_marker: Optional[str] = None  # with network.guard: the marker its container writes once its rules hold
     metrics_port: Optional[int] = None  # metrics.nodePort: the node's metrics on its fabric address
+    gpu_turn_dir: Optional[str] = None  # the node's GPU turn (node_gpu_turn.py): its volume, in the container
 
-    OMIT_NONE = ("guard_marker", "metrics_port")  # only when set: turning nothing on changes no container
+    OMIT_NONE = (
+        "guard_marker",
+        "metrics_port",
+        "gpu_turn_dir",
+    )  # only when set: turning nothing on changes no container
 
 
 @dataclass(frozen=True)

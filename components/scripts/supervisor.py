@@ -94,6 +94,12 @@ def say(message):
         log.write(mark(message))
 
 
+def turn_dir():
+    """Where the node's GPU turn lives: the stack's volume in the container (SupervisorParams.gpu_turn_dir);
+    SPARK_VLLM_GPU_TURN for tests that run several "nodes" on one host; a container from before it had none."""
+    return os.environ.get("SPARK_VLLM_GPU_TURN") or P.gpu_turn_dir or f"{RUN}/gpu-turn"
+
+
 def read_spec():
     """vLLM's settings as the serve step handed them over (a VllmSpec), or None."""
     try:
@@ -138,10 +144,17 @@ class Supervisor(MemoryWaits, VllmWatch):
         self.guard_note = 0.0
         self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> (mtime, size)
         self.next_redact = 0.0
-        self.turn = GpuTurn()
-        self.tenant = Tenant()  # what this supervisor tells its neighbours on the node
+        self.turn_problem = None  # the turn's directory refused: no vLLM starts (status.json says why)
+        try:
+            self.turn = GpuTurn(turn_dir())
+            self.tenant = Tenant(turn_dir())  # what this supervisor tells its neighbours on the node
+        except TurnDirectoryError as refused:
+            self.turn_problem = str(refused)
+            self.turn, self.tenant = GpuTurn(f"{RUN}/gpu-turn-refused"), Tenant(f"{RUN}/gpu-turn-refused")
         self.turn_waiting = None  # since when this supervisor waits for the node's GPU turn
         self.turn_holder = None  # who holds it meanwhile, as it answered
+        self.turn_holder_limit = None  # how long it may hold it, as it answered
+        self.turn_overdue = None  # started without the turn: its holder kept it past its limit (why, for status.json)
         self.turn_note = 0.0
         self.turn_kept = False  # the turn held from vLLM's start until now (not given back at the hold limit)
         self.next_turn_check = 0.0
@@ -257,24 +270,42 @@ class Supervisor(MemoryWaits, VllmWatch):
         return self.spec.tenancy if self.spec else None
 
     def take_turn(self, now):
-        """Whether vLLM may start now: this supervisor holds the node's GPU turn (node_gpu_turn.py)."""
+        """Whether vLLM may start now: this supervisor holds the node's GPU turn (node_gpu_turn.py), or its holder
+        kept it past the longest any supervisor of the stack may (a holder stopped or hung: not worth waiting for)."""
+        if self.turn_problem:
+            self.failed, self.state = f"vLLM is not started: {self.turn_problem}", VllmState.FAILED
+            say(self.failed)
+            return False
         tenancy = self.tenancy()
-        identity = {"node": P.node, "replica": tenancy.replica if tenancy else None, "why": "starting vLLM"}
+        limit = tenancy.turn_hold_seconds if tenancy else TURN_HOLD_SECONDS
+        identity = {"node": P.node, "replica": tenancy.replica if tenancy else None, "why": "starting vLLM",
+                    "hold_seconds": limit}  # fmt: skip
         if self.turn.take(identity):
             if self.turn_waiting is not None:
                 say(f"took the node's GPU turn after waiting {now - self.turn_waiting:.0f} s for {self.turn_holder}")
-            self.turn_waiting, self.turn_holder = None, None
+            self.turn_waiting, self.turn_holder, self.turn_overdue = None, None, None
             return True
         if self.turn_waiting is None:
             self.turn_waiting, self.turn_note = now, 0.0
         self.gpu_busy_since, self.gpu_busy = None, None  # memory a neighbour takes while it starts is not a busy GPU
         if now >= self.turn_note:
-            self.turn_holder = describe_holder(self.turn.holder())
+            holder = self.turn.holder()
+            self.turn_holder = describe_holder(holder)
+            self.turn_holder_limit = hold_limit(holder)
             say(
                 f"waiting for the node's GPU turn ({now - self.turn_waiting:.0f} s): held by {self.turn_holder}; "
                 "vLLMs sharing a GPU start one at a time, so that none counts another's memory as its own"
             )
             self.turn_note = now + 30
+        bound = turn_wait_bound(max(limit, self.turn_holder_limit or 0))
+        if now - self.turn_waiting > bound:
+            if self.turn_overdue is None:
+                self.turn_overdue = (
+                    f"{self.turn_holder} kept the node's GPU turn over {bound:.0f} s, longer than any supervisor of "
+                    "this stack may: vLLM starts without it"
+                )
+                say(self.turn_overdue)
+            return True
         self.state = VllmState.WAITING_TURN
         return False
 
@@ -319,6 +350,14 @@ class Supervisor(MemoryWaits, VllmWatch):
         if self.turn.held:
             self.turn.give_back()
             say(f"gave the node's GPU turn back: {why}")
+
+    def turn_said(self):
+        """status.json's `turn`: held, waiting (for whom), started without it (why), or None."""
+        if self.turn.held:
+            return "held"
+        if self.turn_overdue:
+            return f"without: {self.turn_overdue}"
+        return f"waiting: held by {self.turn_holder}" if self.turn_waiting is not None else None
 
     def others_memory(self):
         """MiB that processes other than this vLLM hold of the GPUs it uses (of a GB10's memory: MemTotal less
@@ -623,9 +662,7 @@ class Supervisor(MemoryWaits, VllmWatch):
             gpu_busy=self.gpu_busy,
             ray_restarts=self.ray_restarts if P.ray_argv else None,
             oom_guarded=self.oom_guarded,
-            turn="held"
-            if self.turn.held
-            else (f"waiting: held by {self.turn_holder}" if self.turn_waiting is not None else None),
+            turn=self.turn_said(),
             faults=dict(self.faults),
             last_fault=self.last_fault,
         )

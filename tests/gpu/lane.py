@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -198,6 +199,9 @@ class Node:
             env[key] = value
         if cfg.executor == "ray" and cfg.ray.auth == "token":
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # the program's ray-auth-token, in the secret env
+        # the node's GPU turn: a directory of the lane's own (the container's volume on a node); short, as a Unix
+        # socket's path must be
+        env["SPARK_VLLM_GPU_TURN"] = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
         env.update(extra_env)
         self.env = env
         self.supervisor = None

@@ -168,6 +168,8 @@ def test_node_containers_are_wired_to_the_fabric(run):
             # container.compileCache (on by default): a new container starts from the node's compiled graphs
             {"type": "volume", "source": "spark-vllm-compile-cache", "target": "/root/.cache/vllm"},
             {"type": "volume", "source": "spark-vllm-flashinfer-cache", "target": "/root/.cache/flashinfer"},
+            # the node's GPU turn: only the stack's containers reach it (node_gpu_turn.py)
+            {"type": "volume", "source": "spark-vllm-gpu-turn", "target": "/run/spark-vllm-turn"},
             # network.guard (on in the prod stack): its marker, so Ray waits for the rules after a reboot
             {"type": "volume", "source": "spark-vllm-guard", "target": "/run/spark-vllm-guard", "readOnly": True},
         ]
@@ -189,7 +191,8 @@ def test_node_containers_are_wired_to_the_fabric(run):
     assert "--dashboard-host=127.0.0.1" in on_head["ray_argv"]
     assert "--address=192.168.200.12:6379" in on_worker["ray_argv"]
     # nothing of vLLM's (nor the node count) in the container's definition: those change no container
-    assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds", "guard_marker"}
+    assert set(on_head) == {"node", "executor", "run_dir", "ray_argv", "stop_grace_seconds", "guard_marker",
+                           "gpu_turn_dir"}  # fmt: skip
     assert head.inputs["name"] == "spark-vllm-spark-01"
 
 

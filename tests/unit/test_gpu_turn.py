@@ -5,11 +5,16 @@ in one test being two containers of one node."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -132,11 +137,10 @@ def node_pair(tmp_path):
     sim.close()
 
 
-def test_the_turn_answers_who_holds_it_and_names_can_be_kept_apart():
-    program = script("supervisor.py").split("P = SupervisorParams")[0]  # the helpers, without the main program
-    space: dict = {}
-    exec(compile(program, "supervisor-helpers", "exec"), space)  # noqa: S102 - our own script's helpers
-    holder, waiter = space["GpuTurn"](), space["GpuTurn"]()
+def test_the_turn_answers_who_holds_it_and_directories_can_be_kept_apart(tmp_path):
+    space = helpers_space()
+    directory = os.environ["SPARK_VLLM_GPU_TURN"]
+    holder, waiter = space["GpuTurn"](directory), space["GpuTurn"](directory)
     assert waiter.holder() is None  # nobody holds it
     assert holder.take({"node": "spark-03", "replica": "coder", "why": "starting vLLM"})
     assert not waiter.take({"node": "spark-03", "replica": "small"})
@@ -151,15 +155,17 @@ def test_the_turn_answers_who_holds_it_and_names_can_be_kept_apart():
     assert answer["replica"] == "coder" and answer["why"] == "starting vLLM"
     assert space["describe_holder"](answer).startswith("coder (node spark-03) since ")
     holder.give_back()
+    assert not os.path.exists(holder.listener.name)  # its socket goes with it
     assert waiter.take({"node": "spark-03", "replica": "small"})
     waiter.give_back()
-    os.environ["SPARK_VLLM_GPU_TURN"] += "-other"  # another node: another name, another turn
+    other_node = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")  # another node: another volume, another turn
     try:
-        other = space["GpuTurn"]()
+        other = space["GpuTurn"](other_node)
         assert holder.take({}) and other.take({})
     finally:
         holder.give_back()
         other.give_back()
+        shutil.rmtree(other_node)
 
 
 def test_a_memory_refusal_while_a_neighbour_is_starting_is_never_called_a_refusal_of_its_settings(sims, tmp_path):
@@ -178,9 +184,13 @@ def test_a_memory_refusal_while_a_neighbour_is_starting_is_never_called_a_refusa
     assert status["failed"] is None and status["restarts_total"] == 0
 
 
-# --- the turn's and the neighbours' names are abstract: anyone may bind them ----------------------------
+# --- the turn and the neighbours live where only the stack's supervisors reach -------------------------
 
 NOBODY = 65534
+OTHER_USER = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+    reason="another user's process needs root to become it, and a python3 that user may run",
+)
 
 
 def helpers_space() -> dict:
@@ -191,71 +201,175 @@ def helpers_space() -> dict:
 
 
 def squat(name: str, answer: bytes, uid: int | None) -> subprocess.Popen:
-    """A process that binds the abstract `name` first (as `uid`) and answers each connection with `answer`."""
+    """A process that binds the Unix socket `name` (a path, or an abstract name with its NUL) as `uid` and answers
+    each connection with `answer`; it prints what binding it did."""
     program = (
         "import socket, sys\n"
-        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind('\\0' + sys.argv[1]); s.listen(8)\n"
-        "print('bound', flush=True)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "try:\n"
+        "    s.bind(sys.argv[1].replace('@', '\\0', 1) if sys.argv[1].startswith('@') else sys.argv[1])\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno, flush=True); sys.exit(0)\n"
+        "s.listen(8); print('bound', flush=True)\n"
         "while True:\n"
         "    c, _ = s.accept(); c.sendall(bytes.fromhex(sys.argv[2])); c.close()\n"
     )
     drop = (lambda: os.setuid(uid)) if uid is not None else None  # noqa: E731
-    assert name.startswith("\0")
+    shown = "@" + name[1:] if name.startswith("\0") else name
     python = "/usr/bin/python3" if uid is not None else sys.executable  # one another user may run
-    process = subprocess.Popen([python, "-c", program, name[1:], answer.hex()], preexec_fn=drop,
+    process = subprocess.Popen([python, "-c", program, shown, answer.hex()], preexec_fn=drop,
                                stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert process.stdout.readline().strip() == "bound"
+    process.said = process.stdout.readline().strip()
     return process
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
-                    reason="another user's squatter needs root to become it, and a python3 that user may run")  # fmt: skip
-def test_a_squatter_of_another_user_is_named_for_what_it_is_not_believed(monkeypatch):
-    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-squat")
+@pytest.fixture
+def volume():
+    """A directory as Docker makes a volume's: root's, 0755, in a parent any user may enter (tmp_path's is not: the
+    permission tested must be the directory's own)."""
+    parent = tempfile.mkdtemp(prefix="svvol-", dir="/tmp")
+    os.chmod(parent, 0o755)
+    path = Path(parent) / "_data"
+    path.mkdir(mode=0o755)
+    yield path
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def ended(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait()
+
+
+@OTHER_USER
+def test_another_user_can_neither_take_the_turn_nor_pose_as_a_neighbour(volume):
+    """What #58 found: the turn was an abstract socket, which any process of the host's network namespace could bind
+    first, so no vLLM of the node would ever start again. Now it is a lock in the stack's volume (root's, 0755)."""
+    looked = subprocess.run(["/usr/bin/python3", "-c", "import os, sys; os.listdir(sys.argv[1])", str(volume)],
+                            preexec_fn=lambda: os.setuid(NOBODY))  # fmt: skip
+    assert looked.returncode == 0  # another user reaches the directory: the refusals below are its mode's doing
     space = helpers_space()
-    turn = space["GpuTurn"]()
-    squatter = squat(turn.listener.name, b'{"replica": "coder", "why": "starting vLLM"}\n', NOBODY)
+    turn, tenant = space["GpuTurn"](str(volume)), space["Tenant"](str(volume))
+    for name in ("turn.sock", "tenant.big.0000.sock"):
+        squatter = squat(str(volume / name), b'{"replica": "big", "state": "starting"}\n', NOBODY)
+        assert squatter.said == f"refused {errno.EACCES}", squatter.said
+        ended(squatter)
+    old_name = squat("\0spark-vllm-gpu-turn", b'{"replica": "coder"}\n', NOBODY)  # the name it had before
     try:
-        assert not turn.take({"replica": "small"})  # it holds the name: nobody of the stack can take it
-        holder = turn.holder()
-        assert holder == {"impostor": {"pid": squatter.pid, "uid": NOBODY}}  # the kernel's word, not its own
-        said = space["describe_holder"](holder)
-        assert f"process {squatter.pid} (uid {NOBODY}), not a supervisor of this stack" in said
+        assert turn.take({"replica": "small"})  # the abstract name is nobody's business any more
+        tenant.tell({"replica": "small", "state": "running"})
+        assert tenant.neighbours() == []
     finally:
-        squatter.kill()
-        squatter.wait()
-    assert wait_for(lambda: turn.take({"replica": "small"}), 5)  # gone: the name is free again
-    turn.give_back()
+        ended(old_name)
+        turn.give_back()
+        tenant.close()
+    dropped = subprocess.run(["/usr/bin/python3", "-c", f"open({str(volume / 'turn.lock')!r}, 'a')"],
+                             preexec_fn=lambda: os.setuid(NOBODY), capture_output=True, text=True)  # fmt: skip
+    assert "PermissionError" in dropped.stderr  # the lock file is root's, 0600: another user cannot even open it
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
-                    reason="another user's liar needs root to become it, and a python3 that user may run")  # fmt: skip
-def test_a_neighbour_of_another_user_saying_it_is_starting_is_not_a_neighbour(monkeypatch):
-    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-liar")
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o1777])
+def test_a_turn_directory_others_may_write_in_is_refused_and_no_vllm_starts(tmp_path, mode):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
     space = helpers_space()
-    tenant = space["Tenant"]()
-    tenant.tell({"replica": "small", "state": "running"})
-    liar = squat(tenant.prefix + "big.0000", b'{"replica": "big", "state": "starting"}\n', NOBODY)
-    honest = squat(tenant.prefix + "side.0001", b'{"replica": "side", "state": "starting"}\n', None)
+    with pytest.raises(space["TurnDirectoryError"], match=r"is not a directory that only uid \d+ may write in"):
+        space["GpuTurn"](str(shared))
+    sim = NodeSim(tmp_path, "small")
     try:
+        sim.start(SPARK_VLLM_GPU_TURN=str(shared))
+        sim.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=5)
+        assert wait_for(lambda: sim.status().get("state") == "failed", 20)
+        assert "another user could take the node's GPU turn" in sim.status()["failed"]
+        assert sim.status()["vllm_pid"] is None
+    finally:
+        sim.close()
+
+
+def test_a_link_where_the_turn_directory_should_be_is_refused(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "turn").symlink_to(target)
+    space = helpers_space()
+    with pytest.raises(space["TurnDirectoryError"], match="mode lrwxrwxrwx"):
+        space["GpuTurn"](str(tmp_path / "turn"))
+
+
+@OTHER_USER
+def test_a_neighbour_of_another_user_saying_it_is_starting_is_not_a_neighbour(volume):
+    """Defence in depth: were another user's socket in the directory (placed while it was open to all, say), what
+    it says is not believed: the kernel says whose it is."""
+    volume.chmod(0o777)
+    space = helpers_space()
+    liar = squat(str(volume / "tenant.big.0000.sock"), b'{"replica": "big", "state": "starting"}\n', NOBODY)
+    volume.chmod(0o755)
+    honest = squat(str(volume / "tenant.side.0001.sock"), b'{"replica": "side", "state": "starting"}\n', None)
+    tenant = space["Tenant"](str(volume))
+    try:
+        assert liar.said == honest.said == "bound"
+        tenant.tell({"replica": "small", "state": "running"})
         assert [n["replica"] for n in tenant.neighbours()] == ["side"]  # root's, as the stack's supervisors are
     finally:
         for process in (liar, honest):
-            process.kill()
-            process.wait()
+            ended(process)
         tenant.close()
 
 
-@pytest.mark.parametrize("answer", [b"[1]\n", b"1\n", b'"x"\n', b"null\n", b"{\n", b"\xff\xfe\n", b"x" * 40000])
-def test_whatever_a_holder_answers_the_supervisor_says_a_line_and_goes_on(monkeypatch, answer):
-    monkeypatch.setenv("SPARK_VLLM_GPU_TURN", f"spark-vllm-gpu-turn-test-{os.getpid()}-crash")
+def test_a_neighbour_that_died_without_a_word_is_tidied_once_its_socket_is_old(tmp_path):
     space = helpers_space()
-    turn = space["GpuTurn"]()
+    directory = os.environ["SPARK_VLLM_GPU_TURN"]
+    dead = squat(os.path.join(directory, "tenant.big.0000.sock"), b"{}\n", None)
+    ended(dead)  # a SIGKILL: its socket stays behind, nobody listening
+    young = squat(os.path.join(directory, "tenant.new.0001.sock"), b"{}\n", None)
+    ended(young)
+    tenant = space["Tenant"](directory)
+    hour_ago = time.time() - 3600
+    os.utime(os.path.join(directory, "tenant.big.0000.sock"), (hour_ago, hour_ago), follow_symlinks=False)
+    assert tenant.neighbours() == []
+    assert sorted(os.listdir(directory)) == ["tenant.new.0001.sock"]  # a young one may be a socket being opened
+
+
+@pytest.mark.parametrize("answer", [b"[1]\n", b"1\n", b'"x"\n', b"null\n", b"{\n", b"\xff\xfe\n", b"x" * 40000])
+def test_whatever_a_holder_answers_the_supervisor_says_a_line_and_goes_on(answer):
+    space = helpers_space()
+    turn = space["GpuTurn"](os.environ["SPARK_VLLM_GPU_TURN"])
     crasher = squat(turn.listener.name, answer, None)
     try:
         holder = turn.holder()
         assert holder == {} and space["describe_holder"](holder) == "another supervisor on this node"
         assert space["describe_holder"]({"replica": ["x"], "node": {"a": 1}, "why": 3}).startswith("['x'] (node ")
+        assert (
+            space["hold_limit"]({"hold_seconds": True}) is None and space["hold_limit"]({"hold_seconds": 1e9}) is None
+        )
     finally:
-        crasher.kill()
-        crasher.wait()
+        ended(crasher)
+
+
+HOLD_FOR_EVER = """
+import fcntl, os, sys, time
+lock = os.open(os.path.join(sys.argv[1], "turn.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(lock, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_holder_that_keeps_the_turn_past_its_limit_is_waited_for_no_longer(sims, tmp_path):
+    """A supervisor stopped (SIGSTOP) or hung while holding the turn never gives it back: the others wait its limit
+    and as long again (at most a minute), then start without it, and status.json says so."""
+    directory = os.environ["SPARK_VLLM_GPU_TURN"]
+    stuck = subprocess.Popen([sys.executable, "-c", HOLD_FOR_EVER, directory], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout.readline().strip() == "holding"
+        small = sims("small", ready_file=tmp_path / "small-serves")
+        small.start()
+        started = time.monotonic()
+        small.serve(tenancy={"replica": "small", "turn_hold_seconds": 2}, gpu_memory_utilization=0.2, timeout=3)
+        assert small.status()["state"] == "waiting for the GPU turn"
+        assert wait_for(lambda: small.status().get("vllm_pid") is not None, 30)
+        assert time.monotonic() - started >= 3.5  # 2 s and as long again
+        turn = small.status()["turn"]
+        assert turn.startswith("without: another supervisor on this node kept the node's GPU turn over 4 s")
+        assert "vLLM starts without it" in small.log()
+    finally:
+        ended(stuck)
