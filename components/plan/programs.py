@@ -48,6 +48,7 @@ SCRIPT_HELPERS = {
         "node_common.py",
         "node_copy_channel.py",
         "node_copy_tree.py",
+        "node_image_archive.py",
     ),
     "node_guard.py": ("node_contract.py",),
 }

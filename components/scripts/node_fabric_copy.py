@@ -7,7 +7,8 @@
 #   (`docker save` through the Docker Engine API) and the files of the model directory, to clients
 #   that prove they hold the stack's copy token. It never writes anything.
 # * "image" — on a receiving node's host: when the node lacks the image id, streams it from the
-#   depot into `docker load`, then checks that exactly that id is now on the node and tags it.
+#   depot into `docker load` (holding back what `docker load` acts on until it is checked: one image, that
+#   id, no names; node_image_archive.py), then checks that exactly that id is now on the node and tags it.
 # * "model" — on a receiving node's host: makes the model directory equal to the source's: fetches
 #   the files whose size or modification time differ (holes in sparse files stay holes), fixes
 #   symlinks, removes files the source does not have. Hidden entries are left alone (download
@@ -239,16 +240,20 @@ def receive_image():
     )
     progress = Progress("image", offer["size"])
     failure = []
+    check = ArchiveCheck(expected)  # node_image_archive.py: what `docker load` may act on
 
     def body():
         try:
             while True:
                 kind, payload = channel.receive()
                 if kind == b"E":
+                    check.finish()
                     return
                 progress.add(len(payload))
-                yield bytes(payload)
-        except (CopyError, OSError) as error:
+                passed = check.feed(payload)
+                if passed:
+                    yield passed
+        except (CopyError, OSError, ArchiveError) as error:
             failure.append(error)
             raise
 
@@ -258,8 +263,13 @@ def receive_image():
         )
         answer = response.read().decode(errors="replace")
         connection.close()
-    except (OSError, http.client.HTTPException, CopyError) as error:
+    except (OSError, http.client.HTTPException, CopyError, ArchiveError) as error:
         cause = failure[0] if failure else error
+        if isinstance(cause, ArchiveError):
+            raise CopyError(
+                f"the depot on {P.source} sent an image archive that {cause}; refused before `docker load` had it "
+                "whole, nothing was loaded"
+            ) from error
         raise CopyError(f"the copy was cut after {human(progress.done)}: {cause}; nothing was loaded") from error
     if failure:
         raise CopyError(f"the copy was cut after {human(progress.done)}: {failure[0]}; nothing was loaded")

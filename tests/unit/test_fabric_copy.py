@@ -13,6 +13,7 @@ import socket
 import socketserver
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from components.plan.programs import script, script_program
+from tests.image_archives import config_for, image_id, legacy, loaded
 from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
 
@@ -379,14 +381,22 @@ class DockerHandler(BaseHTTPRequestHandler):
         self.server.paths.append(self.path)
         if api_refusal(self):
             return
-        if "/load" in self.path:  # the id follows from the archive's bytes, as a config digest does
+        if "/load" in self.path:  # as Docker does: ids from the configs, names from RepoTags (image_archives)
             body = self.read_chunked()
             self.server.loads.append(body)
-            if body.endswith(b"<cut>"):
-                return self.reply(200, b'{"errorDetail": {"message": "unexpected EOF"}, "error": "unexpected EOF"}')
-            image_id = "sha256:" + hashlib.sha256(body).hexdigest()
-            self.server.images[image_id] = body
-            return self.reply(200, json.dumps({"stream": f"Loaded image ID: {image_id}\n"}).encode())
+            try:
+                if body.endswith(b"<cut>"):
+                    raise ValueError("unexpected EOF")
+                ids, names = loaded(body)
+            except (tarfile.TarError, KeyError, ValueError) as error:
+                failed = {"errorDetail": {"message": str(error)}, "error": str(error)}
+                return self.reply(200, json.dumps(failed).encode())
+            for image_id in ids:
+                self.server.images[image_id] = body
+            for name in names:
+                repo, tag = name.rsplit(":", 1)
+                self.server.tags.append({"image": ids[0], "repo": repo, "tag": tag})
+            return self.reply(200, json.dumps({"stream": f"Loaded image ID: {ids[0]}\n"}).encode())
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         self.server.tags.append({"image": self.image(), "repo": query["repo"][0], "tag": query["tag"][0]})
         self.reply(201, b"")
@@ -421,8 +431,8 @@ def dockers(tmp_path):
         server.server_close()
 
 
-ARCHIVE = os.urandom(9 << 20)
-IMAGE_ID = "sha256:" + hashlib.sha256(ARCHIVE).hexdigest()
+ARCHIVE = legacy(config_for("vllm"), os.urandom(9 << 20))
+IMAGE_ID = image_id(config_for("vllm"))
 
 
 def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
@@ -431,14 +441,15 @@ def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
     result, summary = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID,
                              reference="registry.lan:5000/vllm:gb10")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert receiver.loads == [ARCHIVE] and IMAGE_ID in receiver.images
+    [body] = receiver.loads  # the archive to its end (two empty blocks); tar's padding after it is not sent
+    assert ARCHIVE.startswith(body) and not ARCHIVE[len(body) :].strip(b"\0") and IMAGE_ID in receiver.images
     assert receiver.tags == [{"image": IMAGE_ID, "repo": "registry.lan:5000/vllm", "tag": "gb10"}]
     assert summary == {"image_id": IMAGE_ID, "copied_bytes": len(ARCHIVE)}
     assert (
-        f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.4 MB unpacked; Docker 20.10.24, Engine API 1.41)"
+        f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.5 MB unpacked; Docker 20.10.24, Engine API 1.41)"
         in result.stdout
     )
-    assert "image: 9.4 MB of 9.4 MB (100%)" in result.stdout and "loaded, image id checked" in result.stdout
+    assert "image: 9.5 MB of 9.5 MB (100%)" in result.stdout and "loaded, image id checked" in result.stdout
 
 
 def test_a_node_that_has_the_image_copies_nothing(depot, dockers):
@@ -471,13 +482,14 @@ def test_a_cut_or_corrupted_image_stream_loads_nothing_and_names_the_node(depot,
 
 
 def test_an_archive_that_loads_another_image_is_refused(depot, dockers):
-    """The depot's Docker hands out bytes that are not the image id asked for: the id check stops it."""
-    source, receiver = dockers({IMAGE_ID: b"a tampered archive"}), dockers({})
+    """The depot's Docker hands out another image than the id asked for: its manifest says so before the load."""
+    other = legacy(config_for("other"), b"x" * 4096)
+    source, receiver = dockers({IMAGE_ID: other}), dockers({})
     port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
     result, _ = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID, reference="x:1")
     assert result.returncode == 1
-    assert f"after the copy {IMAGE_ID} is not on this node: the archive held another image" in result.stdout
-    assert receiver.tags == []
+    assert f"holds the image {image_id(config_for('other'))[7:]}.json, not {IMAGE_ID}" in result.stdout
+    assert receiver.tags == [] and not [i for i in receiver.images if i != IMAGE_ID]
 
 
 def test_a_docker_29_source_and_receiver_are_spoken_to_in_their_api_version(depot, dockers):
