@@ -139,6 +139,7 @@ class Depot(pulumi.ComponentResource):
             restart="unless-stopped",
             init=True,
             role="copy-depot",
+            guarded=cfg.network.guard,  # fabricCopy.port: nothing answers there before the guard's rules
             stop_grace_seconds=5,
             provider=args.provider,
             parent=self,

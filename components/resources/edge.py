@@ -68,6 +68,7 @@ class Edge(pulumi.ComponentResource):
             image=cfg.edge.image,
             entrypoints=entrypoints(),
             restart=cfg.container.restart,
+            guarded=cfg.network.guard,  # its own port (edge.metricsPort) is fenced
             provider=provider,
             parent=self,
             depends_on=depends_on,

@@ -75,6 +75,7 @@ class Router(pulumi.ComponentResource):
             init=True,
             node=self._node.name,
             role="router",
+            guarded=cfg.network.guard,  # router.metricsPort is fenced
             provider=provider,
             parent=self,
             depends_on=depends_on,

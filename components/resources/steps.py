@@ -14,6 +14,9 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
+from components.plan.names import GUARD_MARKER_DIR_IN_NODE, GUARD_MARKER_IN_NODE, GUARD_VOLUME
+from components.plan.programs import script
+
 # What a step that may print a secret (the API key in vLLM's log tail, a token on stdin) keeps out of
 # plain state: pulumi-command marks none of its outputs secret by itself.
 SECRET_IO = ["stdin", "stdout", "stderr"]
@@ -88,9 +91,13 @@ def service_container(
     capabilities: Optional[docker.ContainerCapabilitiesArgs] = None,
     stop_grace_seconds: int = 10,
     depends_on: Sequence[pulumi.Resource] = (),
+    guarded: bool = False,
 ) -> docker.Container:
     """A container of the stack's own on a node's host network, with a fixed name (so the old one goes
-    before the new one starts), labelled with its node and role, that must keep running."""
+    before the new one starts), labelled with its node and role, that must keep running. `guarded`: it listens on
+    a port network.guard fences, so its program starts only once the guard's rules hold in this boot."""
+    if guarded:
+        entrypoints, mounts = guard_gated(entrypoints, mounts)
     labels = [docker.ContainerLabelArgs(label="spark-vllm.node", value=node)] if node else []
     labels.append(docker.ContainerLabelArgs(label="spark-vllm.role", value=role))
     return docker.Container(
@@ -114,6 +121,20 @@ def service_container(
             depends_on=list(depends_on),
             additional_secret_outputs=["envs"] if secret_envs else None,
         ),
+    )
+
+
+def guard_gated(
+    entrypoints: pulumi.Input[Sequence[str]], mounts: pulumi.Input[Sequence[docker.ContainerMountArgs]]
+) -> tuple[pulumi.Output, pulumi.Output]:
+    """The container's program behind guard_gate.sh, and the guard's marker volume mounted (read-only) for it."""
+    marker = docker.ContainerMountArgs(
+        type="volume", source=GUARD_VOLUME, target=GUARD_MARKER_DIR_IN_NODE, read_only=True
+    )
+    gate = ["bash", "-c", script("guard_gate.sh"), "guard_gate", GUARD_MARKER_IN_NODE]
+    return (
+        pulumi.Output.from_input(entrypoints).apply(lambda program: [*gate, *program]),
+        pulumi.Output.from_input(mounts).apply(lambda given: [*given, marker]),
     )
 
 

@@ -1,5 +1,5 @@
 # network.guard on one node: the ports of Ray, of the ranks (NCCL, Gloo, torch: the kernel's
-# ephemeral range), of vLLM's master (executor mp) and of the copy depot accept TCP only from the
+# ephemeral range), of vLLM's master (executor mp) and of the copy depot accept TCP and UDP only from the
 # other nodes' fabric addresses arriving on the fabric interface, and from the node itself
 # (loopback); replies to connections this node opened pass. vLLM's API port stays open, or open
 # to the given source networks only. SSH is never matched, and nothing is ever opened: the rules
@@ -147,7 +147,9 @@ def nft_ruleset(ranges):
         '    iif "lo" accept',
         "    ct state established,related accept",
         f'    tcp dport @guarded iifname "{spec.interface}" ip saddr @peers accept',
+        f'    udp dport @guarded iifname "{spec.interface}" ip saddr @peers accept',
         "    tcp dport @guarded drop",
+        "    udp dport @guarded drop",
     ]
     for port in api_ports(api):
         lines += [f"    tcp dport {port} ip saddr @api_sources accept", f"    tcp dport {port} drop"]
@@ -181,12 +183,13 @@ def iptables_rules(ranges, v6):
     spec = P.spec
     lines = ["*filter", f":{CHAIN} - [0:0]", f"-A {CHAIN} -i lo -j RETURN"]
     lines.append(f"-A {CHAIN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN")
-    for ports in multiport_chunks(ranges):
-        match = f"-p tcp -m multiport --dports {ports}"
-        if not v6:
-            for peer in spec.peers:
-                lines.append(f"-A {CHAIN} {match} -i {spec.interface} -s {peer}/32 -j RETURN")
-        lines.append(f"-A {CHAIN} {match} -j DROP")
+    for protocol in ("tcp", "udp"):
+        for ports in multiport_chunks(ranges):
+            match = f"-p {protocol} -m multiport --dports {ports}"
+            if not v6:
+                for peer in spec.peers:
+                    lines.append(f"-A {CHAIN} {match} -i {spec.interface} -s {peer}/32 -j RETURN")
+            lines.append(f"-A {CHAIN} {match} -j DROP")
     api = spec.api
     for port in api_ports(api):
         if not v6:

@@ -42,9 +42,9 @@ def raylet_ports(cluster, node) -> set[int]:
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if '"raylet"' in line}
 
 
-def listeners(cluster, node) -> set[tuple[str, int]]:
-    """(address, port) of every TCP listener in the node's network namespace."""
-    out = cluster.run_in(node, ["ss", "-Hltn"]).stdout
+def listeners(cluster, node, protocol: str = "t") -> set[tuple[str, int]]:
+    """(address, port) of every TCP (`t`) or UDP (`u`) listener in the node's network namespace."""
+    out = cluster.run_in(node, ["ss", f"-Hl{protocol}n"]).stdout
     found = set()
     for line in out.splitlines():
         local = line.split()[3]
@@ -110,6 +110,11 @@ def test_every_listener_outside_loopback_is_sshd_vllm_or_guarded(sim_cluster, st
         outside = {(a, p) for a, p in found if not a.startswith("127.") and a != "::1"}
         loose = [(a, p) for a, p in outside if p not in spec.public and not any(lo <= p <= hi for lo, hi in ranges)]
         assert loose == [], f"{node.name}: listeners neither public nor guarded: {loose} (all: {sorted(found)})"
+        # UDP too (the rules match it since #58): whatever binds a UDP port outside loopback is in a guarded range
+        datagrams = {(a, p) for a, p in listeners(sim_cluster, node, "u") if not a.startswith("127.") and a != "::1"}
+        loose = [(a, p) for a, p in datagrams if not any(lo <= p <= hi for lo, hi in ranges)]
+        assert loose == [], f"{node.name}: UDP sockets outside the guarded ranges: {loose}"
+        assert "udp dport @guarded drop" in table(sim_cluster, node)
         assert raylet_ports(sim_cluster, node) <= {p for _, p in outside}  # Ray's own picks, guarded too
         print(f"{node.name}: {len(outside)} listeners outside loopback: {sorted(outside, key=lambda x: x[1])}")
 
@@ -118,17 +123,48 @@ def test_a_second_preview_changes_nothing(stack):
     assert stack["stack"].preview().changed == {}
 
 
-def test_after_a_reboot_of_a_worker_the_rules_come_back_and_it_serves_again(sim_cluster, stack):
+STALE_MARKER = """
+import json, sys
+path = "/var/lib/spark-vllm-guard/applied.json"
+marker = json.load(open(path))
+marker["boot_id"] = "0" * 8 + marker["boot_id"][8:]  # what a reboot leaves: the boot before's
+json.dump(marker, open(path, "w"))
+"""
+
+
+def held_back_guard(cluster, node) -> str:
+    """What a reboot leaves the guard's volume (a marker of the boot before), with the guard's container not
+    started again by Docker, so that what waits for it can be seen waiting: its restart policy, to put back."""
+    policy = cluster.docker(node, "inspect", "-f", "{{.HostConfig.RestartPolicy.Name}}", "spark-vllm.guard")
+    cluster.docker(node, "update", "--restart=no", "spark-vllm.guard")
+    cluster.docker(node, "exec", "spark-vllm.guard", "python3", "-c", STALE_MARKER)
+    return policy.stdout.strip()
+
+
+def let_the_guard_go(cluster, node, policy: str) -> None:
+    cluster.docker(node, "update", f"--restart={policy}", "spark-vllm.guard")
+    cluster.docker(node, "start", "spark-vllm.guard")
+
+
+def test_after_a_reboot_of_a_worker_nothing_listens_before_the_rules_and_it_serves_again(sim_cluster, stack):
     worker = sim_cluster.nodes[1]
-    # A reboot: the kernel's rules are gone, the daemon and its containers go and come back. The guard checks its
-    # rules every 10 s and would put them back under the probe below: it is paused first (frozen, as a node going
-    # down is), and the daemon's stop ends it paused.
+    # A reboot: the kernel's rules are gone, the daemon and its containers go and come back, the guard's marker
+    # names the boot before. The guard checks its rules every 10 s and would put them back under the probe below:
+    # it is paused first (frozen, as a node going down is), and the daemon's stop ends it paused. Docker does not
+    # start it again until the test lets it (#58: nothing that listens may start before it).
+    policy = held_back_guard(sim_cluster, worker)
     sim_cluster.docker(worker, "pause", "spark-vllm.guard")
     sim_cluster.run_in(worker, ["nft", "delete", "table", "inet", "spark_vllm_guard"])
     raylet = min(raylet_ports(sim_cluster, worker))
     assert reachable(worker.mgmt_ip, raylet)  # what the guard keeps off: open without it
     sim_cluster.stop_dockerd(worker)
     sim_cluster.start_dockerd(worker)
+    node_container = f"spark-vllm-{worker.name}"
+    wait_until(lambda: "waiting for network.guard's rules" in sim_cluster.docker(worker, "logs", node_container).stdout,
+               60, "the worker's supervisor waiting for the guard after its dockerd restarted", every=0.5)  # fmt: skip
+    time.sleep(5)  # long enough for Ray to have started, were anything starting it
+    assert raylet_ports(sim_cluster, worker) == set() and table(sim_cluster, worker) == ""
+    let_the_guard_go(sim_cluster, worker, policy)
     outputs, key = stack["run"].outputs, stack["secrets"]["apiKey"]
     deadline = time.monotonic() + 180
     wait_until(lambda: table(sim_cluster, worker) and raylet_ports(sim_cluster, worker), 180,
@@ -141,6 +177,29 @@ def test_after_a_reboot_of_a_worker_the_rules_come_back_and_it_serves_again(sim_
                errors=(Exception,))  # fmt: skip
     log = sim_cluster.docker(worker, "logs", "spark-vllm.guard").stdout
     assert log.count("applied (nft)") >= 2  # at the deploy, and again when Docker started it
+
+
+def test_the_edge_waits_for_the_rules_in_this_boot_before_it_listens(sim_cluster, stack):
+    """Its own port (edge.metricsPort) is fenced: after a reboot the edge starts only once the guard's rules are
+    back (guard_gate.sh). A restart of its container under a marker of the boot before stands for the reboot."""
+    head = sim_cluster.nodes[0]
+    cfg, outputs, key = stack["config"], stack["run"].outputs, stack["secrets"]["apiKey"]
+    policy = held_back_guard(sim_cluster, head)
+    sim_cluster.docker(head, "stop", "spark-vllm.guard")  # the rules stay: the guard leaves them when it stops
+    sim_cluster.run_in(head, ["nft", "delete", "table", "inet", "spark_vllm_guard"])  # as a reboot leaves them
+    sim_cluster.docker(head, "restart", "spark-vllm.edge")
+    wait_until(lambda: "waiting for network.guard's rules in this boot" in
+               sim_cluster.docker(head, "logs", "spark-vllm.edge").stdout + sim_cluster.docker(head, "logs", "spark-vllm.edge").stderr,
+               30, "the edge's gate waiting for the guard", every=0.5)  # fmt: skip
+    time.sleep(3)
+    ports = {port for _, port in listeners(sim_cluster, head)}
+    assert cfg.edge.metrics_port not in ports and cfg.vllm.port not in ports  # nothing of the edge's listens yet
+    let_the_guard_go(sim_cluster, head, policy)
+    wait_until(lambda: chat(outputs["endpoint"], key, outputs["servedModelName"]), 60,
+               "a chat through the edge once the guard's rules are back", every=1, errors=(Exception,))  # fmt: skip
+    assert "tcp dport @guarded drop" in table(sim_cluster, head)
+    assert not reachable(head.mgmt_ip, cfg.edge.metrics_port)  # it listens on the fabric address, fenced there
+    assert reachable_from(sim_cluster, sim_cluster.nodes[1], head.fabric_ip, cfg.edge.metrics_port)
 
 
 def test_destroy_leaves_no_rule_container_or_volume(sim_cluster, stack):

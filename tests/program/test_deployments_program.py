@@ -100,7 +100,7 @@ def test_replicas_sharing_a_node_serve_on_ports_of_their_own(run):
 def test_the_router_runs_on_its_node_with_the_keeper_and_every_replica_declared(run):
     router = by_name(run, "spark-vllm-router")
     assert router.inputs["networkMode"] == "host" and router.inputs["restart"] == "unless-stopped"
-    program = router.inputs["entrypoints"][3]
+    program = router.inputs["entrypoints"][-1]
     params = json.loads(json.loads(program.split("\n")[0][len("PARAMS = ") :]))
     assert params == {**params, "mode": "serve", "port": 8080, "policy": "round_robin", "version": "0.1.17",
                       "metrics_host": "192.168.200.12", "metrics_port": 29000}  # fmt: skip
@@ -321,3 +321,14 @@ def test_adding_a_neighbour_to_a_replica_alone_on_its_node_pins_its_kv_cache_and
     assert result.get("coder-serve") == {"stdin"}  # its settings: pinned, and its turn; no container
     assert not [name for name in result if name.startswith("big")]
     assert "coder-spark-03-container" not in result
+
+
+def test_with_the_guard_vllm_router_waits_for_the_rules_in_this_boot(run):
+    """Its metrics port is fenced (#58): its keeper starts behind guard_gate.sh; without the guard, as it was."""
+    router = by_name(run, "spark-vllm-router").inputs
+    plain = by_name(run_fleet(fleet(network={"guard": False})), "spark-vllm-router").inputs
+    assert router["entrypoints"][3:5] == ["guard_gate", "/run/spark-vllm-guard/applied.json"]
+    assert router["entrypoints"][5:] == plain["entrypoints"] and plain["entrypoints"][0] == "python3"
+    assert {"type": "volume", "source": "spark-vllm-guard", "target": "/run/spark-vllm-guard", "readOnly": True} in (
+        router["mounts"]
+    )

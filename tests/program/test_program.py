@@ -574,3 +574,21 @@ def test_a_new_version_of_the_supervisor_replaces_no_container_and_is_written_in
     after = run_program(prod(), SECRETS, stack="prod")
     result = changed_inputs(before, after)
     assert result == {"spark-01-supervisor": {"stdin"}, "spark-02-supervisor": {"stdin"}}, result
+
+
+def test_with_the_guard_what_listens_outside_a_node_container_waits_for_its_rules_in_this_boot():
+    """#58: after a reboot Docker starts every container at once; the edge (its own port), vllm-router (its metrics)
+    and the copy depot (its port) listen on fenced ports, so their programs start behind guard_gate.sh, which waits
+    for the guard's marker of this boot. Without the guard their containers are as they were."""
+    copies = {"imageTransfer": {"method": "copy"}, "modelSync": {"enabled": True}}
+    guarded = run_program(prod(**copies), SECRETS, stack="prod")
+    plain = run_program(prod(**copies, network={"guard": False}), SECRETS, stack="prod")
+    for name in ("spark-01-edge", "spark-vllm-depot"):
+        on, off = guarded.named(name).inputs, plain.named(name).inputs
+        gate = on["entrypoints"][:5]
+        assert gate[:2] == ["bash", "-c"] and "until grep -qF" in gate[2]
+        assert gate[3:] == ["guard_gate", "/run/spark-vllm-guard/applied.json"]
+        assert on["entrypoints"][5:] == off["entrypoints"]  # the same program behind it
+        marker = {"type": "volume", "source": "spark-vllm-guard", "target": "/run/spark-vllm-guard", "readOnly": True}
+        assert on["mounts"] == [*off["mounts"], marker]
+        assert "guard_gate" not in off["entrypoints"] and marker not in off["mounts"]

@@ -9,12 +9,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from components.config import load_cluster_config
-from components.plan.programs import script_program
+from components.plan.programs import script, script_program
 from components.resources import guard
 from tests.unit.test_config import config
 from tests.waiting import wait_for
@@ -140,8 +142,15 @@ for port in json.loads(sys.argv[1]):
 def accept(s):
     while True:
         s.accept()[0].close()
+def echo(u):
+    while True:
+        data, peer = u.recvfrom(64)
+        u.sendto(data, peer)
 for s in sockets:
     threading.Thread(target=accept, args=(s,), daemon=True).start()
+for port in json.loads(sys.argv[1]):  # the same ports over UDP: an echo each
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", port))
+    threading.Thread(target=echo, args=(u,), daemon=True).start()
 print("listening", flush=True)
 threading.Event().wait()
 """
@@ -149,6 +158,15 @@ threading.Event().wait()
 
 def reaches(ns, address, port):
     probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=0.7).close()"
+    return subprocess.run([IP, "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def echoes(ns, address, port):
+    """Whether a datagram to `address`:`port` from namespace `ns` comes back (the listener echoes it)."""
+    probe = (
+        "import socket; u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(0.7)\n"
+        f"u.sendto(b'ping', ({address!r}, {port})); assert u.recvfrom(64)[0] == b'ping'"
+    )
     return subprocess.run([IP, "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
@@ -210,6 +228,7 @@ BACKENDS = [
 def test_only_the_fabric_peer_reaches_the_guarded_ports(net, tmp_path, backend):
     node, peer, outsider = net["node"], net["peer"], net["outsider"]
     assert all(reaches(outsider, "10.78.1.1", port) for port in PORTS.values())  # open before
+    assert all(echoes(outsider, "10.78.1.1", port) for port in PORTS.values())
     assert run_guard(node, params(tmp_path, backend, "check")).returncode == 0
     running = run_guard(node, params(tmp_path, backend, "run"), background=True)
     try:
@@ -223,6 +242,10 @@ def test_only_the_fabric_peer_reaches_the_guarded_ports(net, tmp_path, backend):
         assert not reaches(outsider, NODE, PORTS["ray"])  # the fabric address, from the wrong side
         for port in (PORTS["ssh"], PORTS["api"], PORTS["other"]):
             assert reaches(outsider, "10.78.1.1", port), port
+        # UDP on the same ports (#58: only TCP was matched): the peer's datagrams answered, the outsider's dropped
+        assert echoes(peer, NODE, PORTS["ray"]) and echoes(peer, NODE, PORTS["rank"])
+        assert not echoes(outsider, "10.78.1.1", PORTS["ray"]) and not echoes(outsider, "10.78.1.1", PORTS["rank"])
+        assert echoes(outsider, "10.78.1.1", PORTS["other"])  # not ours: untouched
         assert reaches(node, NODE, PORTS["ray"]) and reaches(node, "127.0.0.1", PORTS["ray"])  # itself
         # Flushed by some other tool: back within a check.
         if backend == "nft":
@@ -292,3 +315,33 @@ def test_a_host_without_nft_or_iptables_fails_naming_the_node(tmp_path):
     assert result.returncode == 1
     assert "[node-1] network.guard: FAILED: the node has neither nft nor iptables-restore" in result.stdout
     assert "sudo apt install nftables" in result.stdout
+
+
+def test_the_gate_starts_its_program_only_once_the_marker_names_this_boot(tmp_path):
+    """guard_gate.sh (#58): what listens outside a node's container waits for the guard's rules in this boot; a
+    marker from the boot before (a reboot: the volume outlives it, the kernel's rules do not) is no marker."""
+    marker = tmp_path / "applied.json"
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    gate = subprocess.Popen(
+        ["bash", "-c", script("guard_gate.sh"), "guard_gate", str(marker), "bash", "-c", "echo started $0", "it"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert "waiting for network.guard's rules in this boot" in gate.stderr.readline()
+        marker.write_text(json.dumps({"boot_id": "0" * 8 + boot[8:], "hash": "h"}))  # the boot before
+        time.sleep(2.5)
+        assert gate.poll() is None
+        marker.write_text(json.dumps({"boot_id": boot, "hash": "h", "backend": "nft"}))  # as write_marker has it
+        out, err = gate.communicate(timeout=10)
+    finally:
+        gate.kill()
+    assert gate.returncode == 0 and out == "started it\n" and "rules are in place: starting" in err
+
+
+def test_the_gate_stops_at_once_when_its_container_is_stopped_while_it_waits(tmp_path):
+    gate = subprocess.Popen(["bash", "-c", script("guard_gate.sh"), "guard_gate", str(tmp_path / "none"), "true"],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert "waiting" in gate.stderr.readline()
+    started = time.monotonic()
+    gate.send_signal(signal.SIGTERM)
+    assert gate.wait(timeout=5) == 0 and time.monotonic() - started < 3
