@@ -250,9 +250,8 @@ def receive_image():
                     check.finish()
                     return
                 progress.add(len(payload))
-                passed = check.feed(payload)
-                if passed:
-                    yield passed
+                for piece in check.feed(payload):
+                    yield bytes(piece)
         except (CopyError, OSError, ArchiveError) as error:
             failure.append(error)
             raise

@@ -58,9 +58,18 @@ def padded(size):
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
+class Pieces(list):
+    """What may go on now, as pieces of the chunks fed (a layer's data passes as slices of them, uncopied)."""
+
+    def extend(self, piece):
+        if len(piece):
+            self.append(piece)
+
+
 class ArchiveCheck:
-    """`feed(chunk)` returns what may go on to `docker load` now; `finish()` at the stream's end. Either raises
-    ArchiveError, saying what the archive holds that it may not."""
+    """`feed(chunk)` returns what may go on to `docker load` now (Pieces: bytes-like, in order; a memoryview is
+    valid while its chunk is); `finish()` at the stream's end. Either raises ArchiveError, saying what the archive
+    holds that it may not."""
 
     def __init__(self, image_id):
         self.expected = image_id.split(":", 1)[-1]
@@ -74,10 +83,10 @@ class ArchiveCheck:
         self.zero_blocks = 0
 
     def feed(self, chunk):
-        out, data, at = bytearray(), memoryview(chunk), 0
+        out, data, at = Pieces(), memoryview(chunk), 0
         while at < len(data):
             if self.zero_blocks >= 2:  # after the archive's end `docker load` reads nothing: neither is it sent
-                return bytes(out)
+                return out
             if self.remaining:
                 take = min(self.remaining, len(data) - at)
                 (self.held if self.held is not None else out).extend(data[at : at + take])
@@ -93,7 +102,7 @@ class ArchiveCheck:
                 block = bytes(self.header)
                 self.header.clear()
                 self.read_header(block, out)
-        return bytes(out)
+        return out
 
     def finish(self):
         if self.remaining or self.header or self.held is not None:

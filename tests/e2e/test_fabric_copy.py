@@ -126,7 +126,7 @@ def copy_process(node, marker: str) -> int | None:
 def test_a_worker_killed_mid_copy_fails_naming_it_and_the_next_up_finishes(
     sim_cluster, stack, model, node2_view, local_image
 ):
-    killed, seen = {}, []
+    killed, seen, argvs = {}, [], stack.setdefault("copy_argvs", set())
 
     def kill_when_copying():
         marker = f"timeout --kill-after=10 {14400 + 30} python3 -"
@@ -135,6 +135,11 @@ def test_a_worker_killed_mid_copy_fails_naming_it_and_the_next_up_finishes(
             pid = copy_process(sim_cluster.nodes[1], marker)
             partial = node2_view / ".model-00002-of-00002.safetensors.spark-vllm-partial"
             seen.append((pid, partial.exists()))
+            if pid:
+                try:
+                    argvs.add((Path("/proc") / str(pid) / "cmdline").read_bytes())
+                except OSError:
+                    pass
             if pid and partial.exists():
                 os.kill(pid, 9)
                 killed["pid"] = pid
@@ -169,6 +174,28 @@ def test_a_worker_killed_mid_copy_fails_naming_it_and_the_next_up_finishes(
     assert os.readlink(node2_view / "tokenizer.json") == "tokenizer_config.json"
     outputs = run.outputs
     assert chat(outputs["endpoint"], stack["secrets"]["apiKey"], outputs["servedModelName"])
+
+
+def test_the_copy_token_is_on_no_command_line_and_the_depots_environment_is_roots_alone(sim_cluster, stack):
+    """#58: the token is in the state (a secret), the depot's environment and each receiver's program on stdin —
+    nowhere a node's other users can read: no process's argv (the receiver's, caught mid-copy above, included),
+    and the depot's /proc environ is its owner's (root's) alone."""
+    head = sim_cluster.nodes[0]
+    env = sim_cluster.docker(head, "inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", "spark-vllm.depot")
+    token = next(line.split("=", 1)[1] for line in env.stdout.splitlines() if line.startswith("SPARK_VLLM_COPY_TOKEN="))
+    assert len(token) == 64 and stack["copy_argvs"], "the receiver's command line was never seen"
+    assert not [argv for argv in stack["copy_argvs"] if token.encode() in argv]
+    pid = int(sim_cluster.docker(head, "inspect", "-f", "{{.State.Pid}}", "spark-vllm.depot").stdout)
+    leaking = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                leaking.append(entry.name)
+        except OSError:
+            continue
+    assert leaking == []
+    environ = os.stat(f"/proc/{pid}/environ")
+    assert environ.st_uid == 0 and environ.st_mode & 0o077 == 0
 
 
 def test_a_second_up_copies_nothing(sim_cluster, stack):

@@ -37,7 +37,7 @@ SPACE = checker()
 def through(archive: bytes, chunk: int) -> bytes:
     check, out = SPACE["ArchiveCheck"](WANTED), bytearray()
     for at in range(0, len(archive), chunk):
-        out += check.feed(archive[at : at + chunk])
+        out += b"".join(check.feed(archive[at : at + chunk]))
     check.finish()
     return bytes(out)
 
@@ -139,7 +139,7 @@ def test_a_hostile_archive_is_refused_before_docker_load_has_its_metadata(spelli
         check, passed = SPACE["ArchiveCheck"](WANTED), bytearray()
         with pytest.raises(SPACE["ArchiveError"]) as refused:
             for at in range(0, len(archive), chunk):
-                passed += check.feed(archive[at : at + chunk])
+                passed += b"".join(check.feed(archive[at : at + chunk]))
             check.finish()
         assert said in str(refused.value), str(refused.value)
         try:  # what docker load had by then: nothing it can load, or the image asked for with no name
