@@ -160,13 +160,28 @@ def _upgrade(stack: RehearsalStack) -> dict[str, Any]:
     run = stack.up()
     seconds = round(time.monotonic() - started, 1)
     after = _serving(stack)
+    replaced = sorted(n for n, i in before["containers"].items() if after["containers"].get(n) != i)
     return {
         "seconds": seconds,
         "summary": run.change_summary,
-        "containersReplaced": sorted(n for n, i in before["containers"].items() if after["containers"].get(n) != i),
-        "vllmRestarted": sorted(n for n, pid in before["vllm"].items() if after["vllm"].get(n) != pid),
+        "containersReplaced": replaced,
+        "vllmRestarted": sorted(
+            n
+            for n, pid in before["vllm"].items()
+            if after["vllm"].get(n) != pid or any(_runs_in(n, container) for container in replaced)
+        ),  # fmt: skip
         "vllmPids": after["vllm"],
     }
+
+
+def _runs_in(serve: str, container: str) -> bool:
+    """Whether a serve step's vLLM runs in that node container (a new container is a new vLLM, whatever its pid
+    inside says: pids count from 1 in each container): `big-serve` in `big-node-1-container`, a single-model
+    stack's `spark-vllm-serve` in every `node-N-container`."""
+    if not container.endswith("-container"):
+        return False
+    prefix = serve.removesuffix("serve")
+    return container.startswith(f"{prefix}node-") or (prefix == "spark-vllm-" and container.startswith("node-"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 if applied.returncode != 0:
                     print(applied.stdout[-3000:], applied.stderr[-3000:], sep="\n", file=sys.stderr)
                     return 2
+                # the older program's `up` linked its own program into the project: this checkout's again
+                stack = RehearsalStack(workdir / "deployer", "rehearsal")
             ours = _this_versions_settings(stack, workdir)
             document = with_settings(yaml.safe_load(stack.config_file.read_text()), ours)
             stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.upgrade_preview import with_settings
+from tests.e2e.upgrade_preview import _runs_in, with_settings
 
 
 def test_a_dotted_key_goes_into_its_section_and_keeps_the_others():
@@ -24,3 +24,9 @@ def test_a_deeper_key_makes_the_sections_it_needs():
 def test_a_setting_that_is_not_key_equals_json_is_refused(setting):
     with pytest.raises(ValueError):
         with_settings({"config": {}}, [setting])
+
+
+def test_a_vllm_in_a_replaced_container_counts_as_restarted_whatever_its_pid():
+    assert _runs_in("big-serve", "big-node-1-container") and _runs_in("spark-vllm-serve", "node-2-container")
+    assert not _runs_in("small-serve", "small-2-node-3-container")  # another replica of the deployment
+    assert not _runs_in("big-serve", "node-1-edge") and not _runs_in("spark-vllm-serve", "spark-vllm-router")
