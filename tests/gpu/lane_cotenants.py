@@ -50,6 +50,18 @@ def parse(spec: str) -> list[tuple[str, float]]:
     return found
 
 
+def deployment_names(shapes: list[tuple[str, float]]) -> list[str]:
+    """A deployment's name per shape; the same shape twice is two deployments (`qwen3-8b`, `qwen3-8b-2`), so two
+    of the smaller model fit one 80 GiB GPU."""
+    names: list[str] = []
+    for shape, _ in shapes:
+        base = shape.replace(".", "-")
+        names.append(
+            base if base not in names else f"{base}-{sum(n == base or n.startswith(base + '-') for n in names) + 1}"
+        )
+    return names
+
+
 def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -> dict:
     """A one-node stack with a deployment for each (name, model directory, share), on ports --port-base, +1, …"""
     return {
@@ -96,7 +108,8 @@ def run_cotenants(args, lane) -> dict:
     fabric = tuple(args.fabric.split(":", 1)) if args.fabric else lane.machine_address()
     shapes = parse(args.cotenants)
     models = [
-        (shape.replace(".", "-"), str(lane.make_model(shape, Path(args.models))), share) for shape, share in shapes
+        (name, str(lane.make_model(shape, Path(args.models))), share)
+        for name, (shape, share) in zip(deployment_names(shapes), shapes, strict=True)
     ]
     raw = stack(models, args, fabric)
     cfg = load_cluster_config(raw)

@@ -291,3 +291,11 @@ def test_the_lane_reads_each_result_as_the_program_does_and_says_what_it_could_n
         ("router_keeper.py", True),
         ("wait_ready.py", False),
     ]
+
+
+def test_the_same_shape_twice_is_two_deployments():
+    """Two of the 8B fit one 80 GiB GPU where the 8B and the 30B do not: the co-tenant phase names them apart."""
+    from tests.gpu.lane_cotenants import deployment_names
+
+    shapes = [("qwen3-8b", 0.4), ("qwen3-8b", 0.4), ("qwen3-30b-a3b", 0.1), ("qwen3-8b", 0.1)]
+    assert deployment_names(shapes) == ["qwen3-8b", "qwen3-8b-2", "qwen3-30b-a3b", "qwen3-8b-3"]
