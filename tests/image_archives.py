@@ -82,15 +82,18 @@ def oci(config: bytes, layer: bytes, annotations=None, pax=False) -> bytes:
     return buffer.getvalue()
 
 
-def loaded(body: bytes) -> tuple[list[str], list[str]]:
+def loaded(body: bytes, by_index: bool = False) -> tuple[list[str], list[str]]:
     """What `docker load` makes of an archive, as far as names go (moby image/tarexport/load.go): the image ids
-    (each config's sha256) and the names it gives them (RepoTags, or with no manifest.json the repositories
-    file). Raises tarfile.TarError, KeyError or ValueError where Docker's load fails."""
+    (each config's sha256; `by_index`, Docker keeping images in containerd: index.json's descriptors' digests) and
+    the names it gives them (RepoTags, or with no manifest.json the repositories file). Raises tarfile.TarError,
+    KeyError or ValueError where Docker's load fails."""
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:") as archive:
         files = {member.name.lstrip("./"): member for member in archive.getmembers()}
         if "manifest.json" not in files:
             raise KeyError("manifest.json")
         entries = json.load(archive.extractfile(files["manifest.json"]))
         ids = [image_id(archive.extractfile(files[entry["Config"]]).read()) for entry in entries]
+        if by_index:
+            ids = [m["digest"] for m in json.load(archive.extractfile(files["index.json"]))["manifests"]]
         names = [tag for entry in entries for tag in entry.get("RepoTags") or []]
     return ids, names

@@ -60,6 +60,19 @@ def image_info(image_id):
     return json.loads(body) if response.status == 200 else None
 
 
+def containerd_store():
+    """Whether this node's Docker keeps its images in containerd (GET /info's DriverStatus names the snapshotter:
+    moby daemon/containerd/service.go): there an image's id is its manifest's digest, not its config's."""
+    connection, response = docker("GET", "/info")
+    body = response.read()
+    connection.close()
+    try:
+        status = (json.loads(body) if response.status == 200 else {}).get("DriverStatus") or []
+    except (ValueError, AttributeError):
+        return False
+    return any(isinstance(row, list) and row[:1] == ["driver-type"] and "containerd" in str(row[1:]) for row in status)
+
+
 # --- the model directory ----------------------------------------------------------------------------
 
 
@@ -240,7 +253,7 @@ def receive_image():
     )
     progress = Progress("image", offer["size"])
     failure = []
-    check = ArchiveCheck(expected)  # node_image_archive.py: what `docker load` may act on
+    check = ArchiveCheck(expected, by_index=containerd_store())  # node_image_archive.py: what docker load may act on
 
     def body():
         try:

@@ -10,9 +10,11 @@
 # on at once; each metadata file is held back until it is whole and checked; whatever breaks a rule ends the
 # stream before `docker load` has the archive's end (its request body is cut, so it loads nothing). The rules
 # mirror what `docker load` reads (moby image/tarexport/load.go; archive/tar's header-only types): exactly one
-# image, whose config is the id asked for; no name anywhere; each metadata file once, a regular file at the top,
-# at most 1 MiB; no absolute or `..` path, no path through a link placed earlier, no device or FIFO. The
-# archive's own bytes are what Docker checks (its id is the config's sha256). Standard library only.
+# image, the id asked for (its config's digest; where Docker keeps images in containerd, the digest index.json
+# names: moby daemon/containerd/image_exporter.go strips the names of an image saved by its id); no name
+# anywhere; each metadata file once, a regular file at the top, at most 1 MiB; no absolute or `..` path, no path
+# through a link placed earlier, no device or FIFO. The archive's own bytes are what Docker checks (the id is a
+# digest of them). Standard library only.
 import json
 import posixpath
 
@@ -71,8 +73,9 @@ class ArchiveCheck:
     valid while its chunk is); `finish()` at the stream's end. Either raises ArchiveError, saying what the archive
     holds that it may not."""
 
-    def __init__(self, image_id):
+    def __init__(self, image_id, by_index=False):
         self.expected = image_id.split(":", 1)[-1]
+        self.by_index = by_index  # the receiving Docker keeps images in containerd: the id is index.json's digest
         self.header = bytearray()  # a header block in progress
         self.remaining = 0  # bytes of the current entry's data (padded) still to come
         self.held = None  # a metadata entry (its headers and data) or an extended header, held back
@@ -81,6 +84,7 @@ class ArchiveCheck:
         self.links = set()  # paths of the links placed so far
         self.seen = set()
         self.zero_blocks = 0
+        self.index_digest = None  # what index.json, read before manifest.json (Docker writes them in that order), names
 
     def feed(self, chunk):
         out, data, at = Pieces(), memoryview(chunk), 0
@@ -208,15 +212,21 @@ class ArchiveCheck:
                 names = sorted(found) if isinstance(found, dict) else found
                 raise ArchiveError(f"names images in repositories ({str(names)[:200]}): `docker load` would tag them")
         else:
-            manifests = found.get("manifests") if isinstance(found, dict) else None
-            if not isinstance(manifests, list) or len(manifests) > 1:
-                raise ArchiveError("holds an index.json that is not one image's")
-            annotations = (
-                (manifests[0].get("annotations") or {}) if manifests and isinstance(manifests[0], dict) else {}
-            )
-            named = [str(annotations.get(key))[:200] for key in NAME_ANNOTATIONS if key in annotations]
-            if named:
-                raise ArchiveError(f"names its image in index.json ({', '.join(named)}): `docker load` would tag it")
+            self.check_index(found)
+
+    def check_index(self, found):
+        """index.json (the OCI layout, Docker 25 and later): one image, no name. Its descriptor's digest is the
+        image's id where Docker keeps images in containerd (what `docker images` shows there)."""
+        manifests = found.get("manifests") if isinstance(found, dict) else None
+        if not isinstance(manifests, list) or len(manifests) > 1 or not all(isinstance(m, dict) for m in manifests):
+            raise ArchiveError("holds an index.json that is not one image's")
+        first = manifests[0] if manifests else {}
+        annotations = first.get("annotations") if isinstance(first.get("annotations"), dict) else {}
+        named = [str(annotations.get(key))[:200] for key in NAME_ANNOTATIONS if key in annotations]
+        if named:
+            raise ArchiveError(f"names its image in index.json ({', '.join(named)}): `docker load` would tag it")
+        digest = first.get("digest")
+        self.index_digest = digest.split(":", 1)[-1] if isinstance(digest, str) else None
 
     def check_manifest(self, found):
         if not isinstance(found, list) or len(found) != 1 or not isinstance(found[0], dict):
@@ -225,8 +235,12 @@ class ArchiveCheck:
         image = found[0]
         config = image.get("Config")
         digest = posixpath.basename(config).removesuffix(".json") if isinstance(config, str) else None
-        if digest != self.expected:
-            raise ArchiveError(f"holds the image {str(config)[:200]}, not sha256:{self.expected}")
+        if self.by_index:
+            found, said = self.index_digest, f"sha256:{self.index_digest}" if self.index_digest else "index.json names"
+        else:
+            found, said = digest, str(config)[:200]
+        if found != self.expected:  # the id `docker load` gives what it loads, on this node's Docker
+            raise ArchiveError(f"holds the image {said}, not sha256:{self.expected}")
         if image.get("RepoTags") not in (None, []):
             tags = image.get("RepoTags")
             raise ArchiveError(f"names its image {str(tags)[:200]} in manifest.json: `docker load` would tag it")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from components.plan.programs import script, script_program
-from tests.image_archives import config_for, image_id, legacy, loaded
+from tests.image_archives import config_for, image_id, legacy, loaded, oci
 from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
 
@@ -339,8 +339,9 @@ class FakeDocker(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     daemon_threads = True
 
-    def __init__(self, path: Path, images: dict[str, bytes], api=DOCKER_20):
+    def __init__(self, path: Path, images: dict[str, bytes], api=DOCKER_20, containerd=False):
         self.api = api
+        self.containerd = containerd  # images kept in containerd: ids are index.json's digests
         self.paths: list[str] = []
         self.images = dict(images)  # id -> its `docker save` archive
         self.loads: list[bytes] = []
@@ -370,6 +371,13 @@ class DockerHandler(BaseHTTPRequestHandler):
             self.server.paths.append(self.path)
         if api_refusal(self):
             return
+        if self.path.endswith("/info"):
+            status = (
+                [["driver-type", "io.containerd.snapshotter.v1"]]
+                if self.server.containerd
+                else [["Backing Filesystem", "extfs"]]
+            )
+            return self.reply(200, json.dumps({"DriverStatus": status}).encode())
         image_id = self.image()
         if image_id not in self.server.images:
             return self.reply(404, b'{"message": "No such image"}')
@@ -387,7 +395,7 @@ class DockerHandler(BaseHTTPRequestHandler):
             try:
                 if body.endswith(b"<cut>"):
                     raise ValueError("unexpected EOF")
-                ids, names = loaded(body)
+                ids, names = loaded(body, by_index=self.server.containerd)
             except (tarfile.TarError, KeyError, ValueError) as error:
                 failed = {"errorDetail": {"message": str(error)}, "error": str(error)}
                 return self.reply(200, json.dumps(failed).encode())
@@ -419,8 +427,8 @@ class DockerHandler(BaseHTTPRequestHandler):
 def dockers(tmp_path):
     servers = []
 
-    def start(images, api=DOCKER_20):
-        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", images, api)
+    def start(images, api=DOCKER_20, containerd=False):
+        server = FakeDocker(tmp_path / f"docker{len(servers)}.sock", images, api, containerd)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
@@ -560,3 +568,20 @@ def helpers_of(name: str) -> dict:
         if line and line.split(" = ", 1)[0].isupper() and " = " in line and line.split(" = ", 1)[1].strip().isdigit():
             found[line.split(" = ", 1)[0]] = int(line.split(" = ", 1)[1].split("#")[0])
     return found
+
+
+def test_a_docker_keeping_images_in_containerd_receives_the_image_by_its_index_digest(depot, dockers):
+    """Docker 29's default store on a new install: an image's id is its manifest's digest and `docker save <id>`
+    writes the OCI layout (index.json names that digest). The receiver asks its Docker which store it has."""
+    archive = oci(config_for("vllm"), os.urandom(1 << 20))
+    stored_as = loaded(archive, by_index=True)[0][0]
+    source = dockers({stored_as: archive}, api=DOCKER_29, containerd=True)
+    receiver = dockers({}, api=DOCKER_29, containerd=True)
+    port = depot(image_id=stored_as, docker_socket=source.server_address)
+    result, summary = client("image", port, docker_socket=receiver.server_address, image_id=stored_as,
+                             reference="registry.example:5000/vllm:v1")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stored_as in receiver.images and summary["image_id"] == stored_as
+    graphdriver = dockers({}, api=DOCKER_29)  # the same archive for a Docker of the other store: not that id
+    result, _ = client("image", port, docker_socket=graphdriver.server_address, image_id=stored_as, reference="")
+    assert result.returncode == 1 and f"not {stored_as}" in result.stdout and graphdriver.images == {}

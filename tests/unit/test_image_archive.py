@@ -199,3 +199,37 @@ def test_the_receiver_loads_nothing_of_a_hostile_archive_and_names_the_depot(dep
     assert "[node-2] image copy from node-1 failed: the depot on node-1 sent an image archive that " in result.stdout
     assert "refused before `docker load` had it whole, nothing was loaded" in result.stdout
     assert receiver.images == {} and receiver.tags == []  # the fake Docker loads what a real one would
+
+
+def index_digest(archive: bytes) -> str:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+        return json.load(opened.extractfile("index.json"))["manifests"][0]["digest"]
+
+
+def test_where_docker_keeps_images_in_containerd_the_id_is_the_digest_index_json_names():
+    """With the containerd image store (Docker 29's default on a new install) an image's id is its manifest's (or
+    index's) digest, and `docker save <id>` writes it as index.json's one descriptor, names stripped (moby
+    daemon/containerd/image_exporter.go): that archive passes for that id on such a Docker, and for no other id,
+    nor for that id on a Docker of the other store (which would load the config's)."""
+    archive = oci(CONFIG, LAYER)
+    stored_as = index_digest(archive)
+    check = SPACE["ArchiveCheck"](stored_as, by_index=True)
+    assert b"".join(b"".join(check.feed(archive[at : at + 65536])) for at in range(0, len(archive), 65536))
+    check.finish()
+    for wanted, by_index in ((stored_as, False), (WANTED, True), ("sha256:" + "e" * 64, True)):
+        with pytest.raises(SPACE["ArchiveError"], match="holds the image "):
+            SPACE["ArchiveCheck"](wanted, by_index=by_index).feed(archive)
+
+
+@pytest.mark.parametrize("annotations", [["io.containerd.image.name"], "x", 3])
+def test_an_index_whose_annotations_are_not_a_mapping_is_read_not_tripped_on(annotations):
+    archive = replaced(
+        oci(CONFIG, LAYER), "index.json", json.dumps({"manifests": [{"annotations": annotations}]}).encode()
+    )
+    assert through(archive, 4096)  # no name in it to give: docker load would give none either
+
+
+def test_an_index_of_two_or_of_no_mapping_is_refused():
+    for index in ({"manifests": [{}, {}]}, {"manifests": ["x"]}, {"manifests": {}}, []):
+        with pytest.raises(SPACE["ArchiveError"], match="not one image's"):
+            through(replaced(oci(CONFIG, LAYER), "index.json", json.dumps(index).encode()), 4096)
