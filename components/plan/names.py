@@ -26,6 +26,9 @@ RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, l
 SUPERVISOR_IN_CONTAINER = "/opt/spark-vllm/supervisor.py"  # supervisor_boot.py runs what is installed here
 VLLM_LOG = f"{RUN_DIR}/vllm.log"
 STATUS_FILE = f"{RUN_DIR}/status.json"
+# The benchmark's pid while it measures: the supervisor asks no canary meanwhile (node_vllm_watch.py), whose tokens
+# would count in the load's figures (MTP's acceptance, read from vLLM's counters)
+MEASURING_FILE = f"{RUN_DIR}/measuring"
 # Grace period for vLLM to release GPU memory and Ray placement groups on SIGTERM.
 VLLM_STOP_GRACE_SECONDS = 30
 POLL_SECONDS = 1  # the waits notice a ready server (or a joined node) within this

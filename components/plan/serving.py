@@ -10,6 +10,7 @@ from components.plan.container import node_rank, supervisor_spec, watch_spec
 from components.plan.endpoint import edge_listen, edge_node, vllm_host, vllm_port, vllm_url
 from components.plan.engine import EngineSettings
 from components.plan.names import (
+    MEASURING_FILE,
     POLL_SECONDS,
     PROGRESS_SECONDS,
     RUN_DIR,
@@ -215,5 +216,6 @@ def benchmark_params(cfg: ClusterConfig, served: str, model: str, api_key: str |
     served model (`model`: what vLLM loaded, the tokenizer `vllm bench serve` needs)."""
     load = as_configured(BenchmarkParams, cfg.benchmark)
     return _at_endpoint(
-        BenchmarkParams, cfg, served, api_key, model_path=model, trust_remote_code=cfg.vllm.trust_remote_code, **load
-    )
+        BenchmarkParams, cfg, served, api_key, model_path=model, trust_remote_code=cfg.vllm.trust_remote_code,
+        measuring_file=MEASURING_FILE, **load,
+    )  # fmt: skip

@@ -242,12 +242,62 @@ def has_vllm_bench():
     return probe.returncode == 0
 
 
+def hold_the_canary():
+    """While the load runs the supervisor asks no canary (node_vllm_watch.py reads this file): its tokens would count
+    in the figures (MTP's acceptance comes from vLLM's counters, whoever asked). A canary already asked is waited
+    for: nothing running or waiting in vLLM, twice in a row, at most 30 s."""
+    if not P.measuring_file:
+        return
+    try:
+        with open(P.measuring_file, "w") as handle:
+            handle.write(str(os.getpid()))
+    except OSError:
+        return
+    deadline, idle = time.monotonic() + 30, 0
+    while idle < 2 and time.monotonic() < deadline:
+        idle = idle + 1 if requests_in_vllm() == 0 else 0
+        time.sleep(0.2)
+
+
+def let_the_canary_go():
+    if P.measuring_file:
+        try:
+            os.unlink(P.measuring_file)
+        except OSError:
+            pass
+
+
+def requests_in_vllm():
+    """Requests running or waiting in vLLM now (its gauges on /metrics; None where it cannot say)."""
+    request = urllib.request.Request(P.base_url + "/metrics")
+    if P.api_key:
+        request.add_header("Authorization", f"Bearer {P.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(gauges):
+            try:
+                total += float(line.rpartition(" ")[2])
+            except ValueError:
+                pass
+    return total
+
+
 tool = P.tool
 if tool == "auto":
     tool = "vllm" if has_vllm_bench() else "spark-vllm"
-counters_before = spec_counters()
-figures = vllm_bench() if tool == "vllm" else own_load()
-speculative = acceptance(counters_before, spec_counters())
+hold_the_canary()
+try:
+    counters_before = spec_counters()
+    figures = vllm_bench() if tool == "vllm" else own_load()
+    speculative = acceptance(counters_before, spec_counters())
+finally:
+    let_the_canary_go()
 if speculative is not None:
     figures["speculative"] = speculative
 figures["settings"] = {"concurrency": P.concurrency, "requests": P.requests, "promptTokens": P.prompt_tokens,

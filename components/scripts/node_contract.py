@@ -253,6 +253,9 @@ class BenchmarkParams(Contract):
     timeout_seconds: float
     api_key: Optional[str] = None
     trust_remote_code: bool = False
+    measuring_file: Optional[str] = None  # holds the benchmark's pid while it measures: no canary meanwhile
+
+    OMIT_NONE = ("measuring_file",)
 
 
 @dataclass(frozen=True)

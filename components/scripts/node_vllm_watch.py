@@ -117,7 +117,7 @@ class VllmWatch:
             return
         busy = metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
         busy += self.last_metrics.get("server_load", 0)
-        if not watch.canary_seconds or now < self.next_canary or busy:
+        if not watch.canary_seconds or now < self.next_canary or busy or measuring():
             return
         model = served_name(self.spec.argv)
         key = {**os.environ, **self.spec.env}.get("VLLM_API_KEY")
@@ -202,6 +202,30 @@ def read_watch():
             return Watch.from_json(json.load(handle))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def measuring():
+    """Whether the deploy's benchmark measures now (RUN_DIR/measuring holds its pid, which lives: node_benchmark.py
+    hold_the_canary): no canary then, whose tokens would count in its figures. A file left by one that died is
+    removed."""
+    path = f"{RUN}/measuring"
+    try:
+        with open(path) as handle:
+            pid = int(handle.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+        return pid > 0
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return True
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return False
 
 
 def read_canary(fingerprint):

@@ -561,6 +561,7 @@ def benchmark(node: Node, cfg, served: str, model_dir: str, api_key: str, report
     report["benchmark"] = {}
     for tool in ("spark-vllm", "vllm"):
         params = benchmark_params(cfg, served, model_dir, api_key) | {"tool": tool}
+        params["measuring_file"] = str(node.run_dir / "measuring")  # the supervisor's run directory here
         code, output, seconds = node.exec_python("node_benchmark.py", params, params["timeout_seconds"] + 360)
         step(f"benchmark_{tool}", code, output, seconds)
         report["benchmark"][tool] = read_result("node_benchmark.py", output) if code == 0 else {"error": output[-2000:]}

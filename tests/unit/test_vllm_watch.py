@@ -5,6 +5,8 @@ sets (a stall, a slow prefill, wrong tokens, a headless rank's head gone, new wa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -300,3 +302,18 @@ def test_new_watch_settings_reach_the_supervisor_without_restarting_vllm(node, a
     assert "watch" not in json.loads((node.run_dir / "spec.json").read_text())  # a supervisor before it reads it
     api.state.update(running=1)
     assert wait_for(lambda: (node.status().get("faults") or {}).get("stalled") == 1, 20)  # the new setting holds
+
+
+def test_no_canary_while_the_benchmark_measures_and_a_dead_ones_file_is_removed(node, api):
+    """RUN_DIR/measuring names the benchmark's pid while it runs (node_benchmark.py): the canary waits (its tokens
+    would count in the load's figures); a file whose process is gone holds nothing back and is removed."""
+    node.start()
+    node.run_dir.mkdir(parents=True, exist_ok=True)
+    marker = node.run_dir / "measuring"
+    marker.write_text(str(os.getpid()))  # a live process: this test's
+    serve_watched(node, api, stall=30, canary=1)
+    holds_for(lambda: not api.state["asked"], 6, "no canary while the benchmark measures")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    marker.write_text(str(gone.pid))
+    assert wait_for(lambda: api.state["asked"], 20) and not marker.exists()
