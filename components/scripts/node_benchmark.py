@@ -44,16 +44,23 @@ SPEC_COUNTERS = {
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
-def spec_counters():
-    """vLLM's speculative-decoding counters now, summed over their series ({} without speculation, or where
-    /metrics cannot be read); per position keyed by its `position` label."""
+def metrics_text(timeout=30):
+    """vLLM's /metrics now (None where it cannot be read)."""
     request = urllib.request.Request(P.base_url + "/metrics")
     if P.api_key:
         request.add_header("Authorization", f"Bearer {P.api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read().decode(errors="replace")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode(errors="replace")
     except (OSError, ValueError):
+        return None
+
+
+def spec_counters():
+    """vLLM's speculative-decoding counters now, summed over their series ({} without speculation, or where
+    /metrics cannot be read); per position keyed by its `position` label."""
+    text = metrics_text()
+    if text is None:
         return {}
     found = {}
     for line in text.splitlines():
@@ -269,13 +276,8 @@ def let_the_canary_go():
 
 def requests_in_vllm():
     """Requests running or waiting in vLLM now (its gauges on /metrics; None where it cannot say)."""
-    request = urllib.request.Request(P.base_url + "/metrics")
-    if P.api_key:
-        request.add_header("Authorization", f"Bearer {P.api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read().decode(errors="replace")
-    except (OSError, ValueError):
+    text = metrics_text(timeout=10)
+    if text is None:
         return None
     gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     total = 0.0
