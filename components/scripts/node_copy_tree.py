@@ -213,9 +213,15 @@ def offer_problems(root, entries, free_bytes=None):
             problems.append(f"{relative!r}: {why}")
         elif entry["type"] == "file":
             total += entry["size"]
-    if free_bytes is not None and total > free_bytes:
-        problems.append(f"{total / 2**30:.1f} GiB to write, the disk has {free_bytes / 2**30:.1f} GiB free at {root}")
-    return problems
+    room = room_problem(root, total, free_bytes)
+    return problems + ([room] if room else [])
+
+
+def room_problem(root, total, free):
+    """`total` bytes to write under `root`, where `free` are free (None: not asked): what is refused, or None."""
+    if free is not None and total > free:
+        return f"{total / 2**30:.1f} GiB to write, the disk has {free / 2**30:.1f} GiB free at {root}"
+    return None
 
 
 def free_bytes(path):

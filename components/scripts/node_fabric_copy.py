@@ -276,15 +276,9 @@ def receive_image():
         answer = response.read().decode(errors="replace")
         connection.close()
     except (OSError, http.client.HTTPException, CopyError, ArchiveError) as error:
-        cause = failure[0] if failure else error
-        if isinstance(cause, ArchiveError):
-            raise CopyError(
-                f"the depot on {P.source} sent an image archive that {cause}; refused before `docker load` had it "
-                "whole, nothing was loaded"
-            ) from error
-        raise CopyError(f"the copy was cut after {human(progress.done)}: {cause}; nothing was loaded") from error
+        raise load_failed(failure[0] if failure else error, progress) from error
     if failure:
-        raise CopyError(f"the copy was cut after {human(progress.done)}: {failure[0]}; nothing was loaded")
+        raise load_failed(failure[0], progress)
     errors = [m for m in (json.loads(line) for line in answer.splitlines() if line.strip()) if "error" in m]
     if response.status != 200 or errors:
         raise CopyError(f"docker load refused the archive: {response.status} {errors or answer[:300]}")
@@ -294,6 +288,14 @@ def receive_image():
     say(progress.line() + " — loaded, image id checked")
     print(json.dumps(ImageCopied(image_id=expected, copied_bytes=progress.done).to_json()))
     return 0
+
+
+def load_failed(cause, progress):
+    """What a receiver says when the stream into `docker load` ended early: the archive refused, or the copy cut."""
+    if isinstance(cause, ArchiveError):
+        return CopyError(f"the depot on {P.source} sent an image archive that {cause}; refused before `docker load` "
+                         "had it whole, nothing was loaded")  # fmt: skip
+    return CopyError(f"the copy was cut after {human(progress.done)}: {cause}; nothing was loaded")
 
 
 def tag(image_id):
@@ -448,11 +450,11 @@ def sync_model():
     os.makedirs(model_dir, exist_ok=True)
     stale_partials(model_dir)
     fetch, links, dirs, extra = plan(model_dir, root, entries)
-    room = offer_problems(root, {relative: entries[relative] for relative in fetch}, free_bytes(root))
-    if room:
-        raise CopyError(f"the depot's offer is refused, nothing was written: {room[0]}")
-    decided = time.monotonic() - started
     total = sum(entries[r]["size"] for r in fetch)
+    room = room_problem(root, total, free_bytes(root))
+    if room:
+        raise CopyError(f"the depot's offer is refused, nothing was written: {room}")
+    decided = time.monotonic() - started
     if not (fetch or links or dirs or extra):
         say(f"model {model_dir}: the same as on {P.source} ({len(entries)} entries), nothing to copy")
         print(json.dumps(ModelCopied(copied_bytes=0, files=0, removed=0, decided_seconds=round(decided, 3)).to_json()))

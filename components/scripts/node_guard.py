@@ -215,14 +215,6 @@ def apply(kind):
             host([tool, "-I", "INPUT", "1", "-j", CHAIN])
 
 
-def present(kind):
-    if kind == "nft":
-        return host(["nft", "list", "table", "inet", TABLE], check=False).returncode == 0
-    return all(
-        host([tool, "-C", "INPUT", "-j", CHAIN], check=False).returncode == 0 for tool in ("iptables", "ip6tables")
-    )
-
-
 def listing(kind):
     """What the kernel holds of the guard's rules now, as the tools print them (None: the table, chain or jump is
     gone): compared with what it held right after they were applied, so rules emptied or edited are seen too."""
@@ -240,7 +232,7 @@ def listing(kind):
 
 def remove(kind):
     if kind == "nft":
-        if present(kind):
+        if listing(kind) is not None:
             host(["nft", "delete", "table", "inet", TABLE])
         return
     for tool in ("iptables", "ip6tables"):

@@ -79,7 +79,7 @@ class ArchiveCheck:
         self.header = bytearray()  # a header block in progress
         self.remaining = 0  # bytes of the current entry's data (padded) still to come
         self.held = None  # a metadata entry (its headers and data) or an extended header, held back
-        self.held_kind = None  # ("metadata", name, size) or ("extended", typeflag, size)
+        self.held_kind = None  # ("metadata", name, size, start) or ("extended", typeflag, size, start): start of data
         self.next_name, self.next_size = None, None  # what a PAX or GNU long-name header says of the next entry
         self.links = set()  # paths of the links placed so far
         self.seen = set()
@@ -188,11 +188,11 @@ class ArchiveCheck:
             elif typeflag == b"x":
                 found = pax_records(bytes(records))
                 self.next_name = found.get("path", self.next_name)
+                if "size" in found and not found["size"].isdigit():
+                    raise ArchiveError("holds a PAX size that is not a number")
                 if "size" in found:
-                    self.next_size = int(found["size"]) if found["size"].isdigit() else -1
-                    if self.next_size < 0:
-                        raise ArchiveError("holds a PAX size that is not a number")
-            elif "path" in pax_records(bytes(records)) or "size" in pax_records(bytes(records)):
+                    self.next_size = int(found["size"])
+            elif {"path", "size"} & pax_records(bytes(records)).keys():
                 raise ArchiveError("holds a global PAX header that names paths or sizes")
             return  # held until the entry it describes is read
         name, size, start = facts

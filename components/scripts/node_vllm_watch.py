@@ -211,16 +211,16 @@ def measuring():
     path = f"{RUN}/measuring"
     try:
         with open(path) as handle:
-            pid = int(handle.read().strip() or 0)
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-        return pid > 0
+            pid = int(handle.read().strip())
+        if pid > 0:
+            os.kill(pid, 0)
+            return True
     except ProcessLookupError:
         pass
     except PermissionError:
-        return True
+        return True  # alive, another user's
+    except (OSError, ValueError):
+        return False
     try:
         os.unlink(path)
     except OSError:

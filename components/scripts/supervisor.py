@@ -145,12 +145,13 @@ class Supervisor(MemoryWaits, VllmWatch):
         self.factors_seen = {}  # vLLM's compile cache metadata looked at: path -> (mtime, size)
         self.next_redact = 0.0
         self.turn_problem = None  # the turn's directory refused: no vLLM starts (status.json says why)
+        directory = turn_dir()
         try:
-            self.turn = GpuTurn(turn_dir())
-            self.tenant = Tenant(turn_dir())  # what this supervisor tells its neighbours on the node
+            turn_directory(directory)
         except TurnDirectoryError as refused:
-            self.turn_problem = str(refused)
-            self.turn, self.tenant = GpuTurn(f"{RUN}/gpu-turn-refused"), Tenant(f"{RUN}/gpu-turn-refused")
+            self.turn_problem, directory = str(refused), f"{RUN}/gpu-turn-refused"  # a turn of its own, never taken
+        self.turn = GpuTurn(directory)
+        self.tenant = Tenant(directory)  # what this supervisor tells its neighbours on the node
         self.turn_waiting = None  # since when this supervisor waits for the node's GPU turn
         self.turn_holder = None  # who holds it meanwhile, as it answered
         self.turn_holder_limit = None  # how long it may hold it, as it answered
