@@ -14,18 +14,20 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from components.plan.edge import CONFIG_DIR, CONFIG_FILE, EdgeSpec, files
+from components.plan.edge import CHECK_HOST, CONFIG_DIR, CONFIG_FILE, EdgeSpec, files
 from tests.e2e.image.build import haproxy_command
 from tests.waiting import free_port
 
 
 @dataclass
 class Recorder:
-    """An upstream on loopback that answers every request with 200 and its own request line, and keeps each
-    connection's bytes as they came."""
+    """An upstream on loopback that answers every request with 200 and its own request line (after X-Delay
+    seconds), and keeps each connection's bytes as they came; the edge's own checks of its /health are only
+    counted (`checks`)."""
 
     port: int = field(default_factory=free_port)
     received: list[bytes] = field(default_factory=list)
+    checks: int = 0
 
     def start(self) -> Recorder:
         self.sock = socket.socket()
@@ -44,8 +46,7 @@ class Recorder:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        index = len(self.received)
-        self.received.append(b"")
+        index = None  # where this connection's bytes are kept: none for the edge's own checks of /health
         buf = b""
         with conn:
             while True:
@@ -55,8 +56,15 @@ class Recorder:
                     return
                 if not data:
                     return
-                self.received[index] += data
                 buf += data
+                if index is None:
+                    if b"\r\n\r\n" in buf and CHECK_HOST.encode() in buf.split(b"\r\n\r\n", 1)[0].lower():
+                        self.checks += 1
+                    else:
+                        index = len(self.received)
+                        self.received.append(buf)
+                else:
+                    self.received[index] += data
                 while b"\r\n\r\n" in buf:
                     head, _, rest = buf.partition(b"\r\n\r\n")
                     body_len = _content_length(head)
@@ -70,6 +78,7 @@ class Recorder:
                             break
                         buf = rest[body_len:]
                     line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                    time.sleep(_delay(head))
                     answer = json.dumps({"upstream": line}).encode()
                     conn.sendall(
                         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
@@ -89,6 +98,15 @@ class Recorder:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _delay(head: bytes) -> float:
+    """X-Delay: seconds the Recorder waits before it answers (an upstream busy with a long completion)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"x-delay":
+            return float(value.strip())
+    return 0.0
 
 
 def _content_length(head: bytes) -> int | None:
@@ -175,8 +193,11 @@ class Edge:
 
 
 def edge_spec(upstream: Recorder, **changes) -> EdgeSpec:
+    """A spec on loopback: its own port's metrics on 127.0.0.2 (a node's fabric address in the tests: the
+    watchdog's check takes 127.0.0.1 at that port), no limit on keyless connections from one address unless
+    asked (the attack tables send thousands of refused requests from one)."""
     base = EdgeSpec(host="127.0.0.1", port=free_port(), upstream_host="127.0.0.1", upstream_port=upstream.port,
-                    metrics_port=free_port())  # fmt: skip
+                    metrics_host="127.0.0.2", metrics_port=free_port(), keyless_per_source=1000000)  # fmt: skip
     return replace(base, **changes)
 
 

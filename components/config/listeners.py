@@ -25,6 +25,7 @@ RAY_CLIENT_KEY, RAY_CLIENT_PORT = "Ray's fixed client port", 10001
 # Where Ray's raylet, object manager, agents and metrics listen, and NCCL/Gloo/torch: ports the kernel
 # hands out (net.ipv4.ip_local_port_range; Linux's default range, which network.guard reads on the node).
 EPHEMERAL_KEY, EPHEMERAL_RANGE = "the kernel's ephemeral range", (32768, 60999)
+EDGE_OWN = "the edge's own port (metrics on the fabric address, its check on loopback)"
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def node_listeners(cfg: Any, index: int) -> list[Listener]:
         found.add("vllm.port", "the endpoint's edge", vllm.port, default=_single(VllmConfig, "port"))
         found.add("edge.vllmPort", "vLLM API server, behind the edge", cfg.edge.vllm_port,
                   default=_single(EdgeConfig, "vllm_port"))  # fmt: skip
-        found.add("edge.metricsPort", "the edge's own port (its metrics, its check)", cfg.edge.metrics_port,
+        found.add("edge.metricsPort", EDGE_OWN, cfg.edge.metrics_port,
                   default=_single(EdgeConfig, "metrics_port"))  # fmt: skip
     if cfg.executor == "mp" and is_head and len(cfg.nodes) > 1:
         found.add("vllm.masterPort", "vLLM rank 0 with executor mp", vllm.master_port,
@@ -134,7 +135,7 @@ def _service_listeners(found: _Found, cfg: Any, node: Any, head_name: str) -> No
                   default=_single(RouterConfig, "metrics_port"))  # fmt: skip
         found.add("router.innerPort", "vllm-router behind the edge, on loopback", router.inner_port,
                   default=_single(RouterConfig, "inner_port"))  # fmt: skip
-        found.add("edge.metricsPort", "the edge's own port (its metrics, its check)", cfg.edge.metrics_port,
+        found.add("edge.metricsPort", EDGE_OWN, cfg.edge.metrics_port,
                   default=_single(EdgeConfig, "metrics_port"))  # fmt: skip
     transfer, sync, copy = cfg.image_transfer, cfg.model_sync, cfg.fabric_copy
     copying = transfer.method == "copy" or sync.enabled is True

@@ -274,6 +274,20 @@ def backoff_grows(cfg: Any) -> list[str]:
     ]
 
 
+@rule("edge.perSourceConnections", "edge.maxConnections")
+def one_source_cannot_take_every_slot(cfg: Any) -> list[str]:
+    edge = cfg.edge
+    if edge.per_source_connections <= edge.max_connections:
+        return []
+    return [
+        problem(
+            "edge.perSourceConnections",
+            edge.per_source_connections,
+            f"at most edge.maxConnections ({edge.max_connections}): one address could hold every connection",
+        )
+    ]
+
+
 @rule("ray.minWorkerPort", "ray.maxWorkerPort")
 def worker_range_is_a_range(cfg: Any) -> list[str]:
     if cfg.ray.max_worker_port >= cfg.ray.min_worker_port:

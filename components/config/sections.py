@@ -487,11 +487,42 @@ class EdgeConfig(_Model):
     max_connections: int = Field(
         1024, ge=16, le=1000000, description="Client connections it holds at once; more wait in the kernel's queue."
     )
+    per_source_connections: int = Field(
+        256,
+        ge=1,
+        le=1000000,
+        description="Connections one source address holds at once; more from it are closed at accept, so no one "
+        "address takes every slot. At most maxConnections.",
+    )
+    keyless_per_source: int = Field(
+        100,
+        ge=1,
+        le=1000000,
+        description="Connections from one source address in any 10 s that carry no request with a key (/health, "
+        "refused, bad or idle ones; one with a keyed request makes up for one), beyond which its new connections "
+        "are closed at accept, unlogged, until its rate falls. A keyed client on kept-alive connections never "
+        "meets it.",
+    )
     head_timeout_seconds: int = Field(
         10, ge=1, le=3600, description="How long a client may take to send a request's head (slow heads dropped)."
     )
+    body_timeout_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="How long a keyed client may take to send the start of a request's body (the whole body, or "
+        "its first 16 KiB: what the edge reads before passing the request on); 408 after it.",
+    )
     idle_timeout_seconds: int = Field(
         60, ge=1, le=86400, description="How long a kept-alive client connection may sit idle between requests."
+    )
+    drain_seconds: int = Field(
+        300,
+        ge=1,
+        le=86400,
+        description="After a change of the edge's configuration (a key removed or replaced, a model added), how "
+        "long a request already in flight may still run on the old configuration (HAProxy's hard-stop-after); "
+        "new requests, and every connection once its answer is done, meet the new one at once.",
     )
     vllm_port: Port = Field(
         29002,

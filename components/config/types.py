@@ -180,12 +180,18 @@ def _set_secret(value: SecretStr, info: ValidationInfo) -> str:
 
 
 def _token_secret(value: SecretStr, info: ValidationInfo) -> SecretStr:
-    """An API key or token: set means something, sent as one HTTP header word."""
+    """An API key or token: set means something, sent whole as one word of an HTTP header (`Bearer <key>`):
+    visible ASCII, the characters RFC 9110's field values carry as they are (no space, line break, control
+    character or non-ASCII letter, which clients refuse to send or send mangled), less the comma (proxies split a
+    header at commas: the edge would see two values and refuse it)."""
     text = _set_secret(value, info)
-    if any(ch.isspace() or ord(ch) < 33 or ord(ch) == 127 for ch in text):
+    bad = sorted({ch for ch in text if not 33 <= ord(ch) <= 126 or ch == ","})
+    if bad:
+        shown = ", ".join(repr(ch) if ch.isprintable() and not ch.isspace() else f"U+{ord(ch):04X}" for ch in bad)
         raise ValueError(
-            "a key without spaces, line breaks or control characters (a newline copied with it?): clients send it "
-            "as one word in the Authorization header"
+            f"a key of visible ASCII characters other than ',' (this one has {shown}; a newline copied with it?): "
+            "clients send it as one word of the Authorization header, which carries nothing else whole; make one "
+            "with `openssl rand -base64 24`"
         )
     return value
 

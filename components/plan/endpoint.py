@@ -111,5 +111,12 @@ def edge_spec(
         model_names=tuple(sorted(set(served))),
         tls_pem=tls_pem(cfg),
         max_connections=edge.max_connections,
-        timeouts=Timeouts(head=edge.head_timeout_seconds, idle=edge.idle_timeout_seconds),
+        per_source_connections=edge.per_source_connections,
+        keyless_per_source=edge.keyless_per_source,
+        timeouts=Timeouts(
+            head=edge.head_timeout_seconds,
+            body=edge.body_timeout_seconds,
+            idle=edge.idle_timeout_seconds,
+            drain=edge.drain_seconds,
+        ),
     )

@@ -146,7 +146,7 @@ def test_with_tls_the_edge_serves_https_with_the_certificate_in_a_file_of_its_ow
     files = edge_files(run)
     [pem_name] = [name for name in files if name.startswith("tls-")]
     assert files[pem_name] == tls["certificate"].strip() + "\n" + tls["key"].strip() + "\n"
-    assert f"bind 0.0.0.0:30000 ssl crt /etc/spark-vllm-edge/{pem_name} alpn http/1.1" in files["haproxy.cfg"]
+    assert f"bind 0.0.0.0:30000 proto h1 ssl crt /etc/spark-vllm-edge/{pem_name} alpn http/1.1" in files["haproxy.cfg"]
     assert run.exports["endpoint"] == "https://spark-01.lan:30000/v1"
     out = run.exports["tls"]
     assert out["names"] == ["spark-01.lan"] and len(out["fingerprintSha256"]) == 95 and out["notAfter"].endswith("Z")

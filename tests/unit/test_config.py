@@ -261,6 +261,12 @@ BAD = [
     (config(nccl={"debug": "LOUD"}), "nccl.debug: 'LOUD' — Input should be 'VERSION', 'WARN', 'INFO' or 'TRACE'"),
     (config(network={"mtu": 100}), "network.mtu: 100 — Input should be greater than or equal to 576"),
     (config(modle="/models/x"), "modle: '/models/x' — no such key: did you mean 'model'?"),
+    (
+        config(edge={"maxConnections": 100, "perSourceConnections": 101}),
+        "edge.perSourceConnections: 101 — at most edge.maxConnections (100): one address could hold every connection",
+    ),
+    (config(edge={"keylessPerSource": 0}), "edge.keylessPerSource: 0 — Input should be greater than or equal to 1"),
+    (config(edge={"drainSeconds": 0}), "edge.drainSeconds: 0 — Input should be greater than or equal to 1"),
 ]
 
 

@@ -15,11 +15,12 @@ import urllib.request
 
 import pytest
 
-from components.plan.edge import ROUTES, EdgeSpec, Timeouts, key_digest, quoted, render
+from components.plan.edge import KEYED_ROUTES, ROUTES, EdgeSpec, Timeouts, key_digest, quoted, render
 from tests.attacks import FORBIDDEN, HIDDEN, refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
 from tests.tls_ca import TestCa
+from tests.waiting import wait_until
 
 KEY = "sk-edge-test-key"
 CHAT = b'{"model":"small","messages":[{"role":"user","content":"hi"}]}'
@@ -76,7 +77,7 @@ def test_streamed_tokens_are_passed_on_as_they_come():
 
 def test_without_keys_no_key_is_asked_for_but_routes_still_are():
     text = render(EdgeSpec("0.0.0.0", 8080, "127.0.0.1", 29001))
-    assert "keyed" not in text
+    assert "status 401" not in text and "authorization),sha2" not in text
     assert "status 404" in text
 
 
@@ -85,10 +86,31 @@ def test_without_keys_no_key_is_asked_for_but_routes_still_are():
 
 def test_a_client_with_the_key_reaches_every_route(edge, upstream):
     host = f"127.0.0.1:{edge.spec.port}"
-    for target, methods in ROUTES.items():
+    for target, methods in KEYED_ROUTES.items():
         answer = exchange(edge.spec.port, request(methods[0], target, host, body=CHAT if methods[0] == "POST" else b""))
         assert statuses(answer) == [200], (target, answer)
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"upstream": f"{methods[0]} {target} HTTP/1.1"}
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_health_is_answered_by_the_edge_from_its_checks_and_nothing_of_it_reaches_the_upstream(upstream, tmp_path, key):
+    """/health says what the edge's own checks of the upstream's /health found; its query, headers and body stay
+    at the edge, and the connection is closed after it."""
+    edge = Edge(edge_spec(upstream, clients=(("client", key_digest(KEY)),)), tmp_path).start()
+    try:
+        wait_until(lambda: upstream.checks > 0, 10, "the edge checks the upstream")
+        body = b"x" * 100000
+        for raw in (request("GET", "/health", "h", key), request("HEAD", "/health", "h", key),
+                    request("GET", "/health?api_key=sk-secret-0000000000", "h", key, body=body)):  # fmt: skip
+            answer = exchange(edge.spec.port, raw.replace(b"Connection: close\r\n", b""))
+            assert statuses(answer) == [200] and b"connection: close" in answer.lower(), answer
+        assert upstream.received == []
+        upstream.close()  # the upstream gone: /health says so within a few seconds, as vLLM's own would
+        wait_until(lambda: statuses(exchange(edge.spec.port, request("GET", "/health", "h", key))) == [503], 15,
+                   "/health is 503 once the upstream is gone")  # fmt: skip
+        assert b"sk-secret" not in edge.log.read_bytes()
+    finally:
+        edge.close()
 
 
 def test_an_absolute_form_target_reaches_the_upstream_in_origin_form(edge, upstream):
@@ -331,7 +353,9 @@ def clients(**keys: str) -> tuple[tuple[str, str], ...]:
 
 def edge_metrics(edge: Edge) -> dict[tuple[str, str], int]:
     """spark_vllm_edge_requests_total by (client, model), from the edge's own port."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{edge.spec.metrics_port}/metrics", timeout=5) as answer:
+    with urllib.request.urlopen(
+        f"http://{edge.spec.metrics_host}:{edge.spec.metrics_port}/metrics", timeout=5
+    ) as answer:
         text = answer.read().decode()
     found = {}
     for client, model, count in re.findall(r'^spark_vllm_edge_requests_total\{client="([^"]*)",model="([^"]*)"\} (\d+)$',
@@ -366,11 +390,16 @@ def test_each_client_is_known_by_name_and_vllm_gets_the_programs_key_never_their
 
 
 def test_the_edges_own_port_serves_metrics_and_its_check_and_nothing_else(edge):
-    own = edge.spec.metrics_port
+    """/metrics on the fabric address (127.0.0.2 here), the watchdog's check on loopback at the same port: each
+    only where it belongs."""
+    own, fabric = edge.spec.metrics_port, edge.spec.metrics_host
     assert statuses(exchange(own, request("GET", "/spark-vllm-edge/alive", "h", key=None))) == [200]
-    assert statuses(exchange(own, request("GET", "/metrics", "h", key=None))) == [200]
+    assert statuses(exchange(own, request("GET", "/metrics", "h", key=None), host=fabric)) == [200]
+    assert statuses(exchange(own, request("GET", "/spark-vllm-edge/alive", "h", key=None), host=fabric)) == [404]
+    assert statuses(exchange(own, request("GET", "/metrics", "h", key=None))) == [404]
     for path in ("/v1/models", "/health", "/v1/chat/completions", "/metrics/x"):
-        assert statuses(exchange(own, request("GET", path, "h", key=KEY))) == [404], path
+        for host in ("127.0.0.1", fabric):
+            assert statuses(exchange(own, request("GET", path, "h", key=KEY), host=host)) == [404], path
 
 
 def test_over_tls_a_client_that_verifies_gets_through_and_nothing_plain_does(upstream, tmp_path):
