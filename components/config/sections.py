@@ -18,6 +18,7 @@ from components.config.types import (
     HostName,
     HttpEndpoint,
     ImageRef,
+    LogSize,
     NetDevName,
     ParserName,
     Port,
@@ -258,6 +259,16 @@ class FabricConfig(_Model):
     test_port: Port = Field(29660, description="TCP port of the bandwidth test on every node's fabric address.")
 
 
+class LogsConfig(_Model):
+    """`container.logs`: how much of its output each container the program starts keeps on its node (Docker's
+    json-file driver, rotated): a node's disk is never filled by a log, whatever reaches it."""
+
+    max_size: LogSize = Field("50m", description="The size at which a container's log is rotated (max-size).")
+    max_files: int = Field(
+        5, ge=1, le=100, description="Rotated files kept per container, the current one included (max-file)."
+    )
+
+
 class UlimitsConfig(_Model):
     """`container.ulimits`: the node containers' limits."""
 
@@ -300,6 +311,12 @@ class ContainerConfig(_Model):
     ulimits: UlimitsConfig = Field(
         default_factory=UlimitsConfig,
         description="Ulimits of the containers; lower them only where the host's hard limits cannot be raised.",
+    )
+    logs: LogsConfig = Field(
+        default_factory=LogsConfig,
+        description="Log rotation of every container the program starts (node containers, the edge, the router, "
+        "the guard, the copy depot, Prometheus, Grafana): `docker logs` shows the newest; at most maxSize × "
+        "maxFiles each on the node's disk.",
     )
 
 

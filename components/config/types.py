@@ -31,6 +31,8 @@ def _pattern(regex: str, expected: str):
     return AfterValidator(check)
 
 
+# A size as Docker's json-file log driver takes it (max-size): a number and k, m or g.
+LogSize = Annotated[str, _pattern(r"[1-9][0-9]{0,5}[kmg]", "a size such as 50m (a number, then k, m or g)")]
 DnsLabel = Annotated[
     str,
     _pattern(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a DNS label (a-z, 0-9, '-', at most 63 characters)"),

@@ -28,6 +28,14 @@ from components.scripts.node_contract import (
     params_of,
 )
 
+LOG_DRIVER = "json-file"  # `docker logs` reads it (the log tails on failure, diagnostics); rotated by log_options
+
+
+def log_options(cfg: ClusterConfig) -> dict[str, str]:
+    """Docker's log options for every container of the stack's: rotated at container.logs.maxSize, maxFiles kept."""
+    logs = cfg.container.logs
+    return {"max-size": logs.max_size, "max-file": str(logs.max_files)}
+
 
 def container_name(cfg: ClusterConfig, node: NodeConfig) -> str:
     """A node's container; with deployments, a replica's on that node (spark-vllm-<replica>-<node>)."""

@@ -25,6 +25,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
+from components.plan.container import log_options
 from components.plan.programs import script_program
 from components.plan.shell import shell_line
 from components.resources.steps import remote_step, service_container
@@ -137,6 +138,7 @@ class Depot(pulumi.ComponentResource):
             secret_envs=True,
             mounts=mounts,  # it listens on the fabric address: host network
             restart="unless-stopped",
+            logs=log_options(cfg),
             init=True,
             role="copy-depot",
             guarded=cfg.network.guard,  # fabricCopy.port: nothing answers there before the guard's rules

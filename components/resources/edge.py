@@ -20,6 +20,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
+from components.plan.container import log_options
 from components.plan.edge import CONFIG_DIR, EdgeSpec, archive
 from components.plan.endpoint import edge_node
 from components.plan.programs import script
@@ -68,6 +69,7 @@ class Edge(pulumi.ComponentResource):
             image=cfg.edge.image,
             entrypoints=entrypoints(),
             restart=cfg.container.restart,
+            logs=log_options(cfg),
             guarded=cfg.network.guard,  # its own port (edge.metricsPort) is fenced
             provider=provider,
             parent=self,

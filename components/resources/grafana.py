@@ -18,6 +18,7 @@ import pulumi
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
+from components.plan.container import log_options
 from components.plan.dashboard import DATASOURCE_UID
 from components.resources.steps import DataKind, data_service
 
@@ -111,6 +112,6 @@ class Grafana(pulumi.ComponentResource):
         envs = pulumi.Output.secret(password.apply(lambda secret: grafana_env(cfg, board, secret)))
         self.container = data_service(
             node.name, GRAFANA, image=cfg.metrics.grafana_image, entrypoints=grafana_entrypoint(), envs=envs,
-            restart=cfg.container.restart, provider=provider, parent=self, depends_on=depends_on,
+            restart=cfg.container.restart, logs=log_options(cfg), provider=provider, parent=self, depends_on=depends_on,
         )  # fmt: skip
         self.register_outputs({"container_id": self.container.id})

@@ -25,6 +25,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import on_node, stack_listeners
+from components.plan.container import log_options
 from components.plan.names import GUARD_VOLUME
 from components.plan.programs import script_program
 from components.plan.shell import exec_python, fingerprint, shell_line, with_log_tail_on_failure, with_script
@@ -152,6 +153,7 @@ class NodeGuard(pulumi.ComponentResource):
                 docker.ContainerMountArgs(type="volume", source=GUARD_VOLUME, target=MARKER_DIR),
             ],
             restart=cfg.container.restart,
+            logs=log_options(cfg),
             init=True,
             node=node.name,
             role="guard",

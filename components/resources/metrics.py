@@ -19,6 +19,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import replicas_of
+from components.plan.container import log_options
 from components.plan.endpoint import edge_node, vllm_host, vllm_port
 from components.plan.shell import shell_line
 from components.resources.steps import DataKind, data_service
@@ -158,6 +159,7 @@ class Prometheus(pulumi.ComponentResource):
         # On the host network: it scrapes the nodes' fabric addresses, which the guard lets in.
         self.container = data_service(
             node.name, PROMETHEUS, image=cfg.metrics.prometheus_image, entrypoints=prometheus_entrypoint(cfg),
-            envs=envs, restart=cfg.container.restart, provider=provider, parent=self, depends_on=depends_on,
+            envs=envs, restart=cfg.container.restart, logs=log_options(cfg), provider=provider, parent=self,
+            depends_on=depends_on,
         )  # fmt: skip
         self.register_outputs({"container_id": self.container.id})

@@ -19,7 +19,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig, NodeConfig
-from components.plan.container import container_name, node_env, ray_address, supervisor_params
+from components.plan.container import LOG_DRIVER, container_name, log_options, node_env, ray_address, supervisor_params
 from components.plan.fabric import rdma_in_container
 from components.plan.names import (
     COMPILE_CACHE_VOLUMES,
@@ -159,6 +159,8 @@ class NodeContainer(pulumi.ComponentResource):
             ulimits=ulimits(cfg),
             mounts=mounts,
             restart=cfg.container.restart,
+            log_driver=LOG_DRIVER,
+            log_opts=log_options(cfg),  # rotated (container.logs): vLLM's log cannot fill the node's disk
             init=True,  # reaps orphaned children and forwards SIGTERM to the supervisor
             privileged=cfg.container.privileged,
             capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if rdma else None,

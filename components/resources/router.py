@@ -21,6 +21,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from components.config import ClusterConfig
+from components.plan.container import log_options
 from components.plan.endpoint import edge_node, vllm_url
 from components.plan.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
 from components.plan.programs import script_program
@@ -72,6 +73,7 @@ class Router(pulumi.ComponentResource):
             entrypoints=["python3", "-u", "-c", script_program("router_keeper.py", keeper_params(cfg, "serve"))],
             mounts=[docker.ContainerMountArgs(type="volume", source=ROUTER_VOLUME, target=INSTALL_DIR)],
             restart=cfg.container.restart,
+            logs=log_options(cfg),
             init=True,
             node=self._node.name,
             role="router",

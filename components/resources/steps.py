@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -14,6 +14,7 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
+from components.plan.container import LOG_DRIVER
 from components.plan.names import GUARD_MARKER_DIR_IN_NODE, GUARD_MARKER_IN_NODE, GUARD_VOLUME
 from components.plan.programs import script
 
@@ -83,6 +84,7 @@ def service_container(
     provider: docker.Provider,
     parent: pulumi.Resource,
     restart: str,
+    logs: Mapping[str, str],
     mounts: pulumi.Input[Sequence[docker.ContainerMountArgs]],
     node: Optional[str] = None,
     envs: Optional[pulumi.Input[Sequence[str]]] = None,
@@ -94,7 +96,8 @@ def service_container(
     guarded: bool = False,
 ) -> docker.Container:
     """A container of the stack's own on a node's host network, with a fixed name (so the old one goes
-    before the new one starts), labelled with its node and role, that must keep running. `guarded`: it listens on
+    before the new one starts), labelled with its node and role, its log rotated (`logs`: log_options), that must
+    keep running. `guarded`: it listens on
     a port network.guard fences, so its program starts only once the guard's rules hold in this boot."""
     if guarded:
         entrypoints, mounts = guard_gated(entrypoints, mounts)
@@ -110,6 +113,8 @@ def service_container(
         capabilities=capabilities,
         mounts=mounts,
         restart=restart,
+        log_driver=LOG_DRIVER,
+        log_opts=dict(logs),  # rotated (container.logs): no log fills a node's disk
         init=init,
         labels=labels,
         must_run=True,

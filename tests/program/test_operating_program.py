@@ -2,7 +2,8 @@
 
 import json
 
-from tests.harness import run_program
+from tests.harness import CONTAINER, changed_inputs, run_program
+from tests.program.test_deployments_program import fleet, run_fleet
 from tests.program.test_program import SECRETS, prod
 
 
@@ -64,3 +65,24 @@ def test_without_grafana_node_there_is_no_grafana():
     run = run_program(prod(metrics={"prometheusNode": "spark-02"}), SECRETS, stack="prod")
     assert not [reg for reg in run.registrations if "grafana" in reg.name]
     assert "grafana" not in run.exports["metrics"]
+
+
+def test_every_container_the_program_starts_rotates_its_log_and_the_setting_changes_each():
+    """Node containers, the edge, the router, the guard, Prometheus, Grafana: json-file, container.logs' size and
+    count (#64: a keyless flood or a chatty vLLM cannot fill a node's disk)."""
+    cfg = fleet(metrics={"prometheusNode": "spark-01", "grafanaNode": "spark-02"})
+    secrets = {**SECRETS, "grafanaAdminPassword": "grafana-admin-0000"}
+    before = run_fleet(cfg, secrets=secrets)
+    containers = [r for r in before.registrations if r.typ == CONTAINER]
+    roles = {r.name.rsplit("-", 1)[-1] for r in containers}
+    assert {"container", "edge", "router", "guard", "prometheus", "grafana"} <= roles, roles
+    for container in containers:
+        assert container.inputs["logDriver"] == "json-file", container.name
+        assert container.inputs["logOpts"] == {"max-size": "50m", "max-file": "5"}, container.name
+    after = run_fleet({**cfg, "container": {"logs": {"maxSize": "20m", "maxFiles": 3}}}, secrets=secrets)
+    changed = changed_inputs(before, after)
+    assert {name for name, keys in changed.items() if keys == {"logOpts"}} == {r.name for r in containers}
+    # and each replica leaves the router while its container is replaced, one at a time, as for any such change
+    others = {name: keys for name, keys in changed.items() if keys != {"logOpts"}}
+    assert others and all(name.endswith(("-router-drain", "-router-undrain")) for name in others), others
+    assert all(keys == {"triggers"} for keys in others.values()), others

@@ -17,6 +17,7 @@ import pytest
 
 from components.plan.edge import archive, key_digest, render
 from components.plan.programs import script
+from tests import edge_load
 from tests.e2e.image.build import haproxy_command
 from tests.e2e.rehearsal import CACHE_DIR
 from tests.edge_harness import Recorder, edge_spec, exchange, statuses
@@ -173,3 +174,26 @@ def test_stopped_before_any_configuration_it_exits_0(node):
     time.sleep(0.5)
     entry.send_signal(signal.SIGTERM)
     assert entry.wait(5) == 0
+
+
+def test_the_watchdog_cannot_be_turned_on_the_edge_by_crowding_its_ports(node):
+    """An address holds every connection the edge's own port gives it and floods the endpoint with idle ones: the
+    watchdog's check (its own listener on loopback) misses none, so the edge is never ended for it (#64)."""
+    env, edge_dir, upstream = node
+    entry = start_entry(env, interval=1, misses=2)
+    loads = []
+    try:
+        spec = edge_spec(upstream, clients=(("client", key_digest(KEY)),), max_connections=32)
+        assert apply(env, spec).returncode == 0
+        own = edge_load.Target(spec.metrics_host, spec.metrics_port)
+        endpoint = edge_load.Target("127.0.0.1", spec.port)
+        loads = [edge_load.start(edge_load.idle_connections(100), own, "127.0.0.3")]
+        loads += [edge_load.start(edge_load.idle_connections(100), endpoint, f"127.0.0.{n}") for n in (5, 6, 7)]
+        time.sleep(8)  # eight checks under the crowd
+        assert entry.poll() is None
+        assert "no answer from the edge's own check" not in (edge_dir.parent / "entry.log").read_text()
+        assert loads[0].tallies[0].held == 8  # the own port's share for one address
+    finally:
+        for load in loads:
+            load.stop()
+        end(entry)
