@@ -22,6 +22,11 @@ GPU_TURN_VOLUME = "spark-vllm-gpu-turn"
 GPU_TURN_DIR_IN_NODE = "/run/spark-vllm-turn"
 # The router's container: vllm-router installed once per version where the image lacks it (a volume)
 ROUTER_INSTALL_DIR = "/opt/spark-vllm-router"
+# Who runs the edge and the router (their containers' `user`), so that network.guard can let these two alone reach
+# vllm-router's port on loopback, whose admin API has no authentication: the edge as the official haproxy image's
+# own user (uid 99), the router's keeper as root.
+EDGE_USER_ID = 99
+ROUTER_USER_ID = 0
 RUN_DIR = "/run/spark-vllm"  # inside every node's container: vLLM's settings, log and the supervisor's status
 SUPERVISOR_IN_CONTAINER = "/opt/spark-vllm/supervisor.py"  # supervisor_boot.py runs what is installed here
 VLLM_LOG = f"{RUN_DIR}/vllm.log"

@@ -23,6 +23,7 @@ from components.config import ClusterConfig
 from components.plan.container import log_options
 from components.plan.edge import CONFIG_DIR, EdgeSpec, archive
 from components.plan.endpoint import edge_node
+from components.plan.names import EDGE_USER_ID
 from components.plan.programs import script
 from components.plan.shell import with_log_tail_on_failure
 from components.resources.steps import SECRET_IO, DataKind, data_service, remote_step
@@ -70,6 +71,7 @@ class Edge(pulumi.ComponentResource):
             entrypoints=entrypoints(),
             restart=cfg.container.restart,
             logs=log_options(cfg),
+            user=EDGE_USER_ID,  # the uid network.guard lets reach vllm-router's port (the official image's own)
             guarded=cfg.network.guard,  # its own port (edge.metricsPort) is fenced
             provider=provider,
             parent=self,

@@ -26,7 +26,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig, NodeConfig
 from components.config.replicas import on_node, stack_listeners
 from components.plan.container import log_options
-from components.plan.names import GUARD_VOLUME
+from components.plan.names import EDGE_USER_ID, GUARD_VOLUME, ROUTER_USER_ID
 from components.plan.programs import script_program
 from components.plan.shell import exec_python, fingerprint, shell_line, with_log_tail_on_failure, with_script
 from components.resources.steps import remote_step, service_container
@@ -64,6 +64,7 @@ def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> GuardSpec:
     elif sources:  # every API server on the node, the router's too
         ports = sorted({item.first for item in public if item.key.endswith(API_KEYS)})
         api = GuardApi(sources=sources, ports=ports) if ports else None
+    router_here = cfg.router.enabled and cfg.router.node == node.name
     return GuardSpec(
         peers=sorted(str(other.fabric_address) for other in cfg.nodes if other.name != node.name),
         interface=node.fabric_interface,
@@ -71,6 +72,8 @@ def guard_spec(cfg: ClusterConfig, node: NodeConfig) -> GuardSpec:
         ephemeral=True,  # NCCL, Gloo and torch listen on ports the kernel picks
         public=sorted({item.first for item in public}),
         api=api,
+        # vllm-router on loopback: its admin API answers anyone who connects; the keeper and the edge alone may
+        owned=[[cfg.router.inner_port, [ROUTER_USER_ID, EDGE_USER_ID]]] if router_here else None,
     )
 
 

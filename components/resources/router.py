@@ -23,7 +23,13 @@ import pulumi_docker as docker
 from components.config import ClusterConfig
 from components.plan.container import log_options
 from components.plan.endpoint import edge_node, vllm_url
-from components.plan.names import ROUTER_INSTALL_DIR, SMOKE_MAX_TOKENS, SMOKE_PROMPT, SMOKE_TIMEOUT_SECONDS
+from components.plan.names import (
+    ROUTER_INSTALL_DIR,
+    ROUTER_USER_ID,
+    SMOKE_MAX_TOKENS,
+    SMOKE_PROMPT,
+    SMOKE_TIMEOUT_SECONDS,
+)
 from components.plan.programs import script_program
 from components.plan.router_params import keeper_params, router_node
 from components.plan.shell import exec_python, fingerprint, with_log_tail_on_failure
@@ -74,6 +80,7 @@ class Router(pulumi.ComponentResource):
             mounts=[docker.ContainerMountArgs(type="volume", source=ROUTER_VOLUME, target=INSTALL_DIR)],
             restart=cfg.container.restart,
             logs=log_options(cfg),
+            user=ROUTER_USER_ID,  # the keeper: one of the two network.guard lets reach vllm-router's port
             init=True,
             node=self._node.name,
             role="router",

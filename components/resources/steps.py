@@ -91,13 +91,14 @@ def service_container(
     secret_envs: bool = False,
     init: Optional[bool] = None,
     capabilities: Optional[docker.ContainerCapabilitiesArgs] = None,
+    user: Optional[int] = None,
     stop_grace_seconds: int = 10,
     depends_on: Sequence[pulumi.Resource] = (),
     guarded: bool = False,
 ) -> docker.Container:
     """A container of the stack's own on a node's host network, with a fixed name (so the old one goes
     before the new one starts), labelled with its node and role, its log rotated (`logs`: log_options), that must
-    keep running. `guarded`: it listens on
+    keep running; `user`: the uid (and gid) it runs as, where the image's own would not do. `guarded`: it listens on
     a port network.guard fences, so its program starts only once the guard's rules hold in this boot."""
     if guarded:
         entrypoints, mounts = guard_gated(entrypoints, mounts)
@@ -115,6 +116,7 @@ def service_container(
         restart=restart,
         log_driver=LOG_DRIVER,
         log_opts=dict(logs),  # rotated (container.logs): no log fills a node's disk
+        user=None if user is None else f"{user}:{user}",
         init=init,
         labels=labels,
         must_run=True,

@@ -446,6 +446,11 @@ class GuardSpec(Contract):
     ephemeral: bool  # the kernel's ephemeral range too (NCCL, Gloo and torch listen there)
     public: list  # ports left open
     api: Optional[GuardApi]
+    # [[port, [uid, …]]]: ports on loopback only these users' sockets may connect to (vllm-router's, whose admin
+    # API has no authentication: its keeper and the edge alone)
+    owned: Optional[list] = None
+
+    OMIT_NONE = ("owned",)
 
 
 @dataclass(frozen=True)

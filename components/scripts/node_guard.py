@@ -13,6 +13,10 @@
 # own nft (or iptables) runs by chroot into the host's /usr and /etc, mounted read-only at
 # P.host_root (a merged-/usr host, as every current Ubuntu and Debian is).
 #
+# With P.spec.owned, the ports listed there on loopback are reached only from sockets of the users named
+# (the owner match of the OUTPUT hook: `meta skuid`, `-m owner --uid-owner`); anyone else's connect is
+# refused at once. vllm-router's port on its node: its admin API has no authentication.
+#
 # P.action:
 #   check   say which tool the host has; fail, naming the node, when it has neither
 #   run     the guard container's main process: apply, write the marker (boot id, spec hash), then
@@ -32,6 +36,7 @@ import time
 P = GuardParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
 TABLE = "spark_vllm_guard"
 CHAIN = "SPARK-VLLM-GUARD"
+OUT_CHAIN = "SPARK-VLLM-GUARD-OUT"  # the owner match, jumped to from OUTPUT
 ROOT = P.host_root
 
 
@@ -153,8 +158,21 @@ def nft_ruleset(ranges):
     ]
     for port in api_ports(api):
         lines += [f"    tcp dport {port} ip saddr @api_sources accept", f"    tcp dport {port} drop"]
-    lines += ["  }", "}"]
+    lines.append("  }")
+    if owned():
+        lines += ["  chain output {", "    type filter hook output priority filter - 10; policy accept;"]
+        for port, uids in owned():
+            users = ", ".join(str(uid) for uid in uids)
+            lines += [f'    oif "lo" tcp dport {port} meta skuid {{ {users} }} accept',
+                      f'    oif "lo" tcp dport {port} reject with tcp reset']  # fmt: skip
+        lines.append("  }")
+    lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def owned():
+    """[(port, [uid, …])]: the loopback ports only those users reach."""
+    return [(int(port), [int(uid) for uid in uids]) for port, uids in (P.spec.owned or [])]
 
 
 def api_ports(api):
@@ -181,7 +199,14 @@ def multiport_chunks(ranges):
 
 def iptables_rules(ranges, v6):
     spec = P.spec
-    lines = ["*filter", f":{CHAIN} - [0:0]", f"-A {CHAIN} -i lo -j RETURN"]
+    lines = ["*filter", f":{CHAIN} - [0:0]"]
+    if owned():
+        lines.append(f":{OUT_CHAIN} - [0:0]")
+        for port, uids in owned():
+            match = f"-o lo -p tcp --dport {port}"
+            lines += [f"-A {OUT_CHAIN} {match} -m owner --uid-owner {uid} -j RETURN" for uid in uids]
+            lines.append(f"-A {OUT_CHAIN} {match} -j REJECT --reject-with tcp-reset")
+    lines.append(f"-A {CHAIN} -i lo -j RETURN")
     lines.append(f"-A {CHAIN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN")
     for protocol in ("tcp", "udp"):
         for ports in multiport_chunks(ranges):
@@ -211,8 +236,14 @@ def apply(kind):
     for v6, tool in ((False, "iptables"), (True, "ip6tables")):
         # --noflush keeps every other chain; declaring ours empties it first.
         host([f"{tool}-restore", "--noflush"], text=iptables_rules(ranges, v6))
-        if host([tool, "-C", "INPUT", "-j", CHAIN], check=False).returncode != 0:
-            host([tool, "-I", "INPUT", "1", "-j", CHAIN])
+        for hook, chain in jumps():
+            if host([tool, "-C", hook, "-j", chain], check=False).returncode != 0:
+                host([tool, "-I", hook, "1", "-j", chain])
+
+
+def jumps():
+    """(hook, chain): the guard's chains and where each is jumped to from (iptables)."""
+    return [("INPUT", CHAIN)] + ([("OUTPUT", OUT_CHAIN)] if owned() else [])
 
 
 def listing(kind):
@@ -223,10 +254,11 @@ def listing(kind):
         return found.stdout if found.returncode == 0 else None
     parts = []
     for tool in ("iptables", "ip6tables"):
-        rules = host([tool, "-S", CHAIN], check=False)
-        if rules.returncode != 0 or host([tool, "-C", "INPUT", "-j", CHAIN], check=False).returncode != 0:
-            return None
-        parts.append(rules.stdout)
+        for hook, chain in jumps():
+            rules = host([tool, "-S", chain], check=False)
+            if rules.returncode != 0 or host([tool, "-C", hook, "-j", chain], check=False).returncode != 0:
+                return None
+            parts.append(rules.stdout)
     return "".join(parts)
 
 
@@ -236,10 +268,11 @@ def remove(kind):
             host(["nft", "delete", "table", "inet", TABLE])
         return
     for tool in ("iptables", "ip6tables"):
-        while host([tool, "-D", "INPUT", "-j", CHAIN], check=False).returncode == 0:
-            pass
-        if host([tool, "-F", CHAIN], check=False).returncode == 0:
-            host([tool, "-X", CHAIN])
+        for hook, chain in (("INPUT", CHAIN), ("OUTPUT", OUT_CHAIN)):  # the owner match's, whether or not it is on
+            while host([tool, "-D", hook, "-j", chain], check=False).returncode == 0:
+                pass
+            if host([tool, "-F", chain], check=False).returncode == 0:
+                host([tool, "-X", chain])
 
 
 def write_marker(kind):
@@ -266,8 +299,9 @@ def describe(kind):
     api = P.spec.api
     listed = ", ".join(str(port) for port in api_ports(api))
     sources = f"; port {listed} only from {', '.join(api.sources)}" if api else ""
+    users = "".join(f"; loopback port {port} only for uid {', '.join(map(str, uids))}" for port, uids in owned())
     where = f"table inet {TABLE}" if kind == "nft" else f"chain {CHAIN} (iptables and ip6tables)"
-    return f"{where}: TCP {ports} only from {peers} on {P.spec.interface}{sources}"
+    return f"{where}: TCP {ports} only from {peers} on {P.spec.interface}{sources}{users}"
 
 
 def run():

@@ -68,6 +68,17 @@ def test_api_sources_limit_the_api_on_the_head_only():
     assert guard.guard_spec(cfg, cfg.nodes[1]).api is None
 
 
+def test_on_the_router_node_vllm_routers_port_is_owned_by_the_keeper_and_the_edge_alone():
+    raw = config(network={"guard": True}, router={"enabled": True, "node": "spark-01"}, apiKey="sk-" + "0" * 20)
+    for key in ("tensorParallelSize", "executor", "vllm"):
+        raw.pop(key)
+    raw["deployments"] = [{"name": "m", "model": raw.pop("model"), "nodes": ["spark-01"]}]
+    cfg = load_cluster_config(raw)
+    assert guard.guard_spec(cfg, cfg.nodes[0]).owned == [[cfg.router.inner_port, [0, 99]]]
+    assert guard.guard_spec(cfg, cfg.nodes[1]).owned is None
+    assert "owned" not in guard.guard_spec(cfg, cfg.nodes[1]).to_json()  # no router: the spec (and hash) as before
+
+
 def test_api_sources_without_the_guard_are_a_config_problem():
     from components.config import ConfigError
 
@@ -345,3 +356,44 @@ def test_the_gate_stops_at_once_when_its_container_is_stopped_while_it_waits(tmp
     started = time.monotonic()
     gate.send_signal(signal.SIGTERM)
     assert gate.wait(timeout=5) == 0 and time.monotonic() - started < 3
+
+
+def reaches_as(ns, uid, address, port):
+    """Whether a socket of user `uid` in namespace `ns` connects to `address`:`port`."""
+    probe = (f"import encodings.idna, os, socket; os.setgid({uid}); os.setuid({uid}); "
+             f"socket.create_connection(({address!r}, {port}), timeout=0.7).close()")  # fmt: skip
+    return subprocess.run([IP, "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_owned_loopback_port_is_reached_by_its_users_alone(net, tmp_path, backend):
+    """vllm-router's port (#64): root (the keeper) and uid 99 (the edge) connect on loopback; another local user
+    is refused at once; nothing else changes (the same port from outside, another port on loopback)."""
+    node, outsider = net["node"], net["outsider"]
+    owned_port = PORTS["other"]
+    assert reaches_as(node, 1000, "127.0.0.1", owned_port)  # before: anyone
+    p = params(tmp_path, backend, "run", owned=[[owned_port, [0, 99]]])
+    running = run_guard(node, p, background=True)
+    try:
+        assert run_guard(node, {**p, "action": "ready"}).returncode == 0
+        assert reaches_as(node, 0, "127.0.0.1", owned_port) and reaches_as(node, 99, "127.0.0.1", owned_port)
+        started = time.monotonic()
+        assert not reaches_as(node, 1000, "127.0.0.1", owned_port)
+        assert time.monotonic() - started < 5  # refused, not left to time out
+        assert reaches_as(node, 1000, "127.0.0.1", PORTS["api"])  # another port: untouched
+        assert reaches(outsider, "10.78.1.1", owned_port)  # not loopback: untouched
+        if backend == "nft":  # edited away: put back within a check
+            subprocess.run([IP, "netns", "exec", node, "nft", "flush", "chain", "inet", "spark_vllm_guard", "output"],
+                           check=True)  # fmt: skip
+        else:
+            subprocess.run([IP, "netns", "exec", node, "iptables", "-D", "OUTPUT", "-j", "SPARK-VLLM-GUARD-OUT"],
+                           check=True)  # fmt: skip
+        assert wait_for(lambda: not reaches_as(node, 1000, "127.0.0.1", owned_port), timeout=10)
+    finally:
+        running.send_signal(signal.SIGTERM)
+        running.communicate(timeout=10)
+    removed = run_guard(node, {**p, "action": "remove"})
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert reaches_as(node, 1000, "127.0.0.1", owned_port)
+    assert "SPARK-VLLM-GUARD" not in rules(node, backend) and "spark_vllm_guard" not in rules(node, backend)
