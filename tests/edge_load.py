@@ -342,8 +342,37 @@ def attacks(slots: int) -> dict[str, tuple[Callable, int]]:
     """`slots`: connections enough to fill the edge's maxConnections from one address."""
     return {
         "HTTP/2 with prior knowledge": (http2, 2),
-        "keyless requests, a connection each": (keyless_requests, 2),
+        "keyless requests (a connection each)": (keyless_requests, 2),
         "idle connections": (idle_connections(slots), 1),
         "slow heads": (slow_heads(slots), 1),
         "/health with a trickled body": (health_bodies(slots), 1),
     }
+
+
+def under_attacks(target: Target, attacker: str, client: str, key: str, body: bytes, slots: int,
+                  names: Optional[list[str]] = None, requests: int = 20, settle: float = 3.0) -> dict:  # fmt: skip
+    """Each attack from `attacker` in turn (its height reached after `settle` s), and meanwhile a keyed client from
+    `client`: `requests` completions on new connections, then as many on one kept-alive connection. Before the
+    attacks, the same requests with no attack: `none`. {attack: {"new": Served, "kept": Served, "attack": [tally]}}."""
+    found: dict = {"none": {"new": keyed_client(target, client, key, body, requests, True),
+                            "kept": keyed_client(target, client, key, body, requests, False), "attack": []}}  # fmt: skip
+    for name, (attack, threads) in attacks(slots).items():
+        if names is not None and name not in names:
+            continue
+        load = start(attack, target, attacker, threads)
+        time.sleep(settle)
+        new = keyed_client(target, client, key, body, requests, True)
+        kept = keyed_client(target, client, key, body, requests, False)
+        found[name] = {"new": new, "kept": kept, "attack": [tally.summary() for tally in load.stop()]}
+    return found
+
+
+def report(found: dict) -> list[str]:
+    """One line an attack: what the keyed client saw, and what the attacker did."""
+    lines = []
+    for name, result in found.items():
+        new, kept = result["new"].summary(), result["kept"].summary()
+        done = {key: sum(t[key] for t in result["attack"]) for key in ("opened", "refused", "held")}
+        answered = sum(sum(t["answers"].values()) for t in result["attack"])
+        lines.append(f"{name}: new connections {new}; kept-alive {kept}; attacker {done}, {answered} answered")
+    return lines

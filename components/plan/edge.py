@@ -425,7 +425,7 @@ def _model(spec: EdgeSpec) -> list[str]:
 def _health() -> list[str]:
     """/health, answered by the edge from its checks of the upstream (CHECK), with no key, and closed: nothing a
     client without a key sends reaches the upstream, and such a client holds no connection."""
-    up = "{ nbsrv(upstream) gt 0 }"
+    up = "{ srv_is_up(upstream/upstream) }"  # the server's last check (nbsrv is 0 in a reload's stopping process)
     return [
         f"    http-request return status 200 hdr connection close if open_route {up}",
         _refuse(503, "the model is not serving", "ServiceUnavailable", "if open_route"),
@@ -458,7 +458,7 @@ def _front(spec: EdgeSpec) -> list[str]:
     ]
     if spec.models is not None:
         lines.extend(_models(spec.models))
-    lines.append(_refuse(503, "the model is not serving", "ServiceUnavailable", "if { nbsrv(upstream) eq 0 }"))
+    lines.append(_refuse(503, "the model is not serving", "ServiceUnavailable", "if !{ srv_is_up(upstream/upstream) }"))
     if spec.upstream_key is not None:
         lines.append(f"    http-request set-header authorization {quoted('Bearer ' + spec.upstream_key)}")
     return [*lines, "    default_backend upstream", ""]

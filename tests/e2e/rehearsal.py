@@ -17,12 +17,14 @@ locally with a real Ray and a stand-in for vLLM (tests/e2e/image, tests/e2e/stan
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -141,7 +143,10 @@ def rehearsal_config(
         # Half of this machine's memory: the memory plan leaves the rest to the OS (memory.osReserveGib).
         "vllm": {"port": 8000, "readyTimeoutSeconds": 180, "gpuMemoryUtilization": 0.5},
         "security": {"requireHostKeys": pin_host_keys},
-        "edge": {"image": edge_image(cluster)},
+        # the attack tables (tests/attacks.py) send thousands of refused requests from this machine's one address in
+        # seconds: past edge.keylessPerSource its connections would be closed unanswered, and the table would test
+        # the limit rather than the routes. The limits at their defaults: test_*_under_load (edge_under_load).
+        "edge": {"image": edge_image(cluster), "keylessPerSource": ATTACK_TABLE_ALLOWANCE},
     }
     config.update(overrides)
     values = {"apiKey": "sk-rehearsal-" + secrets.token_hex(12), "hfToken": "hf_rehearsal_" + secrets.token_hex(12)}
@@ -341,6 +346,41 @@ def last_vllm_start(cluster: simnodes.SimCluster, node: simnodes.SimNode) -> str
     log = cluster.docker(node, "exec", f"spark-vllm-{node.name}", "cat", "/run/spark-vllm/vllm.log").stdout
     starts = [m.start() for m in re.finditer(r"^=== spark-vllm: .* vLLM started", log, re.M)]
     return log[starts[-1] :] if starts else log
+
+
+ATTACK_TABLE_ALLOWANCE = 1000000
+
+
+@contextlib.contextmanager
+def second_addresses(cluster: simnodes.SimCluster, count: int = 2):
+    """More addresses of this machine on the cluster's management bridge (.2, .3 …: the nodes are .11 and up), so
+    that an attacker and a client come from different addresses, as two machines of the office network do."""
+    prefix = cluster.host_mgmt_ip.rsplit(".", 1)[0]
+    added = [f"{prefix}.{2 + n}" for n in range(count)]
+    for address in added:
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", cluster.mgmt_bridge], check=True)
+    try:
+        yield added
+    finally:
+        for address in added:
+            subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", cluster.mgmt_bridge], check=False)
+
+
+def edge_under_load(
+    stack, cluster: simnodes.SimCluster, config: dict, secrets_: dict, target: Any, body: bytes
+) -> dict:
+    """The edge's limits at their defaults (edge.keylessPerSource back to its default: the edge's configuration
+    alone changes), then each attack of tests/edge_load.py from one address of the management network while a
+    keyed client chats from another. Returns the preview's changes and what each attack did."""
+    from tests import edge_load
+
+    limits = {**config, "edge": {key: value for key, value in config["edge"].items() if key != "keylessPerSource"}}
+    stack.configure(limits, secrets_)
+    preview = stack.preview()
+    run = stack.up()
+    with second_addresses(cluster) as (attacker, client):
+        found = edge_load.under_attacks(target, attacker, client, secrets_["apiKey"], body, slots=300, requests=10)
+    return {"preview": preview, "run": run, "found": found}
 
 
 def fleet_config(cluster: simnodes.SimCluster, image_ref: str, model: Path, **small_vllm) -> tuple[dict, dict]:

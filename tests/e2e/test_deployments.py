@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests import edge_load
 from tests.attacks import refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.e2e.cli_stack import StackError
@@ -28,6 +29,7 @@ from tests.e2e.rehearsal import (
     client_context,
     curl_chat,
     edge_requests,
+    edge_under_load,
     fleet_config,
     openai_tour,
     program_key,
@@ -43,7 +45,11 @@ ROUTER_PORT = 8080
 
 
 def deployments_config(cluster, image_ref, model, **small_vllm):
-    return fleet_config(cluster, image_ref, model, **small_vllm)
+    """The fleet with network.guard on, as a shared office network asks: vllm-router's port on its node is then
+    its keeper's and the edge's alone."""
+    config, secrets = fleet_config(cluster, image_ref, model, **small_vllm)
+    config["network"] = {"guard": True}
+    return config, secrets
 
 
 @pytest.fixture(scope="module")
@@ -247,11 +253,19 @@ def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim
 
 
 def test_no_replica_listens_on_the_management_network(sim_cluster3, fleet):
-    """Each vLLM binds its head's fabric address: from the clients' network only the edge answers."""
-    for node, port in ((sim_cluster3.nodes[0], 8000), (sim_cluster3.nodes[2], 8000), (sim_cluster3.nodes[2], 8001),
-                       (sim_cluster3.nodes[1], 8002), (sim_cluster3.nodes[0], 29001)):  # fmt: skip
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection((node.mgmt_ip, port), timeout=5).close()
+    """Each vLLM binds its head's fabric address, vllm-router loopback: what listens on those ports in each node's
+    namespace (the guard drops a probe from the clients' network before it could tell)."""
+    expected = {(sim_cluster3.nodes[0], 8000): sim_cluster3.nodes[0].fabric_ip,
+                (sim_cluster3.nodes[2], 8000): sim_cluster3.nodes[2].fabric_ip,
+                (sim_cluster3.nodes[2], 8001): sim_cluster3.nodes[2].fabric_ip,
+                (sim_cluster3.nodes[1], 8002): sim_cluster3.nodes[1].fabric_ip,
+                (sim_cluster3.nodes[0], 29001): "127.0.0.1"}  # fmt: skip
+    for (node, port), address in expected.items():
+        out = sim_cluster3.run_in(node, ["ss", "-Hltn", f"sport = :{port}"]).stdout
+        bound = {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines()}
+        assert bound == {address}, (node.name, port, bound)
+        with pytest.raises(OSError):  # refused, or dropped by the guard
+            socket.create_connection((node.mgmt_ip, port), timeout=2).close()
 
 
 def test_the_router_passes_the_key_to_vllm_which_refuses_a_wrong_one(fleet):
@@ -490,6 +504,36 @@ def test_a_restarted_router_gets_its_workers_back_by_itself(sim_cluster3, fleet)
     assert wait_for(answers, 60)
     print(f"\nDEPLOYMENTS router container restarted: answering again after {time.monotonic() - started:.1f} s")
     assert fleet["stack"].preview().changed == {}
+
+
+def test_vllm_routers_port_answers_its_keeper_and_the_edge_alone(sim_cluster3, fleet):
+    """network.guard's owner match (#64): on the router's node another local user's connect to vllm-router's port
+    is refused at once, while the keeper (root) reads its workers and the edge (uid 99) serves every chat."""
+    head, port = sim_cluster3.nodes[0], fleet["config"]["router"].get("innerPort", 29001)
+    probe = ("import encodings.idna, os, socket, sys; os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1])); "
+             f"socket.create_connection(('127.0.0.1', {port}), timeout=2).close()")  # fmt: skip
+    as_user = [sim_cluster3.run_in(head, [sys.executable, "-c", probe, str(uid)], check=False).returncode
+               for uid in (1000, 0, 99)]  # fmt: skip
+    assert as_user == [1, 0, 0], as_user
+    assert registered_workers(sim_cluster3)  # the keeper's own reads
+    assert chat(fleet["run"].outputs["endpoint"], fleet["secrets"]["apiKey"], "small-model")["model"] == "small-model"
+
+
+def test_under_load_from_one_address_the_edge_serves_a_keyed_client_from_another(sim_cluster3, fleet):
+    """#64 through the real CLI, over TLS in front of vllm-router: the limits back at their defaults (the edge's
+    configuration alone changes), then each attack from one management address while a keyed client chats from
+    another: none of its requests fails."""
+    head = sim_cluster3.nodes[0]
+    body = json.dumps({"model": "small-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    before = sim_cluster3.docker(head, "ps", "-q", "--no-trunc").stdout.split()
+    target = edge_load.Target(head.mgmt_ip, ROUTER_PORT, client_context())
+    loaded = edge_under_load(fleet["stack"], sim_cluster3, fleet["config"], fleet["secrets"], target, body.encode())
+    fleet["config"]["edge"].pop("keylessPerSource")
+    assert loaded["preview"].changed == {"spark-vllm-edge-config": "update"}, loaded["preview"].changed
+    assert sim_cluster3.docker(head, "ps", "-q", "--no-trunc").stdout.split() == before
+    print("\nEDGE UNDER LOAD (the router, TLS):\n  " + "\n  ".join(edge_load.report(loaded["found"])))
+    for name, result in loaded["found"].items():
+        assert result["new"].failures == [] and result["kept"].failures == [], (name, result["new"].failures[:3])
 
 
 def test_deployments_that_do_not_fit_a_shared_node_are_refused_before_any_container(sim_cluster3, fleet, new_stack):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import edge_load
 from tests.attacks import refusals, smuggling
 from tests.e2e.observe import RAY_NODES, container_ids, netns_processes, no_containers
 from tests.e2e.rehearsal import (
@@ -30,6 +31,7 @@ from tests.e2e.rehearsal import (
     chat,
     compile_cache_keys,
     compile_factors,
+    edge_under_load,
     last_vllm_start,
     program_key,
     rehearsal_config,
@@ -323,6 +325,28 @@ def test_no_secret_is_on_any_command_line_in_any_output_or_in_the_stored_state(s
         assert secret not in outputs
         assert secret not in cli_output
     assert "ciphertext" in exported  # the secrets are there, encrypted
+
+
+def test_under_load_from_one_address_the_edge_serves_a_keyed_client_from_another(sim_cluster, deployed):
+    """#64 through the real CLI: the edge's limits back at their defaults (its configuration alone changes, no
+    container), then each attack of tests/edge_load.py from one management address while a keyed client chats
+    from another: none of its requests fails, and no keyless request reached vLLM."""
+    head = sim_cluster.nodes[0]
+    served = deployed["run"].outputs["servedModelName"]
+    body = json.dumps({"model": served, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    before = sim_cluster.docker(head, "ps", "-q", "--no-trunc").stdout.split()
+    loaded = edge_under_load(deployed["stack"], sim_cluster, deployed["config"], deployed["secrets"],
+                             edge_load.Target(head.mgmt_ip, 8000), body)  # fmt: skip
+    deployed["config"]["edge"].pop("keylessPerSource")  # what the stack now says, for the tests after this one
+    assert loaded["preview"].changed == {"spark-vllm-edge-config": "update"}, loaded["preview"].changed
+    assert sim_cluster.docker(head, "ps", "-q", "--no-trunc").stdout.split() == before
+    print("\nEDGE UNDER LOAD (one model, plain HTTP):\n  " + "\n  ".join(edge_load.report(loaded["found"])))
+    for name, result in loaded["found"].items():
+        assert result["new"].failures == [] and result["kept"].failures == [], (name, result["new"].failures[:3])
+    vllm_log = sim_cluster.container_file(head, "spark-vllm-node-1", "/run/spark-vllm/vllm.log")
+    assert "/workers" not in vllm_log and "sk-leaked-in-a-query" not in vllm_log  # nothing keyless reached vLLM
+    edge_log = sim_cluster.docker(head, "logs", "spark-vllm.edge").stdout
+    assert "sk-leaked-in-a-query" not in edge_log
 
 
 def test_a_second_preview_and_up_with_nothing_changed_change_nothing(sim_cluster, deployed):

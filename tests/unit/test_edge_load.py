@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import replace
@@ -20,6 +22,7 @@ from tests import edge_load
 from tests.attacks import request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
 from tests.edge_load import H2_PREFACE, Target
+from tests.harness import ROOT
 from tests.tls_ca import TestCa
 from tests.waiting import wait_until
 
@@ -223,6 +226,31 @@ def test_the_own_port_takes_a_few_per_address_and_the_watchdogs_check_stays_out_
 # --- a removed key stops at once ---------------------------------------------------------------------------
 
 
+def test_a_request_the_old_process_finishes_after_a_reload_is_served_and_health_stays_up(upstream, tmp_path):
+    """A request and a /health begun before a reload and finished after it, once the old process stopped its
+    proxies: both are served by it (the old process counts no server of its stopped backend: what says the
+    upstream is down reads the server's own last check, or a reload would answer 503 in between)."""
+    edge, target = running(upstream, tmp_path)
+    try:
+        wait_until(lambda: upstream.checks > 0, 10, "the edge checks the upstream")
+        chat = request("POST", "/v1/chat/completions", "h", KEY, CHAT)
+        health = request("GET", "/health", "h", None)
+        begun = []
+        for raw in (chat, health):
+            sock = target.connect()
+            sock.settimeout(10)
+            sock.sendall(raw[:20])  # the head begun
+            begun.append((sock, raw))
+        edge.reload(replace(edge.spec, clients=edge.spec.clients + (("added", key_digest("sk-added-000000000000")),)))
+        wait_until(lambda: "Proxy upstream stopped" in edge.log.read_text(), 10, "the old process stopped its proxies")
+        for sock, raw in begun:
+            sock.sendall(raw[20:])
+            assert edge_load._read_one(sock) == 200, raw[:40]
+            sock.close()
+    finally:
+        edge.close()
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_a_removed_key_stops_within_seconds_on_every_connection_old_ones_included(upstream, tmp_path, tls):
     """OTHER removed while its client holds a kept-alive connection: that connection is closed at the reload (it
@@ -339,3 +367,15 @@ def test_an_idle_connection_that_sent_nothing_writes_no_log_line(upstream, tmp_p
         assert ATTACKER not in edge.log.read_text()
     finally:
         edge.close()
+
+
+def test_the_benchmark_runs_and_prints_what_the_client_and_the_attacker_did():
+    """benchmarks/edge_under_load.py at a small scale (the figures in docs/measurements.md are its full run)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.edge_under_load", "--requests", "3", "--max-connections",
+                           "32", "--per-source", "8", "--settle", "0.5", "--attacks",
+                           "keyless requests (a connection each),HTTP/2 with prior knowledge"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("edge under load, limits {") and len(lines) == 4, done.stdout
+    assert all("'failed': 0" in line for line in lines[1:]), done.stdout
