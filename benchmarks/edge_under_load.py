@@ -1,6 +1,6 @@
 """A keyed client's requests through the edge while one address attacks it (#64), beside the same with no attack.
 
-    sudo venv/bin/python -m benchmarks.edge_under_load [--tls] [--requests 200] [--attacks NAME,…] [--max-connections 1024]
+    sudo venv/bin/python -m benchmarks.edge_under_load [--tls] [--requests 200] [--attacks NAME,…]
 
 A real HAProxy (Debian's, as the rehearsal's) runs the configuration the program renders (components/plan/edge.py),
 with the stack's default limits unless told otherwise, in front of an upstream on loopback that answers at once
