@@ -4,10 +4,11 @@
 
 A real HAProxy (Debian's, as the rehearsal's) runs the configuration the program renders (components/plan/edge.py),
 with the stack's default limits unless told otherwise, in front of an upstream on loopback that answers at once
-(tests/edge_harness.py Recorder), so what is measured is the edge. Each attack of tests/edge_load.py runs from
-127.0.0.3 with enough connections to fill maxConnections; meanwhile a keyed client on 127.0.0.2 sends --requests
-chat completions on new connections, then as many on one kept-alive connection. Prints, per attack, the client's
-requests, failures and latency at p50 and p99 (to the whole answer), and what the attacker did. Nothing is asserted
+(tests/edge_harness.py Recorder), so what is measured is the edge. Each attack of tests/edge_load.py runs from an
+address of its own (127.0.0.3 and up) with enough connections to fill maxConnections; meanwhile a keyed client on
+127.0.0.2 sends --requests chat completions on new connections, then as many on one kept-alive connection. Prints,
+per attack, the client's requests, failures and latency at p50 and p99 (to the whole answer), and what the
+attacker did. Nothing is asserted
 (tests/unit/test_edge_load.py holds the edge to the rules); the figures go in docs/measurements.md.
 """
 
@@ -55,7 +56,8 @@ def main() -> None:
             target = edge_load.Target("127.0.0.1", spec.port, ssl.create_default_context(cadata=ca.pem) if args.tls
                                       else None)  # fmt: skip
             names = [name for name in args.attacks.split(",") if name] or None
-            found = edge_load.under_attacks(target, "127.0.0.3", "127.0.0.2", KEY, BODY, slots=args.max_connections,
+            attackers = [f"127.0.0.{3 + n}" for n in range(len(edge_load.attacks(0)))]  # one an attack
+            found = edge_load.under_attacks(target, attackers, "127.0.0.2", KEY, BODY, slots=args.max_connections,
                                             names=names, requests=args.requests, settle=args.settle)  # fmt: skip
         finally:
             edge.close()

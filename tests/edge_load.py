@@ -349,17 +349,17 @@ def attacks(slots: int) -> dict[str, tuple[Callable, int]]:
     }
 
 
-def under_attacks(target: Target, attacker: str, client: str, key: str, body: bytes, slots: int,
+def under_attacks(target: Target, attackers: list[str], client: str, key: str, body: bytes, slots: int,
                   names: Optional[list[str]] = None, requests: int = 20, settle: float = 3.0) -> dict:  # fmt: skip
-    """Each attack from `attacker` in turn (its height reached after `settle` s), and meanwhile a keyed client from
+    """Each attack in turn, each from an address of its own out of `attackers` (one the edge has not held to its
+    limits yet; they are taken in turn), its height reached after `settle` s, and meanwhile a keyed client from
     `client`: `requests` completions on new connections, then as many on one kept-alive connection. Before the
     attacks, the same requests with no attack: `none`. {attack: {"new": Served, "kept": Served, "attack": [tally]}}."""
     found: dict = {"none": {"new": keyed_client(target, client, key, body, requests, True),
                             "kept": keyed_client(target, client, key, body, requests, False), "attack": []}}  # fmt: skip
-    for name, (attack, threads) in attacks(slots).items():
-        if names is not None and name not in names:
-            continue
-        load = start(attack, target, attacker, threads)
+    chosen = [(name, entry) for name, entry in attacks(slots).items() if names is None or name in names]
+    for index, (name, (attack, threads)) in enumerate(chosen):
+        load = start(attack, target, attackers[index % len(attackers)], threads)
         time.sleep(settle)
         new = keyed_client(target, client, key, body, requests, True)
         kept = keyed_client(target, client, key, body, requests, False)

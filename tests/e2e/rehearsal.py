@@ -352,9 +352,9 @@ ATTACK_TABLE_ALLOWANCE = 1000000
 
 
 @contextlib.contextmanager
-def second_addresses(cluster: simnodes.SimCluster, count: int = 2):
+def second_addresses(cluster: simnodes.SimCluster, count: int):
     """More addresses of this machine on the cluster's management bridge (.2, .3 …: the nodes are .11 and up), so
-    that an attacker and a client come from different addresses, as two machines of the office network do."""
+    that attackers and a client come from different addresses, as machines of the office network do."""
     prefix = cluster.host_mgmt_ip.rsplit(".", 1)[0]
     added = [f"{prefix}.{2 + n}" for n in range(count)]
     for address in added:
@@ -378,8 +378,8 @@ def edge_under_load(
     stack.configure(limits, secrets_)
     preview = stack.preview()
     run = stack.up()
-    with second_addresses(cluster) as (attacker, client):
-        found = edge_load.under_attacks(target, attacker, client, secrets_["apiKey"], body, slots=300, requests=10)
+    with second_addresses(cluster, 1 + len(edge_load.attacks(0))) as (client, *attackers):
+        found = edge_load.under_attacks(target, attackers, client, secrets_["apiKey"], body, slots=300, requests=10)
     return {"preview": preview, "run": run, "found": found}
 
 

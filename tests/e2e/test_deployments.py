@@ -255,12 +255,11 @@ def test_an_attacker_adding_itself_as_a_worker_in_a_loop_receives_no_request(sim
 def test_no_replica_listens_on_the_management_network(sim_cluster3, fleet):
     """Each vLLM binds its head's fabric address, vllm-router loopback: what listens on those ports in each node's
     namespace (the guard drops a probe from the clients' network before it could tell)."""
-    expected = {(sim_cluster3.nodes[0], 8000): sim_cluster3.nodes[0].fabric_ip,
-                (sim_cluster3.nodes[2], 8000): sim_cluster3.nodes[2].fabric_ip,
-                (sim_cluster3.nodes[2], 8001): sim_cluster3.nodes[2].fabric_ip,
-                (sim_cluster3.nodes[1], 8002): sim_cluster3.nodes[1].fabric_ip,
-                (sim_cluster3.nodes[0], 29001): "127.0.0.1"}  # fmt: skip
-    for (node, port), address in expected.items():
+    nodes = sim_cluster3.nodes
+    expected = [(nodes[0], 8000, nodes[0].fabric_ip), (nodes[2], 8000, nodes[2].fabric_ip),
+                (nodes[2], 8001, nodes[2].fabric_ip), (nodes[1], 8002, nodes[1].fabric_ip),
+                (nodes[0], 29001, "127.0.0.1")]  # fmt: skip
+    for node, port, address in expected:
         out = sim_cluster3.run_in(node, ["ss", "-Hltn", f"sport = :{port}"]).stdout
         bound = {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines()}
         assert bound == {address}, (node.name, port, bound)
