@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from components.config.vllm_versions import CHANGES
+
 # The flags the program sets from typed keys, with vLLM 0.25's short forms (vllm/engine/arg_utils.py
 # add_cli_args; vllm/entrypoints/openai/cli_args.py). Each maps to the key that sets it. Booleans
 # declared with argparse.BooleanOptionalAction also have a `--no-` form.
@@ -64,6 +66,25 @@ MANAGED_FLAGS: dict[str, str] = {
     "--spec-model": "vllm.speculative",
     "--spec-tokens": "vllm.speculative",
 }
+
+
+def _later_spellings() -> dict[str, str]:
+    """What later releases read as one of MANAGED_FLAGS (components/config/vllm_versions.py): `--disable-X` for
+    every `--enable-X` (disable_switches, 0.33 on: EnableDisableAction) and the other names of a flag
+    (gpu_memory_aliases, 0.31 on). extraArgs is checked before the image says which vLLM it holds, so a spelling
+    any supported release reads as a flag the program sets is refused."""
+    found: dict[str, str] = {}
+    if any(change.value for change in CHANGES["disable_switches"]):
+        for flag, key in MANAGED_FLAGS.items():
+            if flag.startswith("--enable-"):
+                found["--disable-" + flag.removeprefix("--enable-")] = key
+    for change in CHANGES["gpu_memory_aliases"]:
+        for alias in change.value:
+            found[alias] = MANAGED_FLAGS["--gpu-memory-utilization"]
+    return found
+
+
+MANAGED_FLAGS.update(_later_spellings())
 # Flags whose value is a secret: in extraArgs it would sit in plain text in the stack file, in
 # `ps` on the node and in the release record. Each maps to the secret that carries it instead.
 SECRET_FLAGS: dict[str, str] = {"--api-key": "apiKey", "--hf-token": "hfToken"}
@@ -76,6 +97,12 @@ REFUSED_FLAGS: dict[str, str] = {
 }
 # Flags the program reads besides passing them on (the memory plan), in their long form.
 READ_FLAGS = ("--kv-cache-dtype", "--max-num-seqs", "--quantization", "--language-model-only")
+# Switches the memory plan reads: each spelling a supported release takes (`--no-` from argparse's
+# BooleanOptionalAction; `--disable-` from 0.33's EnableDisableAction), and what it sets.
+READ_SWITCHES: dict[str, dict[str, bool]] = {
+    "prefix_caching": {"--enable-prefix-caching": True, "--no-enable-prefix-caching": False,
+                       "--disable-prefix-caching": False},
+}  # fmt: skip
 
 _PROTECTED = {**MANAGED_FLAGS, **SECRET_FLAGS}
 _NEGATIVE_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")
@@ -112,6 +139,23 @@ class ReadArgs:
 
     def has(self, flag: str) -> bool:
         return any(arg.flag is not None and resolve(arg.flag) == flag for arg in self.args)
+
+    def switch(self, name: str) -> Optional[bool]:
+        """What READ_SWITCHES[name] is set to, as argparse leaves it: the last of its spellings given (a unique
+        prefix of one counts as it), or None where none is."""
+        spellings = READ_SWITCHES[name]
+        found = None
+        for arg in self.args:
+            if arg.flag is None:
+                continue
+            matches = [flag for flag in spellings if flag == arg.flag] or [
+                flag
+                for flag in spellings
+                if arg.flag.startswith("--") and len(arg.flag) > 2 and flag.startswith(arg.flag)
+            ]
+            if len(matches) == 1:
+                found = spellings[matches[0]]
+        return found
 
 
 def normalise(arg: str) -> tuple[str, Optional[str]]:

@@ -81,7 +81,7 @@ class HybridCache:
     group_size: int  # layers per KV-cache group
     attention_groups: int
     state_groups: int
-    state_blocks_per_sequence: int  # 1, or 2 with prefix caching ("align")
+    state_blocks_per_sequence: int  # 1, or 2 with prefix caching ("align"), 3 with its prefill checkpoint (0.33 on)
 
     @property
     def block_bytes(self) -> int:
@@ -108,6 +108,7 @@ class HybridCache:
             "groupSize": self.group_size,
             "attentionGroups": self.attention_groups,
             "stateGroups": self.state_groups,
+            "stateBlocksPerSequence": self.state_blocks_per_sequence,
         }
 
 
@@ -128,6 +129,7 @@ def hybrid_cache(
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
     prefix_caching: bool = False,
     drafts: int = 0,
+    checkpoints: int = 0,
 ) -> HybridCache:
     """The layout vLLM gives a hybrid model on one rank (`attention_bytes_per_token`: one layer's K and V
     for one token on this rank; `block_tokens`: --block-size or the default, the alignment)."""
@@ -136,14 +138,16 @@ def hybrid_cache(
     block = max(block_tokens, alignment * math.ceil(state_page / (alignment * attention_bytes_per_token)))
     page = block * attention_bytes_per_token
     size, attention_groups, state_groups = group_layout(attention_layers, state_layers)
-    # a sequence keeps 1 state block (2 with prefix caching) and one more a speculative token
-    state_blocks = (2 if prefix_caching else 1) + drafts
+    # a sequence keeps 1 state block (2 with prefix caching, and `checkpoints` more for its prefill checkpoints:
+    # vLLM 0.33 on, v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes) and one more a speculative token
+    state_blocks = (2 + checkpoints if prefix_caching else 1) + drafts
     return HybridCache(block, page, state_page, size, attention_groups, state_groups, state_blocks)
 
 
-def default_max_num_seqs(gpu_bytes: int, throughput: bool = False, a100: bool = False) -> int:
-    """vLLM's max_num_seqs for the API server when none is given."""
-    value = DEFAULT_MAX_NUM_SEQS[gpu_bytes >= LARGE_GPU_BYTES and not a100]
+def default_max_num_seqs(gpu_bytes: int, throughput: bool = False, small_tier: bool = False) -> int:
+    """vLLM's max_num_seqs for the API server when none is given; `small_tier`: a GPU vLLM keeps on the smaller
+    defaults whatever its memory (an A100; a GB10 from vLLM 0.33: components/config/vllm_versions.py)."""
+    value = DEFAULT_MAX_NUM_SEQS[gpu_bytes >= LARGE_GPU_BYTES and not small_tier]
     return value * 2 if throughput else value
 
 

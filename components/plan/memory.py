@@ -23,13 +23,14 @@ system's: what it leaves must cover `memory.osReserveGib`, or the box swaps and 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from components.config.vllm_args import read_extra_args
+from components.config.vllm_versions import OLDEST, VllmRules
+from components.config.vllm_versions import rules as vllm_rules
 from components.plan.engine import Speculation
 from components.plan.hybrid_cache import (
-    DEFAULT_BLOCK_TOKENS,
     HybridCache,
     LinearAttention,
     SeqsVerdict,
@@ -93,6 +94,16 @@ class EngineKnobs:
     max_num_seqs: Optional[int] = None
     throughput: bool = False
     speculative: Optional[Speculation] = None  # vllm.speculative (the release's), not extraArgs
+    # the rules of the vLLM the image holds (its defaults: block size, hybrid prefix caching, max_num_seqs' tier)
+    vllm: VllmRules = field(default_factory=lambda: vllm_rules(OLDEST))
+
+    @property
+    def hybrid_prefix_caching(self) -> bool:
+        """Whether a hybrid model runs with prefix caching (its state in "align" mode): as extraArgs say, else that
+        vLLM's default (0.26 on: on). `--mamba-cache-mode align`/`all` asks for it too (0.25–0.33)."""
+        if self.prefix_caching is not None:
+            return self.prefix_caching
+        return self.vllm.hybrid_prefix_caching or self.mamba_cache_mode in ("align", "all")
 
     @property
     def drafts(self) -> int:
@@ -100,9 +111,11 @@ class EngineKnobs:
         return self.speculative.tokens if self.speculative is not None else 0
 
 
-def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = None) -> EngineKnobs:
-    """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`), and the release's
-    vllm.speculative settings."""
+def engine_knobs(
+    extra_args: list[str], speculative: Optional[Speculation] = None, vllm: Optional[VllmRules] = None
+) -> EngineKnobs:
+    """EngineKnobs from extraArgs, in any spelling vLLM reads (`--kv_cache_dtype=fp8`), the release's
+    vllm.speculative settings, and `vllm`: the rules of the image's vLLM (default: the oldest supported)."""
     read = read_extra_args(extra_args)
 
     def value(flag: str) -> Optional[str]:
@@ -112,7 +125,7 @@ def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = Non
         text = value(flag)
         return int(text) if text is not None and text.isdigit() else None
 
-    prefix = True if read.has("--enable-prefix-caching") else False if read.has("--no-enable-prefix-caching") else None
+    prefix = read.switch("prefix_caching")
     return EngineKnobs(
         kv_cache_dtype=value("--kv-cache-dtype") or "auto",
         mamba_cache_dtype=value("--mamba-cache-dtype") or "auto",
@@ -124,6 +137,7 @@ def engine_knobs(extra_args: list[str], speculative: Optional[Speculation] = Non
         max_num_seqs=number("--max-num-seqs"),
         throughput=value("--performance-mode") == "throughput",
         speculative=speculative,
+        vllm=vllm or vllm_rules(OLDEST),
     )
 
 
@@ -336,11 +350,13 @@ def _rank_cost(
             math.ceil(shape.linear_layers / pipeline_parallel),
             layer_token,
             tensor_parallel,
-            block_tokens=knobs.block_size or DEFAULT_BLOCK_TOKENS,
-            # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM picks
-            # where the model supports it, is counted the same: the plan's figure is then approximate)
-            prefix_caching=bool(knobs.prefix_caching) or knobs.mamba_cache_mode in ("align", "all"),
+            block_tokens=knobs.block_size or knobs.vllm.default_block_tokens,
+            # prefix caching keeps two states a sequence (mamba cache mode "align"; "all", which vLLM 0.26-0.27 picks
+            # where the model supports it, is counted the same: the plan's figure is then approximate), and from
+            # 0.33 one more for a prefill checkpoint (Qwen's Gated DeltaNet layers): counted where it may be
+            prefix_caching=knobs.hybrid_prefix_caching,
             drafts=knobs.drafts,
+            checkpoints=knobs.vllm.align_checkpoint_blocks,
         )
     return _Cost(layer_token * kv_layers_per_rank, cache)
 
@@ -536,8 +552,9 @@ def _seqs_wanted(nodes: list[NodeMemory], knobs: EngineKnobs, configured: Option
         return configured, "vllm.maxNumSeqs"
     if knobs.max_num_seqs is not None:
         return knobs.max_num_seqs, "--max-num-seqs in vllm.extraArgs"
-    wanted = default_max_num_seqs(min((node.memory_bytes for node in nodes), default=0), knobs.throughput)
-    source = "vLLM's default max_num_seqs"
+    small_tier = knobs.vllm.unified_small_tier and any(node.unified for node in nodes)  # a GB10, vLLM 0.33 on
+    wanted = default_max_num_seqs(min((node.memory_bytes for node in nodes), default=0), knobs.throughput, small_tier)
+    source = f"vLLM {knobs.vllm.label}'s default max_num_seqs" + (" on a GB10" if small_tier else "")
     return wanted, source + (" (doubled by --performance-mode throughput)" if knobs.throughput else "")
 
 

@@ -6,7 +6,10 @@ Pure functions, no Pulumi and no I/O: `components/scripts/preflight_node.sh` and
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from components.config import ClusterConfig, NodeConfig
+from components.config.vllm_versions import NEWEST_READ, VllmRules, parse, rules, support
 from components.plan.container import container_name
 from components.plan.engine import EngineSettings
 from components.plan.memory import GIB, MIB, NodeMemory, Plan, engine_knobs, model_shape, plan_memory
@@ -128,14 +131,17 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
         return [f"image check {node.name}: the image's python3 said nothing readable ({stdout.strip()[:200]!r})"]
     where = f"image check {node.name}"
     problems = []
+    refused = support(facts.vllm).problem() if facts.vllm else None
     if not facts.vllm:
         problems.append(f"{where}: the image has no vLLM (no `vllm` package or command) — set image to a vLLM image")
-    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.vllm_nnodes is False:
+    elif refused:
+        problems.append(f"{where}: {refused}")
+    elif cfg.executor == "mp" and len(cfg.nodes) > 1 and facts.vllm_nnodes is False:  # (a refused vLLM: no more)
         problems.append(
             f"{where}: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and the image's "
             f"vLLM {facts.vllm} has none — use executor: ray, or an image with a newer vLLM"
         )
-    if facts.vllm and facts.vllm_load_tracking is False:
+    if facts.vllm and not refused and facts.vllm_load_tracking is False:
         problems.append(
             f"{where}: the image's vLLM {facts.vllm} has no --enable-server-load-tracking, which every vLLM of this "
             "program is started with (its /load counts the requests a stuck engine never saw: docs/recovery.md) — use "
@@ -165,19 +171,72 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
     return problems
 
 
+class VllmRulesChangedError(Exception):
+    """A promoted release was validated under other rules for its vLLM than this program holds it to now."""
+
+
+def vllm_record(stdout: str, validated: Optional[dict], origin: str) -> dict[str, Any]:
+    """What the release records of the image's vLLM (image_probe.py's facts, read through vllm_versions): the
+    version it says, the verdict, the rules the program held it to and their fingerprint, whether it has
+    --enable-scale-out. `validated`: a promoted release's own record, whose rules must be these
+    (VllmRulesChangedError)."""
+    try:
+        facts = ImageFacts.from_json(last_json(stdout))
+    except (ValueError, TypeError):
+        facts = ImageFacts()
+    found = support(facts.vllm)
+    held = found.rules
+    record = {
+        "version": facts.vllm,
+        "verdict": found.verdict,
+        "heldTo": held.label,
+        "rules": held.fingerprint(),
+        "scaleOut": facts.vllm_scale_out,
+    }
+    if isinstance(validated, dict) and validated.get("rules") and validated["rules"] != record["rules"]:
+        differ = ", ".join(changed_rules(validated.get("heldTo"), held)) or "its defaults"
+        raise VllmRulesChangedError(
+            f"promoteFrom {origin!r}: its release was validated under this program's rules for vLLM "
+            f"{validated.get('version')} as they were then ({validated['rules']}); this program reads that vLLM "
+            f"otherwise now ({record['rules']}: {differ}): deploy {origin} with this program first, so that it "
+            "validates the release again"
+        )
+    return record
+
+
+def changed_rules(before: Optional[str], now: VllmRules) -> list[str]:
+    """The rules in which `now` differs from the rules of the version `before` (a label) as read today."""
+    version = parse(before)
+    if version is None:
+        return []
+    then = rules(version)
+    return [
+        name for name in now.__dataclass_fields__ if name != "version" and getattr(then, name) != getattr(now, name)
+    ]
+
+
+def held_to(record: Optional[dict]) -> VllmRules:
+    """The rules vllm_record said the image's vLLM is held to (the newest read where it said none)."""
+    version = parse((record or {}).get("heldTo"))
+    return rules(version if version is not None else NEWEST_READ)
+
+
 def image_warnings(node: NodeConfig, stdout: str) -> list[str]:
-    """What in the image on `node` costs time without stopping anything (image_probe.py's facts): vLLM or
+    """What in the image on `node` the program could not check, or costs time without stopping anything
+    (image_probe.py's facts): a vLLM newer than any whose rules were read (vllm_versions.support), vLLM or
     torch without bytecode in an image that runs Python with PYTHONDONTWRITEBYTECODE, so that each of
     vLLM's processes compiles their sources again at every start and restart."""
     try:
         facts = ImageFacts.from_json(last_json(stdout))
     except (ValueError, TypeError):
         return []  # image_problems reports it
+    unread = support(facts.vllm).warning() if facts.vllm else None
+    found = [f"image check {node.name}: {unread}"] if unread else []
     missing = [name for name, compiled in facts.bytecode.items() if compiled is False]
     if not missing or not facts.dont_write_bytecode:
-        return []  # without PYTHONDONTWRITEBYTECODE the first start writes the bytecode in the container
+        return found  # without PYTHONDONTWRITEBYTECODE the first start writes the bytecode in the container
     verb = "has" if len(missing) == 1 else "have"
-    return [
+    return found + [
         f"image check {node.name}: {' and '.join(sorted(missing))} in the image {verb} no bytecode and the image runs "
         "Python with PYTHONDONTWRITEBYTECODE=1, so each of vLLM's processes compiles them again at every start and "
         "restart (on an H200 `import torch` took 4.6 s instead of 1.4 s, and a Ray recovery 98–104 s instead of "
@@ -224,11 +283,13 @@ def memory_plan(
     memories: list[NodeMemory],
     engine: EngineSettings,
     pin_kv_cache: bool = False,
+    vllm: Optional[VllmRules] = None,
 ) -> Plan:
     """The memory plan for this stack from what the nodes reported: the model's weight sizes and
-    config.json (its fingerprint on the head), each node's memory, the engine settings in force."""
+    config.json (its fingerprint on the head), each node's memory, the engine settings in force, and `vllm`: the
+    rules of the image's vLLM (its defaults; the oldest supported where not given)."""
     fingerprint = parse_fingerprint(fingerprint_stdout)
-    knobs = engine_knobs(list(engine.extra_args), engine.speculative)
+    knobs = engine_knobs(list(engine.extra_args), engine.speculative, vllm)
     shape = model_shape(fingerprint.config, knobs=knobs)
     return plan_memory(
         memories,

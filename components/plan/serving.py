@@ -42,11 +42,13 @@ def serve_argv(
     node: NodeConfig | None = None,
     max_num_seqs: int | None = None,
     kv_cache_bytes: int | None = None,
+    scale_out: bool = False,
 ) -> list[str]:
     """`vllm serve …` for `node` (default: the head). `engine` overrides the engine settings of a
     promoted release. With executor mp every node runs one, with its rank; ranks above 0 headless.
     `max_num_seqs`: what the memory plan set for vllm.maxNumSeqs auto (a hybrid model's cache blocks);
-    `kv_cache_bytes`: the KV cache the plan pinned for a replica that shares its GPU."""
+    `kv_cache_bytes`: the KV cache the plan pinned for a replica that shares its GPU; `scale_out`: the image's vLLM
+    has --enable-scale-out (0.30 on), which a replica behind vllm-router's cache_aware policy then gets."""
     settings = EngineSettings.of(cfg) if engine is None else engine
     argv = [
         "vllm",
@@ -81,6 +83,11 @@ def serve_argv(
         argv.append(f"--kv-cache-memory-bytes={kv_cache_bytes}")
     if settings.speculative is not None:
         argv += ["--speculative-config", settings.speculative.flag_value()]
+    if scale_out and cfg.router.enabled and cfg.router.policy == "cache_aware":
+        # vllm-router 0.1.17's cache_aware asks each replica's /v1/chat/completions/render for the prompt's tokens
+        # (src/backend/preprocess.rs http_kv_input); without the flag vLLM 0.30 on refuses it (403 from 0.32:
+        # vllm/entrypoints/scale_out/factories.py), and the router routes by load alone ("missing_tokens")
+        argv.append("--enable-scale-out")
     return argv + list(settings.extra_args)
 
 

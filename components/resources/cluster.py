@@ -425,6 +425,7 @@ def create_server(
             # with Ray: every worker joined; with mp: every container runs
             depends_on=[*[n.joined or n.supervisor for n in nodes.values()], *after],
             max_num_seqs=data_only(gate.memory_plan.apply(lambda plan: (plan.get("maxNumSeqs") or {}).get("set"))),
+            scale_out=data_only(gate.vllm.apply(lambda found: bool(found.get("scaleOut")))),
             kv_cache_bytes=data_only(
                 gate.memory_plan.apply(lambda plan: (plan.get("kvCache") or {}).get("pinnedBytes"))
             ),
@@ -449,14 +450,15 @@ def _release(
     # per key, and the release is an output, whose dependencies nothing reads.
     parts = pulumi.Output.all(
         pinned, release.model, release.engine, validated, server.benchmark_result, server.validation,
-        server.baseline_result,
+        server.baseline_result, gate.vllm,
     )  # fmt: skip
 
     def record(p: list, figures: Optional[dict] = None) -> dict:
         speculation = speculation_record(p[2], p[5], p[6], p[4])
         return release_record(
-            p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4], speculation=speculation
-        )
+            p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4], speculation=speculation,
+            vllm=p[7],
+        )  # fmt: skip
 
     if not with_fabric:
         return parts.apply(record)

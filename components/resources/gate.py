@@ -15,11 +15,12 @@ from components.config import ClusterConfig
 from components.plan.engine import EngineSettings
 from components.plan.memory import MemoryPlanError
 from components.plan.memory import message as memory_message
-from components.plan.preflight import memory_plan, parse_fingerprint
+from components.plan.preflight import held_to, memory_plan, parse_fingerprint, vllm_record
 from components.plan.shell import shell_line
 from components.plan.speculation import SpeculationError, speculation_problems
 from components.plan.speculation import message as speculation_message
 from components.resources.checks import OnNode
+from components.resources.checks.image_check import ImageCheck
 from components.resources.checks.model_fingerprint import ModelFingerprint
 from components.resources.checks.preflight import Preflight
 from components.resources.depot import Receiver, snapshot_of
@@ -68,6 +69,7 @@ class Gate:
     fabric: pulumi.Output  # the fabric gate's figures (with nccl, the test's too)
     memory_plan: pulumi.Output  # the `memoryPlan` output; fails the gate when the model does not fit
     image_id: pulumi.Output[str]  # the one image id every node runs
+    vllm: pulumi.Output  # the image's vLLM and the rules it is held to (vllm_found)
 
 
 def checked_model(release: ReleaseSource, transfer: Transfer) -> pulumi.Output[str]:
@@ -120,19 +122,33 @@ def create_gate(
     checks = _node_checks(parent, cfg, release, hosts, transfer, model, before)
     found = node_stage(cfg, checks, fabric_verdict.found)
     found = across_stage(parent, cfg, checks, {n: hosts[n].connection for n in names}, found)
-    plan = _memory_plan(cfg, release, checks, found, co_tenants or {}, key)
+    vllm = vllm_found(cfg, release, checks, found)
+    plan = _memory_plan(cfg, release, checks, found, vllm, co_tenants or {}, key)
     # Each verdict and the plan only have to have passed (they raise when not): a bool joins the gate, not a
     # finding, whose per-node dict Output.all would unwrap into an Output per key.
     passed_all = [found[name].apply(lambda _: True) for name in found if name not in fabric_verdict.found]
     model_id = found.get(ModelFingerprint.name, pulumi.Output.from_input(""))
-    line = pulumi.Output.all(same_image_id, model_id, plan.apply(lambda _: True), *passed_all).apply(
+    line = pulumi.Output.all(same_image_id, model_id, plan.apply(lambda _: True), vllm, *passed_all).apply(
         lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
     )
     passed = command.local.Command(
         cfg.named("checks-passed", alone="spark-vllm"), create=line, opts=pulumi.ResourceOptions(parent=parent)
     )
     figures = checked_fabric(found, fabric_verdict.figures)
-    return Gate(passed=passed, checks=checks, fabric=figures, memory_plan=plan, image_id=same_image_id)
+    return Gate(passed=passed, checks=checks, fabric=figures, memory_plan=plan, image_id=same_image_id, vllm=vllm)
+
+
+def vllm_found(
+    cfg: ClusterConfig, release: ReleaseSource, checks: dict[str, NodeChecks], found: dict[str, pulumi.Output]
+) -> pulumi.Output:
+    """The vLLM of the image the nodes agreed on (the head's image check: every node runs the same id) and the rules
+    of components/config/vllm_versions.py it is held to, as the release records them; a promoted release validated
+    under other rules for that vLLM (this program reads it otherwise now) is refused before any container."""
+    head = checks[cfg.head_node.name].stdout(ImageCheck.name)
+    validated = release.vllm if release.vllm is not None else pulumi.Output.from_input(None)
+    return pulumi.Output.all(head, validated, found[ImageCheck.name]).apply(
+        lambda parts: vllm_record(parts[0], parts[1], release.origin)
+    )
 
 
 def _node_checks(
@@ -188,6 +204,7 @@ def _memory_plan(
     release: ReleaseSource,
     checks: dict[str, NodeChecks],
     found: dict[str, pulumi.Output],
+    vllm: pulumi.Output,
     co_tenants: dict[str, list[str]],
     key: str = "vllm",
 ) -> pulumi.Output:
@@ -205,11 +222,12 @@ def _memory_plan(
         )
 
     def judge(parts: list) -> dict:
-        head, engine, memories = parts
+        head, engine, memories, found_vllm = parts
         _speculation_checked(head, engine, key)
         plan = memory_plan(
-            cfg, head, [memories[node.name] for node in cfg.nodes], engine, pin_kv_cache=bool(co_tenants)
-        )
+            cfg, head, [memories[node.name] for node in cfg.nodes], engine, pin_kv_cache=bool(co_tenants),
+            vllm=held_to(found_vllm),
+        )  # fmt: skip
         for note in plan.notes():
             pulumi.log.info(cfg.said(note))
         if not plan.fits:
@@ -223,4 +241,4 @@ def _memory_plan(
             output["coTenants"] = co_tenants
         return output
 
-    return pulumi.Output.all(fingerprint, release.engine, found[Preflight.name]).apply(judge)
+    return pulumi.Output.all(fingerprint, release.engine, found[Preflight.name], vllm).apply(judge)

@@ -35,6 +35,8 @@ class ReleaseSource:
     origin: str  # "config" or the promoted-from stack
     # a promoted release with speculation: the answers (and benchmark) without it that its validation kept
     baseline: Optional[pulumi.Output[Optional[dict]]] = None
+    # a promoted release: what it recorded of its image's vLLM and the rules it was validated under (vllm_record)
+    vllm: Optional[pulumi.Output[Optional[dict]]] = None
 
 
 def floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig | None) -> list[str]:
@@ -202,6 +204,7 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
         engine=release.apply(lambda r: defaults.promoted(r.get("engine") or {})),
         origin=stack,
         baseline=release.apply(kept_baseline),
+        vllm=release.apply(lambda r: r.get("vllm")),
     )
 
 
@@ -228,6 +231,7 @@ def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
         engine=release.apply(lambda r: defaults.promoted(r["deployments"][deployment].get("engine") or {})),
         origin=asked.stack,
         baseline=release.apply(lambda r: kept_baseline(r["deployments"][deployment])),
+        vllm=release.apply(lambda r: r["deployments"][deployment].get("vllm")),
     )
 
 
@@ -276,11 +280,13 @@ def release_record(
     fabric: dict | None = None,
     benchmark: dict | None = None,
     speculation: dict | None = None,
+    vllm: dict | None = None,
 ) -> dict[str, Any]:
     """What this stack runs and whether it was validated; `fabric`: the fabric gate's figures on this
     stack's nodes, `benchmark`: how fast it served there, with the settings that produced it (what the
     release ran on and did; not part of the fingerprint, which is what it is); `speculation`: with
-    vllm.speculative, how its answers compared and what it gained (speculation_record)."""
+    vllm.speculative, how its answers compared and what it gained (speculation_record); `vllm`: the image's vLLM and
+    the rules the program held it to (components/plan/preflight.py vllm_record)."""
     body = {"image": image, "model": model, "engine": engine.release()}
     record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
     if fabric is not None:
@@ -293,6 +299,8 @@ def release_record(
         record["benchmark"].update({key: benchmark[key] for key in ("tpotMs", "speculative") if benchmark.get(key)})
     if speculation:
         record["speculative"] = speculation
+    if vllm:  # the image's vLLM and the rules it was held to (a promotion holds it to the same: vllm_record)
+        record["vllm"] = {key: vllm.get(key) for key in ("version", "heldTo", "rules")}
     return record
 
 

@@ -65,6 +65,8 @@ class VllmServerArgs:
     max_num_seqs: pulumi.Input[Optional[int]] = None
     # a replica that shares a GPU: the KV cache its memory plan pinned (bytes), or None
     kv_cache_bytes: pulumi.Input[Optional[int]] = None
+    # whether the image's vLLM has --enable-scale-out (the gate's vllm record): cache_aware routing needs it
+    scale_out: pulumi.Input[bool] = False
     # node -> the replica's place there when it shares the node with others (the GPU turn, the neighbours)
     tenancy: Mapping[str, Tenancy] = dataclasses.field(default_factory=dict)
     # a promoted release with speculation: the answers (and benchmark) its validation held it against
@@ -156,7 +158,7 @@ class VllmServer(pulumi.ComponentResource):
     def _argv(self, node: Optional[NodeConfig], baseline: bool = False) -> pulumi.Output[list[str]]:
         """`vllm serve …` for `node`; `baseline`: without speculation."""
         args = self._args
-        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs, args.kv_cache_bytes).apply(
+        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs, args.kv_cache_bytes, args.scale_out).apply(
             lambda p: serve_argv(
                 args.config,
                 p[0],
@@ -164,6 +166,7 @@ class VllmServer(pulumi.ComponentResource):
                 node,
                 max_num_seqs=p[2],
                 kv_cache_bytes=p[3],
+                scale_out=p[4],
             )
         )
 

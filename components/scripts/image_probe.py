@@ -4,7 +4,8 @@
 #   {"python": "3.12.3", "vllm": "0.25.0" | null, "vllm_nnodes": true | false | null,
 #    "ray": "2.60.0" | null, "ray_dashboard": true | false | null, "ray_dashboard_error": "..."}
 # vllm_load_tracking: whether it has --enable-server-load-tracking (vLLM 0.8 and later; the program sets it: the
-# stall watch reads /load), read from vllm/entrypoints/openai/cli_args.py the same way.
+# stall watch reads /load), read from the file that release declares the API server's flags in (SERVER_FLAG_FILES);
+# vllm_scale_out: whether it has --enable-scale-out (0.30 on: the render routes vllm-router's cache_aware asks for).
 # vllm_nnodes: whether `vllm serve` has the multi-node mp flags (--nnodes, --node-rank, …), read from
 # vLLM's own argument definitions (vllm/engine/arg_utils.py) without importing vLLM (that takes torch
 # and seconds); an image with a `vllm` command but no `vllm` package is asked `vllm serve --help`.
@@ -49,19 +50,39 @@ def source_has(root, path, needle):
         return None
 
 
+# Where each vLLM release declares the API server's flags (components/plan/vllm_versions.py CHANGES,
+# load_tracking_file: 0.25-0.28, 0.29-0.32, 0.33 on); a flag is looked for in all of them.
+SERVER_FLAG_FILES = (
+    "entrypoints/openai/cli_args.py",
+    "entrypoints/launchers/cli_args.py",
+    "entrypoints/common/cli_args.py",
+)
+
+
+def any_source_has(root, paths, needle):
+    """Whether any of vLLM's source files `paths` holds `needle`; None when none of them is readable."""
+    found = [source_has(root, path, needle) for path in paths]
+    if any(found):
+        return True
+    return None if all(item is None for item in found) else False
+
+
 def vllm_facts():
-    """(version, has --nnodes, has --enable-server-load-tracking), None each where nothing can tell."""
+    """(version, has --nnodes, has --enable-server-load-tracking, has --enable-scale-out), None each where nothing
+    can tell."""
     found = version("vllm")
     spec = importlib.util.find_spec("vllm") if found else None
     if spec is not None and spec.submodule_search_locations:
         root = list(spec.submodule_search_locations)[0]
-        tracking = source_has(root, "entrypoints/openai/cli_args.py", "enable_server_load_tracking")
-        return found, source_has(root, "engine/arg_utils.py", '"--nnodes"'), tracking
+        tracking = any_source_has(root, SERVER_FLAG_FILES, "enable_server_load_tracking")
+        scale_out = any_source_has(root, SERVER_FLAG_FILES, "enable_scale_out")
+        return found, source_has(root, "engine/arg_utils.py", '"--nnodes"'), tracking, scale_out
     if shutil.which("vllm"):
         said = command_output(["vllm", "--version"]).strip().splitlines()
         flags = command_output(["vllm", "serve", "--help"])
-        return (said[-1].strip() if said else "unknown"), "--nnodes" in flags, "--enable-server-load-tracking" in flags
-    return None, None, None
+        tracking, scale_out = "--enable-server-load-tracking" in flags, "--enable-scale-out" in flags
+        return (said[-1].strip() if said else "unknown"), "--nnodes" in flags, tracking, scale_out
+    return None, None, None, None
 
 
 def ray_facts():
@@ -91,13 +112,14 @@ def has_bytecode(name, sample=40):
     return compiled * 2 >= len(sources[:sample])
 
 
-vllm, nnodes, load_tracking = vllm_facts()
+vllm, nnodes, load_tracking, scale_out = vllm_facts()
 ray, dashboard, dashboard_error = ray_facts()
 facts = ImageFacts(
     python=sys.version.split()[0],
     vllm=vllm,
     vllm_nnodes=nnodes,
     vllm_load_tracking=load_tracking,
+    vllm_scale_out=scale_out,
     ray=ray,
     ray_dashboard=dashboard,
     ray_dashboard_error=dashboard_error or None,

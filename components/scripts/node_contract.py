@@ -653,6 +653,7 @@ class ImageFacts(Contract):
     vllm: Optional[str] = None  # its version; None: no vLLM
     vllm_nnodes: Optional[bool] = None  # whether vLLM has --nnodes (executor mp across nodes)
     vllm_load_tracking: Optional[bool] = None  # whether vLLM has --enable-server-load-tracking (the program sets it)
+    vllm_scale_out: Optional[bool] = None  # whether vLLM has --enable-scale-out (its render routes need it: 0.30 on)
     ray: Optional[str] = None
     ray_dashboard: Optional[bool] = None  # whether `ray start --include-dashboard` can import its packages
     ray_dashboard_error: Optional[str] = None

@@ -44,7 +44,7 @@ HINTS = [
 ]
 
 
-# What vLLM is doing while its log says nothing, read from its last lines (vLLM 0.25's own messages,
+# What vLLM is doing while its log says nothing, read from its last lines (vLLM's own messages, 0.25 to 0.34,
 # the latest that matches decides). A first start sits minutes in some of these without a line.
 STEPS = [
     (re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)%"), "loading the weights ({} % of the shards)"),
@@ -56,7 +56,10 @@ STEPS = [
     ("Dynamo bytecode transform time", "compiling the model (torch.compile, Inductor)"),
     ("Compiling a graph for", "compiling the model (torch.compile, Inductor)"),
     ("Model loading took", "compiling the model (torch.compile)"),
+    # every release's line as it starts loading (components/config/vllm_versions.py loading_lines: 0.34 has only
+    # the second)
     ("Starting to load model", "loading the weights"),
+    ("Loading model from scratch", "loading the weights"),
 ]
 GDN_JIT = "Using FlashInfer GDN prefill kernel"  # vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
 

@@ -85,7 +85,7 @@ def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with
     assert report["kv"]["kv_cache_tokens"] == 4096 * 4  # what the stand-in says, parsed as vLLM's lines
     assert report["memory_plan"]["maxModelLen"] == 4096
     assert "lane mp qwen3-8b" in result.stdout
-    assert report["image_probe"]["vllm"] == "0.0.0-standin" and report["image_probe"]["vllm_nnodes"] is True
+    assert report["image_probe"]["vllm"] == "0.25.0" and report["image_probe"]["vllm_nnodes"] is True
     assert report["image_probe"]["vllm_load_tracking"] is True
     # each script's output read as the program reads it (its result contract), the recovery's readiness too
     reads = report["contract_reads"]

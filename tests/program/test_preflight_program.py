@@ -171,9 +171,12 @@ def test_the_image_is_checked_on_every_node_in_a_throwaway_container():
 @pytest.mark.parametrize(
     "facts, config, message",
     [
-        ({"vllm_nnodes": False, "vllm": "0.9.2"}, {"executor": "mp"},
+        ({"vllm_nnodes": False, "vllm": "0.25.0"}, {"executor": "mp"},
          "image check spark-01: executor mp needs vLLM's multi-node flags (--nnodes, --node-rank, --headless), and "
-         "the image's vLLM 0.9.2 has none — use executor: ray, or an image with a newer vLLM"),
+         "the image's vLLM 0.25.0 has none — use executor: ray, or an image with a newer vLLM"),
+        ({"vllm": "0.20.1+nv26.05"}, {},
+         "image check spark-01: vLLM 0.20.1+nv26.05 is older than the oldest this program drives (0.25.0): its flags, "
+         "routes and cache were never read"),
         ({"ray": "2.49.2"}, {},
          "image check spark-01: ray.auth: token needs Ray 2.52 or later and the image has Ray 2.49.2, which ignores "
          "RAY_AUTH_MODE and would run without authentication"),
@@ -181,11 +184,12 @@ def test_the_image_is_checked_on_every_node_in_a_throwaway_container():
          "image check spark-01: ray.dashboard: true needs Ray's dashboard packages (ray[default]) and the image lacks "
          "them (No module named 'aiohttp_cors')"),
         ({"vllm": None, "vllm_nnodes": None}, {}, "image check spark-01: the image has no vLLM"),
-        ({"vllm": "0.7.3", "vllm_load_tracking": False}, {},
-         "image check spark-01: the image's vLLM 0.7.3 has no --enable-server-load-tracking, which every vLLM of this "
+        ({"vllm": "0.25.0", "vllm_load_tracking": False}, {},
+         "image check spark-01: the image's vLLM 0.25.0 has no --enable-server-load-tracking, which every vLLM of this "
          "program is started with"),
     ],
-    ids=["mp-without-nnodes", "ray-auth-on-old-ray", "dashboard-without-its-packages", "no-vllm", "no-load-tracking"],
+    ids=["mp-without-nnodes", "older-than-supported", "ray-auth-on-old-ray", "dashboard-without-its-packages", "no-vllm",
+         "no-load-tracking"],
 )  # fmt: skip
 def test_an_image_that_cannot_work_stops_every_container_naming_each_node_and_the_fix(facts, config, message):
     cloud = FakeCloud()
@@ -195,6 +199,18 @@ def test_an_image_that_cannot_work_stops_every_container_naming_each_node_and_th
     assert message in str(caught.value)
     assert message.replace("spark-01", "spark-02") in str(caught.value)  # every node, in the one message
     assert set(cloud.containers) <= GUARDS_ONLY
+
+
+@pytest.mark.parametrize("said", ["0.35.0.dev12+g1234abc", "0.36.1", "nightly"])
+def test_a_vllm_newer_than_any_read_deploys_with_a_warning_per_node_naming_what_was_not_checked(caplog, said):
+    cloud = FakeCloud()
+    cloud.image_facts = {**FakeCloud.image_facts, "vllm": said}
+    with caplog.at_level("WARNING"):
+        run_program(prod(), SECRETS, stack="prod", mocks=cloud)
+    warned = [r.getMessage() for r in caplog.records if "not checked for it" in r.getMessage()]
+    assert [w.split(":")[0] for w in warned] == ["image check spark-01", "image check spark-02"], warned
+    assert said in warned[0] and "0.34.0" in warned[0] and "the memory plan's cache layout" in warned[0]
+    assert set(cloud.containers) - GUARDS_ONLY  # a warning: it deployed
 
 
 def test_an_image_without_bytecode_that_runs_with_dontwritebytecode_deploys_with_a_warning_per_node(caplog):

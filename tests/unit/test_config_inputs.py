@@ -141,6 +141,56 @@ MANAGED_SPELLINGS = [
 ]
 
 
+# Spellings later releases read as a flag the program sets (components/config/vllm_versions.py), by the release
+# that first reads them so: each refused whatever image the stack names, as extraArgs is checked before any image.
+LATER_SPELLINGS = [
+    ((0, 33), ["--disable-server-load-tracking"], "--disable-server-load-tracking", "vllm.stallSeconds"),
+    ((0, 33), ["--disable_server_load_tracking"], "--disable-server-load-tracking", "vllm.stallSeconds"),
+    ((0, 33), ["--disable-server-load"], "--disable-server-load-tracking", "vllm.stallSeconds"),
+    ((0, 25), ["--no-enable-server-load-tracking"], "--no-enable-server-load-tracking", "vllm.stallSeconds"),
+    ((0, 25), ["--no_enable_server_load"], "--no-enable-server-load-tracking", "vllm.stallSeconds"),
+    ((0, 33), ["--disable-auto-tool-choice"], "--disable-auto-tool-choice", "vllm.enableAutoToolChoice"),
+    ((0, 33), ["--disable_auto_tool"], "--disable-auto-tool-choice", "vllm.enableAutoToolChoice"),
+    ((0, 31), ["--device-memory-utilization=0.95"], "--device-memory-utilization", "vllm.gpuMemoryUtilization"),
+    ((0, 31), ["--device_memory_utilization", "0.95"], "--device-memory-utilization", "vllm.gpuMemoryUtilization"),
+    ((0, 31), ["--device-mem", "0.95"], "--device-memory-utilization", "vllm.gpuMemoryUtilization"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("since", "args", "flag", "key"), LATER_SPELLINGS, ids=[" ".join(a) for _, a, _, _ in LATER_SPELLINGS]
+)
+def test_a_spelling_a_later_vllm_reads_as_a_managed_flag_is_refused_naming_its_key(since, args, flag, key):
+    from components.config.vllm_versions import rules
+
+    problem = only_problem(config(vllm__extraArgs=args), "vllm.extraArgs[0]")
+    assert f"use its own key ({key})" in problem
+    if normalise(args[0])[0] != flag:
+        assert f"is {flag} to vLLM" in problem
+    # the release it is dated by reads it so, and the one before does not
+    read = rules((*since, 0))
+    assert read.disable_switches or read.gpu_memory_aliases or flag.startswith("--no-")
+    if since > (0, 25):
+        before = rules((since[0], since[1] - 1, 0))
+        assert flag not in before.gpu_memory_aliases and not (flag.startswith("--disable-") and before.disable_switches)
+
+
+PREFIX_CACHING = [
+    ([], None), (["--enable-prefix-caching"], True), (["--no-enable-prefix-caching"], False),
+    (["--disable-prefix-caching"], False), (["--disable_prefix_caching"], False), (["--disable-prefix"], False),
+    (["--no-enable-prefix"], False), (["--enable-prefix-caching", "--disable-prefix-caching"], False),
+    (["--disable-prefix-caching", "--enable_prefix_caching"], True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "expected"), PREFIX_CACHING, ids=[" ".join(a) or "none" for a, _ in PREFIX_CACHING])
+def test_the_memory_plan_reads_prefix_caching_as_the_last_spelling_vllm_takes(args, expected):
+    from components.plan.memory import engine_knobs
+
+    assert engine_knobs(args).prefix_caching is expected
+    load_cluster_config(config(vllm__extraArgs=args))  # read, not refused: the stack may choose it
+
+
 @pytest.mark.parametrize(("args", "flag", "key"), MANAGED_SPELLINGS, ids=[" ".join(a) for a, _, _ in MANAGED_SPELLINGS])
 def test_a_managed_flag_under_another_spelling_is_refused_naming_its_key(args, flag, key):
     problem = only_problem(config(vllm__extraArgs=args), "vllm.extraArgs[0]")
@@ -224,12 +274,16 @@ def test_the_memory_plan_reads_a_flag_in_any_spelling():
 # below resolves prefixes among all of them, as vLLM's argparse does.
 VLLM_FLAGS = json.loads((ROOT / "tests/gpu/results/2026-12-03/vllm-0.25.0-serve-flags.json").read_text())
 OTHER_VLLM_FLAGS = sorted(set(VLLM_FLAGS["options"]) - {*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "-h", "--help"})
+# the spellings only later releases read (vllm_args._later_spellings: --disable-X from 0.33, aliases from 0.31)
+LATER_ONLY = {flag for _, _, flag, _ in LATER_SPELLINGS if not flag.startswith("--no-")}
 
 
 def test_every_protected_flag_is_vllms_and_none_of_vllms_others_is_a_prefix_of_one():
-    """What lets the reader refuse any prefix of a protected flag: in vLLM 0.25 no other flag is one."""
-    protected = {*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "--help", "-h"}
+    """What lets the reader refuse any prefix of a protected flag: in vLLM 0.25 no other flag is one (the
+    spellings of later releases aside: 0.25 has none of them)."""
+    protected = {*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "--help", "-h"} - LATER_ONLY
     assert protected <= set(VLLM_FLAGS["options"])
+    assert not LATER_ONLY & set(VLLM_FLAGS["options"])
     assert not [(o, p) for o in OTHER_VLLM_FLAGS for p in protected if p.startswith(o)]
 
 

@@ -109,11 +109,11 @@ def test_at_0_55_auto_sets_what_the_blocks_hold_below_what_vllm_found():
     assert result.nodes[0].cache_blocks == 699  # from the plan's 7.26 GiB
     assert result.set_max_num_seqs == 594 <= 609  # kept under what vLLM found (609): it starts
     assert result.output()["maxNumSeqs"] == {
-        "wanted": 1024, "source": "vLLM's default max_num_seqs", "cacheBlocks": 699, "kept": 594, "checked": True,
+        "wanted": 1024, "source": "vLLM 0.25.0's default max_num_seqs", "cacheBlocks": 699, "kept": 594, "checked": True,
         "set": 594,
     }  # fmt: skip
     (note,) = result.notes()
-    assert "vLLM's default max_num_seqs is 1024, more than the 594 sequences" in note
+    assert "vLLM 0.25.0's default max_num_seqs is 1024, more than the 594 sequences" in note
     assert "--max-num-seqs=594" in note
 
 

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from components.config import load_cluster_config
+from components.config.vllm_versions import support
 from components.plan import netplan, preflight
 from components.plan.programs import script
 from components.scripts.node_contract import ModelFingerprint
@@ -714,16 +716,16 @@ def test_a_gpu_held_by_something_else_refuses_the_deploy_with_vllms_own_check():
     assert plan_memory([free], 16 * GIB, shape, 1, 1, 32768, 0.9, 8 * GIB).fits
 
 
-def fake_site(root: Path, compiled: bool) -> Path:
+def fake_site(root: Path, compiled: bool, vllm: str = "0.25.0", flags: Optional[dict] = None) -> Path:
     """A site-packages with `vllm` and `torch` as pip installs them (dist-info, a package of modules),
-    with or without their bytecode."""
+    with or without their bytecode; `flags`: vLLM's files that declare its server flags (path -> text)."""
     site = root / ("compiled" if compiled else "sources")
-    for name, version in (("vllm", "0.25.0"), ("torch", "2.11.0")):
+    for name, version in (("vllm", vllm), ("torch", "2.11.0")):
         (site / f"{name}-{version}.dist-info").mkdir(parents=True)
         (site / f"{name}-{version}.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
         sources = {
             "engine/arg_utils.py": '"--nnodes"\n',
-            "entrypoints/openai/cli_args.py": "enable_server_load_tracking\n",
+            **(flags if flags is not None else {"entrypoints/openai/cli_args.py": "enable_server_load_tracking\n"}),
         }
         for module in ("__init__.py", "a.py", "b.py", "engine/__init__.py", *sources):
             (site / name / module).parent.mkdir(parents=True, exist_ok=True)
@@ -749,6 +751,35 @@ def test_the_image_probe_says_whether_vllm_and_torch_have_bytecode(tmp_path, com
     facts = json.loads(result.stdout)
     assert facts["bytecode"] == found and facts["dont_write_bytecode"] is bool(flag)
     assert facts["vllm"] == "0.25.0" and facts["vllm_nnodes"] is True and facts["vllm_load_tracking"] is True
+
+
+# Where each release declares the server's flags (components/plan/vllm_versions.py load_tracking_file), as the
+# probe must read them: a release's file, and what it holds.
+FLAG_LAYOUTS = {
+    "0.25.0": ("entrypoints/openai/cli_args.py", "enable_server_load_tracking\n", False),
+    "0.30.0": ("entrypoints/launchers/cli_args.py", "enable_server_load_tracking\nenable_scale_out\n", True),
+    "0.34.0": ("entrypoints/common/cli_args.py", "enable_server_load_tracking\nenable_scale_out\n", True),
+}
+
+
+@pytest.mark.parametrize("vllm", FLAG_LAYOUTS)
+def test_the_image_probe_reads_each_releases_flags_where_that_release_keeps_them(tmp_path, vllm):
+    path, text, scale_out = FLAG_LAYOUTS[vllm]
+    site = fake_site(tmp_path, False, vllm, {path: text})
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-"], input=script("image_probe.py"), env=env, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    facts = json.loads(result.stdout)
+    assert facts["vllm"] == vllm and facts["vllm_load_tracking"] is True and facts["vllm_scale_out"] is scale_out
+    assert support(facts["vllm"]).verdict == "read"
+
+
+def test_the_probes_flag_files_are_every_release_s_the_version_table_names():
+    from components.config.vllm_versions import CHANGES
+
+    probe: dict = {}
+    exec(compile(script("image_probe.py").split("\n\nvllm, nnodes", 1)[0], "image_probe", "exec"), probe)
+    assert set(probe["SERVER_FLAG_FILES"]) == {change.value for change in CHANGES["load_tracking_file"]}
 
 
 def test_an_image_without_bytecode_that_cannot_write_it_is_a_warning_naming_the_node_and_the_fix():

@@ -103,7 +103,18 @@ SILENT_STARTS = [
      "warming up after CUDA graph capture"),
     ("(EngineCore pid=9) INFO 12-02 10:00:00 [gpu_model_runner.py:5210] Starting to load model /models/x...",
      "loading the weights"),
+    # vLLM 0.34 has only this line as it starts loading (v1/worker/gpu/model_runner.py:412)
+    ("(EngineCore pid=9) INFO 12-06 10:00:00 [model_runner.py:412] Loading model from scratch...",
+     "loading the weights"),
 ]  # fmt: skip
+
+
+def test_readiness_knows_every_supported_releases_loading_line():
+    from components.config.vllm_versions import CHANGES
+
+    for change in CHANGES["loading_lines"]:
+        for line in change.value:
+            assert any(line in last and step == "loading the weights" for last, step in SILENT_STARTS), line
 
 
 @pytest.mark.parametrize(("last", "step"), SILENT_STARTS)

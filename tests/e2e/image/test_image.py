@@ -82,7 +82,7 @@ def test_image_contents(image, daemon):
         "command -v ps ip curl >/dev/null && echo tools-ok",
     )
     assert r.stdout.split("\n")[0] == "2.60.0"
-    assert "ray, version 2.60.0" in r.stdout and "0.0.0-standin" in r.stdout and "tools-ok" in r.stdout
+    assert "ray, version 2.60.0" in r.stdout and "0.25.0" in r.stdout and "tools-ok" in r.stdout
     r = dk(daemon, "run", "--rm", "--network", "none", image.ref, "vllm", "serve", "m", "--bogus-flag", check=False)
     assert r.returncode == 2 and "unrecognized arguments: --bogus-flag" in r.stderr
 

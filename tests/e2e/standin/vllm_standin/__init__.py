@@ -38,4 +38,7 @@ Everything except ``engine.py`` is pure standard library; ``ray`` is imported
 lazily so that the unit tests run without it.
 """
 
-__version__ = "0.0.0-standin"
+from .versions import played
+
+# the vLLM release the stand-in plays (versions.py): what `vllm --version`, /version and the image probe say
+__version__ = played()

@@ -20,12 +20,13 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import __version__, log
-from .args import ServeConfig
+from .args import PLAYED, ServeConfig
 
 OPEN_PATHS = ("/health", "/version", "/metrics", "/ping", "/load")
 # vLLM 0.25's key guards the paths that start with these and nothing else
-# (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX; OPTIONS is never checked)
-GUARDED_PREFIX = ("/v1", "/v2", "/inference")
+# (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX, /cohere from 0.27: versions.Played; OPTIONS is
+# never checked)
+GUARDED_PREFIX = PLAYED.guarded_prefixes
 # Routes vLLM serves on every address it listens on, without the key (the stand-in serves a generative model:
 # the pooling routes, /pooling /classify /score /rerank, are not mounted for one, so they are 404 as in vLLM):
 #   POST /invocations   vllm/entrypoints/sagemaker/routes.py, mounted by api_server.py with no flag: a chat or
@@ -778,6 +779,8 @@ def make_handler(state: ServerState):
                 self._send(200, state.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/load":
                 self._json(200, {"server_load": state.server_load})
+            elif path in PLAYED.keyless_routes_added:  # /kv_event_sources: no KV events published here
+                self._json(200, {})
             elif path == "/v1/models":
                 self._json(200, models_payload(cfg, state.created))
             elif path == "/v1/chat/completions":
@@ -813,6 +816,14 @@ def make_handler(state: ServerState):
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self._authorized():
+                return
+            refused = PLAYED.render_refusal(cfg.scale_out) if path == "/v1/chat/completions/render" else None
+            if refused == 403:  # vllm/entrypoints/scale_out/factories.py (0.32 on): the route says why
+                message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+                self._json(403, error_body(message, "PermissionDeniedError", 403))
+                return
+            if refused == 404:  # 0.30-0.31: not mounted
+                self._json(404, {"detail": "Not Found"})
                 return
             if path in ("/v1/chat/completions/render", "/tokenize", "/detokenize"):
                 try:

@@ -16,6 +16,9 @@ import re
 from dataclasses import dataclass
 
 from . import __version__
+from .versions import plays
+
+PLAYED = plays()
 
 # Default context length reported when --max-model-len is absent or "auto"
 # (real vLLM derives it from the model config; the stand-in has no model).
@@ -87,7 +90,11 @@ def resolve_max_model_len(value: int | None) -> int:
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, default: bool | None, help: str) -> None:
-    p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
+    """A switch as the release played declares it: `--X` and `--no-X` (argparse's BooleanOptionalAction), and from
+    0.33 `--disable-X` beside `--enable-X` (vllm/utils/argparse_utils.py:120-146 EnableDisableAction)."""
+    action = p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
+    if PLAYED.disable_switches and name.startswith("--enable-"):
+        p.add_argument("--disable-" + name.removeprefix("--enable-"), dest=action.dest, action="store_false")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--headless", action="store_true", default=False)
     # model / cache
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    # vllm/engine/arg_utils.py: --device-memory-utilization names it too from 0.31
+    p.add_argument("--gpu-memory-utilization", *PLAYED.gpu_memory_aliases, type=float, default=0.9)
     p.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
@@ -153,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(p, "--enable-auto-tool-choice", False, "auto tool choice (needs --tool-call-parser)")
     # vllm/entrypoints/openai/cli_args.py FrontendArgs: /load counts the requests the API server holds
     _bool_flag(p, "--enable-server-load-tracking", False, "server load tracking")
+    if PLAYED.scale_out_flag:  # vllm/entrypoints/scale_out/factories.py: the render routes, from 0.30
+        _bool_flag(p, "--enable-scale-out", False, "scale-out endpoints (render, derender, tokens)")
     p.add_argument(
         "--uvicorn-log-level", choices=("debug", "info", "warning", "error", "critical", "trace"), default="info"
     )
@@ -202,6 +212,7 @@ class ServeConfig:
     weights_gib: float = 0.0  # the model's weight files, which "loading" takes of the GPU
     auto_tool_choice: bool = False  # --enable-auto-tool-choice (with its --tool-call-parser)
     load_tracking: bool = False  # --enable-server-load-tracking: /load counts the requests in the API server
+    scale_out: bool = False  # --enable-scale-out (0.30 on): the render routes answer (versions.Played.render_refusal)
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # config.json's, when the model has one: prompt token ids are checked against it
     speculative: dict | None = None  # --speculative-config as vLLM resolved it: {"method", "num_speculative_tokens"}
@@ -334,6 +345,7 @@ def validate(ns: argparse.Namespace, environ: dict[str, str] | os._Environ = os.
         weights_gib=weights_gib(model),
         auto_tool_choice=bool(ns.enable_auto_tool_choice),
         load_tracking=bool(ns.enable_server_load_tracking),
+        scale_out=bool(getattr(ns, "enable_scale_out", False)),
         reasoning_parser=ns.reasoning_parser,
         vocab_size=hf_config.get("vocab_size") if isinstance(hf_config.get("vocab_size"), int) else None,
     )

@@ -50,11 +50,19 @@ import time
 
 from . import compile_cache, log
 from .api import fault
-from .args import ServeConfig, StandinError, parse_cli, validate
+from .args import PLAYED, ServeConfig, StandinError, parse_cli, validate
 
 WHERE_CORE = "core.py:708"
 WHERE_WORKER = "gpu_worker.py:239"
 WHERE_LOADER = "default_loader.py:267"
+
+
+def loading_line(model: str) -> tuple:
+    """The log line (format and its argument) the release played writes as it starts loading the weights."""
+    line = PLAYED.loading_line
+    return (line, model) if "%s" in line else (line,)
+
+
 PR_SET_NAME = 15
 GIB = 1024**3
 
@@ -168,7 +176,7 @@ def claim_memory(
     weights = cfg.weights_gib / ranks
     for share in shares:
         share.hold(weights)
-    log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
+    log.info(WHERE_LOADER, *loading_line(cfg.model))
     started = time.monotonic()
     if stop.wait(load_s):
         return None
@@ -342,7 +350,7 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
         if shares and claim_memory(cfg, shares, snapshots, stop, environ, load_s if not cfg.headless else 0) is None:
             return 0
         if not shares and not cfg.headless:  # with Ray the actors hold the GPUs; the weights load as before
-            log.info(WHERE_LOADER, "Starting to load model %s...", cfg.model)
+            log.info(WHERE_LOADER, *loading_line(cfg.model))
             started = time.monotonic()
             if stop.wait(load_s):
                 return 0
