@@ -13,10 +13,12 @@ import time
 
 import pytest
 
+from components.config.vllm_versions import rules
 from tests.e2e.cli_stack import StackError
 from tests.e2e.conftest import _cluster, _image
+from tests.e2e.image.build import publish_played
 from tests.e2e.observe import no_containers
-from tests.e2e.rehearsal import Load, curl_chat, edge_requests, openai_tour, rehearsal_config, request
+from tests.e2e.rehearsal import CACHE_DIR, Load, curl_chat, edge_requests, openai_tour, rehearsal_config, request
 from tests.tls_ca import TestCa
 
 pytestmark = pytest.mark.e2e
@@ -28,16 +30,24 @@ def one_node(registry, tmp_path_factory, request):
 
 
 def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_stack, tmp_path):
-    image = _image(one_node)
+    """On vLLM 0.34 (the stand-in plays it here; the other modules play 0.25: #65): its image checked and recorded
+    with 0.34's rules, its readiness read from 0.34's log lines."""
+    base = _image(one_node)
+    image = publish_played(CACHE_DIR, one_node.nodes[0].docker_host, base.ref, "0.34.0")
     node = one_node.nodes[0]
     stack = new_stack("dev")
-    config, secrets = rehearsal_config(one_node, image.ref, model_dir, tensorParallelSize=1, tls=True)
+    config, secrets = rehearsal_config(one_node, image, model_dir, tensorParallelSize=1, tls=True)
     refused_before_anything(stack, config, secrets)
     stack.configure(config, secrets)
     preview = stack.preview()
     assert preview.changed and set(preview.changed.values()) == {"create"}, preview.changed
     run = stack.up()
     assert set(run.changed) == set(preview.changed)
+    held = rules((0, 34, 0))
+    assert run.outputs["release"]["vllm"] == {"version": "0.34.0", "heldTo": "0.34.0", "rules": held.fingerprint()}
+    assert "Loading model from scratch" in one_node.container_file(
+        node, "spark-vllm-node-1", "/run/spark-vllm/vllm.log"
+    )
     endpoint, keys, served = run.outputs["endpoint"], secrets["apiKeys"], run.outputs["servedModelName"]
     assert endpoint == f"https://{node.mgmt_ip}:8000/v1" and run.outputs["tls"]["names"] == [node.mgmt_ip]
     tour = openai_tour(endpoint, keys["alice"])  # the openai SDK, verifying the certificate with the stack's CA

@@ -672,6 +672,21 @@ def publish_haproxy(cache_dir: Path, docker_host: str, base_ref: str) -> str:
     return _publish_derived(cache_dir, docker_host, remote, base_ref, tree, HAPROXY_DOCKERFILE)
 
 
+PLAYS_DOCKERFILE = "COPY PLAYS /opt/site/vllm_standin/PLAYS\n"
+PLAYS_REPO = "spark-vllm-rehearsal-plays"
+
+
+def publish_played(cache_dir: Path, docker_host: str, base_ref: str, version: str) -> str:
+    """The rehearsal image with its stand-in playing vLLM `version` (vllm_standin/versions.py reads the file PLAYS
+    beside it), in the registry of `base_ref`: what `vllm --version`, the image probe and /version say, and what the
+    stand-in does (its flags, routes and log lines). Returns its registry reference."""
+    tree = Path(cache_dir) / f"plays-{version}"
+    tree.mkdir(parents=True, exist_ok=True)
+    (tree / "PLAYS").write_text(version + "\n")
+    remote = _derived_ref(base_ref.split("/", 1)[0], base_ref, PLAYS_REPO, tree, PLAYS_DOCKERFILE)
+    return _publish_derived(cache_dir, docker_host, remote, base_ref, tree, PLAYS_DOCKERFILE)
+
+
 def _archive_id(cache_dir: Path) -> str:
     archive = archive_path(cache_dir)
     return archive_image_id(archive) if archive.exists() else ""
