@@ -50,6 +50,15 @@ ALLOWANCE_BYTES = 3 * GIB  # per GPU: runtime (~1 GiB), activations (~1 GiB), CU
 # 121.95 GiB in use against 119.34 GiB of budgets, 1.3 GiB a vLLM over; CUDA graphs add their pool (~0.6 GiB
 # for the 8B: vLLM's own "0.9 behaves as 0.8954"). So pinned, the allowance is 2 GiB more.
 PINNED_OUTSIDE_BYTES = 2 * GIB
+# A hybrid model (Gated DeltaNet beside attention) profiles a larger peak than the allowance, growing with
+# max_num_seqs × the vocabulary: what vLLM held besides its weights and KV cache on the H200 (vLLM 0.25.0, a
+# Qwen3.5-35B-A3B shape, vocabulary 248,320: tests/gpu/results/2026-12-03 and -04) was 5.43 GiB (bf16) and
+# 5.55 GiB (fp8) at max_num_seqs 1024, 2.28 GiB at 256: about HYBRID_PROFILE_BASE plus HYBRID_PROFILE_BYTES a
+# sequence and vocabulary entry. Without it the plan came 2.2 % (H200) and 5.6 % (H100, 2026-12-06) above vLLM's KV
+# cache for the fp8 shape: the unsafe side. Dense and MoE models stay within the allowance (Qwen3-8B 2.05 GiB,
+# Qwen3-30B-A3B 4.10 GiB: 1.7 % under the plan's KV).
+HYBRID_PROFILE_BASE = int(1.33 * GIB)
+HYBRID_PROFILE_BYTES = 16.0
 DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
     "bfloat16": 2, "float16": 2, "half": 2, "bf16": 2, "fp16": 2, "auto": 2,
@@ -466,7 +475,11 @@ def plan_memory(
     knobs = knobs or EngineKnobs()
     if pin_kv_cache:
         allowance_bytes += PINNED_OUTSIDE_BYTES
-    drafting = speculation_cost(shape, knobs, _seqs_wanted(nodes, knobs, max_num_seqs)[0])
+    wanted = _seqs_wanted(nodes, knobs, max_num_seqs)[0]
+    drafting = speculation_cost(shape, knobs, wanted)
+    if shape.linear is not None:  # a hybrid model's profiled peak (HYBRID_PROFILE_*), where above the allowance
+        peak = HYBRID_PROFILE_BASE + int(HYBRID_PROFILE_BYTES * wanted * shape.vocab_size)
+        allowance_bytes += max(0, peak - ALLOWANCE_BYTES)
     allowance_bytes += drafting.sampler_bytes
     ranks = tensor_parallel * pipeline_parallel
     length = max_model_len or shape.max_position or 0

@@ -212,7 +212,7 @@ def h200_plan(report: dict):
 
 
 # Without speculation vLLM does not load the MTP head (64.69 GiB, not 66.26), which the plan counts with the
-# checkpoint's files: the plan is then up to 2.3 GiB short (−5.0 % at 256 sequences), on the safe side.
+# checkpoint's files: the plan is then up to 2.3 GiB short (−5.5 % at 256 sequences), on the safe side.
 @pytest.mark.parametrize(
     "run,within",
     [("mtp3", 0.05), ("mtp3-final", 0.05), ("mtp3-prefix-256", 0.05), ("nospec", 0.05), ("nospec-prefix-256", 0.055)],
@@ -226,8 +226,8 @@ def test_the_plan_is_within_5_percent_of_vllms_kv_cache_and_concurrency_with_mtp
     assert abs(node.kv_room_gib - kv["available_kv_cache_gib"]) / kv["available_kv_cache_gib"] <= within
     assert abs(node.max_sequences - kv["max_concurrency"]) / kv["max_concurrency"] <= within
     assert plan.hybrid.block_tokens == kv["attention_block_tokens"]  # 1072 with mtp: the conv state's +3 entries
-    if run in ("mtp3-final", "mtp3-prefix-256"):  # the fixed program ran there: its report's own plan agrees
-        assert report["memory_plan"]["nodes"]["gpu-1"]["kv_room_gib"] == node.kv_room_gib
+    # never above vLLM's own figure by more than 3 % (since #65 a hybrid model's profiled peak is counted)
+    assert node.kv_room_gib <= kv["available_kv_cache_gib"] * 1.03
     if "mtp3" in run:
         assert plan.hybrid.group_size == 11  # the MTP layer is an attention layer in the groups
         assert plan.hybrid.state_blocks_per_sequence == (2 if "prefix" in run else 1) + 3
