@@ -1,4 +1,5 @@
-"""The memory plan against what real vLLM 0.25.0 did on the H200, every lane report that has both (tests/gpu/results):
+"""The memory plan against what real vLLM 0.25.0 did on the H200 and the H100, every lane report that has both
+(tests/gpu/results):
 the plan's KV room within 3 % of vLLM's "Available KV cache memory" or below it (the safe side: a plan above vLLM's
 figure would let a model through that does not fit), recomputed with today's program from each run's own inputs."""
 
@@ -23,6 +24,11 @@ RUNS = {
     "2026-12-04/lane-mp-qwen3.5-35b-a3b-mtp-nospec.json": ["--load-format", "dummy", "--language-model-only"],
     "2026-12-04/lane-mp-qwen3.5-35b-a3b-mtp-nospec-prefix-256.json": ["--load-format", "dummy",
                                                                       "--language-model-only", "--enable-prefix-caching"],
+    # the H100 (2026-12-06): the shape the issue found 5.6 % above vLLM, measured again with today's plan
+    "2026-12-06/lane-mp-qwen3.5-35b-a3b-fp8-h100.json": ["--load-format", "dummy", "--language-model-only",
+                                                         "--gdn-prefill-backend", "triton"],
+    "2026-12-06/lane-mp-qwen3.5-35b-a3b-fp8-h100-256.json": ["--load-format", "dummy", "--language-model-only",
+                                                             "--gdn-prefill-backend", "triton"],
 }  # fmt: skip
 UNSAFE_AT_MOST, SAFE_AT_MOST = 0.03, 0.06  # above vLLM's figure / below it
 
