@@ -118,6 +118,12 @@ CHANGES: dict[str, tuple[Change, ...]] = {
             "entrypoints/serve/utils/server_utils.py GUARDED_PREFIX (0.30 on: serve/middleware/authenticate.py:11)",
         ),  # fmt: skip
     ),
+    # what --mamba-cache-mode takes (argparse's choices: another is refused at start)
+    "mamba_cache_modes": (
+        Change((0, 25), ("none", "align", "all"), "config/cache.py MambaCacheMode"),
+        Change((0, 28), ("none", "align"), "config/cache.py MambaCacheMode = Literal['align', 'none'] (0.34: "
+               "deprecated, no effect: prefix caching decides)"),  # fmt: skip
+    ),
     # routes that answer without the key besides /health, /metrics, /version, /ping, /invocations, /tokenize …
     "keyless_routes_added": (
         Change((0, 25), (), "entrypoints/serve/instrumentator/basic.py"),
@@ -141,6 +147,7 @@ class VllmRules:
     loading_lines: tuple[str, ...]
     scale_out_flag: Optional[str]
     guarded_prefixes: tuple[str, ...]
+    mamba_cache_modes: tuple[str, ...]
     keyless_routes_added: tuple[str, ...]
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
+from components.config.vllm_args import read_extra_args
 from components.config.vllm_versions import NEWEST_READ, VllmRules, parse, rules, support
 from components.plan.container import container_name
 from components.plan.engine import EngineSettings
@@ -173,6 +174,22 @@ def image_problems(cfg: ClusterConfig, node: NodeConfig, stdout: str) -> list[st
 
 class VllmRulesChangedError(Exception):
     """A promoted release was validated under other rules for its vLLM than this program holds it to now."""
+
+
+class VllmRefusesError(Exception):
+    """The image's vLLM would refuse the engine settings at start (a choice its parser no longer takes)."""
+
+
+def vllm_refusals(held: VllmRules, extra_args: list[str], key: str = "vllm") -> list[str]:
+    """What in `extra_args` the vLLM the image holds refuses at start, one line each, naming the key."""
+    mode = read_extra_args(list(extra_args)).value_of("--mamba-cache-mode", list(extra_args))
+    if mode is not None and mode not in held.mamba_cache_modes:
+        return [
+            f"{key}.extraArgs: --mamba-cache-mode {mode} — one of {', '.join(held.mamba_cache_modes)}: the image's "
+            f"vLLM {held.label} refuses {mode!r} at start (config/cache.py MambaCacheMode); prefix caching decides "
+            "the mode from 0.34 (--enable-prefix-caching / --no-enable-prefix-caching)"
+        ]
+    return []
 
 
 def vllm_record(stdout: str, validated: Optional[dict], origin: str) -> dict[str, Any]:

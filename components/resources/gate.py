@@ -15,7 +15,14 @@ from components.config import ClusterConfig
 from components.plan.engine import EngineSettings
 from components.plan.memory import MemoryPlanError
 from components.plan.memory import message as memory_message
-from components.plan.preflight import held_to, memory_plan, parse_fingerprint, vllm_record
+from components.plan.preflight import (
+    VllmRefusesError,
+    held_to,
+    memory_plan,
+    parse_fingerprint,
+    vllm_record,
+    vllm_refusals,
+)
 from components.plan.shell import shell_line
 from components.plan.speculation import SpeculationError, speculation_problems
 from components.plan.speculation import message as speculation_message
@@ -122,7 +129,7 @@ def create_gate(
     checks = _node_checks(parent, cfg, release, hosts, transfer, model, before)
     found = node_stage(cfg, checks, fabric_verdict.found)
     found = across_stage(parent, cfg, checks, {n: hosts[n].connection for n in names}, found)
-    vllm = vllm_found(cfg, release, checks, found)
+    vllm = vllm_found(cfg, release, checks, found, key)
     plan = _memory_plan(cfg, release, checks, found, vllm, co_tenants or {}, key)
     # Each verdict and the plan only have to have passed (they raise when not): a bool joins the gate, not a
     # finding, whose per-node dict Output.all would unwrap into an Output per key.
@@ -139,16 +146,27 @@ def create_gate(
 
 
 def vllm_found(
-    cfg: ClusterConfig, release: ReleaseSource, checks: dict[str, NodeChecks], found: dict[str, pulumi.Output]
+    cfg: ClusterConfig,
+    release: ReleaseSource,
+    checks: dict[str, NodeChecks],
+    found: dict[str, pulumi.Output],
+    key: str = "vllm",
 ) -> pulumi.Output:
     """The vLLM of the image the nodes agreed on (the head's image check: every node runs the same id) and the rules
     of components/config/vllm_versions.py it is held to, as the release records them; a promoted release validated
-    under other rules for that vLLM (this program reads it otherwise now) is refused before any container."""
+    under other rules for that vLLM (this program reads it otherwise now), and engine settings that vLLM refuses at
+    start (`key`: where they are, `deployments[2].vllm`), are refused before any container."""
     head = checks[cfg.head_node.name].stdout(ImageCheck.name)
     validated = release.vllm if release.vllm is not None else pulumi.Output.from_input(None)
-    return pulumi.Output.all(head, validated, found[ImageCheck.name]).apply(
-        lambda parts: vllm_record(parts[0], parts[1], release.origin)
-    )
+
+    def judge(parts: list) -> dict:
+        record = vllm_record(parts[0], parts[1], release.origin)
+        refused = vllm_refusals(held_to(record), list(parts[2].extra_args), key)
+        if refused:
+            raise VllmRefusesError("\n".join(refused))
+        return record
+
+    return pulumi.Output.all(head, validated, release.engine, found[ImageCheck.name]).apply(judge)
 
 
 def _node_checks(

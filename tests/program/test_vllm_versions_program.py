@@ -97,3 +97,19 @@ def test_a_replica_behind_cache_aware_gets_enable_scale_out_where_its_vllm_has_i
     run = run_fleet(fleet(router={"policy": policy}), mocks=cloud)
     for name in ("big-serve", "coder-serve", "small-serve"):
         assert ("--enable-scale-out" in serve_argv(run, name)) is expected, name
+
+
+@pytest.mark.parametrize(
+    ("said", "refused"), [("0.25.0", False), ("0.27.1", False), ("0.28.0", True), ("0.34.0", True)]
+)
+def test_a_setting_the_images_vllm_refuses_at_start_stops_before_any_container(said, refused):
+    """--mamba-cache-mode all: vLLM 0.28 on takes only align and none (config/cache.py MambaCacheMode)."""
+    cfg = prod(vllm={**prod()["vllm"], "extraArgs": ["--mamba-cache-mode", "all"]})
+    cloud = cloud_with(vllm=said)
+    if not refused:
+        run_program(cfg, SECRETS, stack="prod", mocks=cloud)
+        return
+    with pytest.raises(Exception, match=f"vllm.extraArgs: --mamba-cache-mode all — one of none, align: the image's vLLM "
+                                        f"{said} refuses 'all' at start"):  # fmt: skip
+        run_program(cfg, SECRETS, stack="prod", mocks=cloud)
+    assert set(cloud.containers) <= GUARDS_ONLY
