@@ -121,8 +121,12 @@ CHANGES: dict[str, tuple[Change, ...]] = {
     # what --mamba-cache-mode takes (argparse's choices: another is refused at start)
     "mamba_cache_modes": (
         Change((0, 25), ("none", "align", "all"), "config/cache.py MambaCacheMode"),
-        Change((0, 28), ("none", "align"), "config/cache.py MambaCacheMode = Literal['align', 'none'] (0.34: "
-               "deprecated, no effect: prefix caching decides)"),  # fmt: skip
+        Change(
+            (0, 28),
+            ("none", "align"),
+            "config/cache.py MambaCacheMode = Literal['align', 'none'] (0.34: deprecated, no effect: prefix caching "
+            "decides)",
+        ),
     ),
     # routes that answer without the key besides /health, /metrics, /version, /ping, /invocations, /tokenize …
     "keyless_routes_added": (
