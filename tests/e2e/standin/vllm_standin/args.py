@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from . import __version__
+from . import __version__, bench
 from .versions import plays
 
 PLAYED = plays()
@@ -100,8 +100,9 @@ def _bool_flag(p: argparse.ArgumentParser, name: str, default: bool | None, help
 def build_parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="vllm", allow_abbrev=False, description="vLLM stand-in CLI (test double)")
     top.add_argument("-v", "--version", action="version", version=__version__)
-    sub = top.add_subparsers(dest="subparser", metavar="{serve}")
+    sub = top.add_subparsers(dest="subparser", metavar="{serve,bench}")
     sub.required = True
+    bench.add_parser(sub)  # `vllm bench serve`: vLLM's serving benchmark (bench.py)
     p = sub.add_parser(
         "serve", prog="vllm serve", allow_abbrev=False, help="Start the (stand-in) OpenAI-compatible server."
     )

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from . import __version__, log
+from . import __version__, bench, log
 from .api import Pace, ServerState, make_server
 from .args import StandinError, parse_cli, redacted_args, validate
 from .core import EngineCoreClient
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None, environ=os.environ) -> int:
 def _main(argv: list[str] | None, environ) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parse_cli(argv)
+    if ns.subparser == "bench":
+        return bench.run(ns)
     log.set_prefix(f"(APIServer pid={os.getpid()}) ")  # as vLLM 0.25's API server prefixes its lines
     log.info(WHERE_API, "vLLM API server version %s", __version__)
     log.info(WHERE_API, "args: %s", redacted_args(ns))

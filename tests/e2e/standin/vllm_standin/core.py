@@ -400,10 +400,13 @@ STEP_SECONDS = 0.05
 def _run(engine, stop: threading.Event, timeout_s: float, steps=None, environ=os.environ) -> int:
     """Serve until SIGTERM: an engine step every STEP_SECONDS, each told to the API server (`steps`, the pipe it
     reads: its requests advance only while the engine steps, as vLLM's outputs come only from steps). With mp
-    across nodes each step is a collective over every rank (mp.py MpEngine.step); with Ray the actors are pinged
-    every second. No step while the "hang" fault is on (api.py fault), nor while this process is stopped. Exit 1
-    when the workers (Ray actors, another node's rank) go away."""
-    failures, next_ping = 0, 0.0
+    across nodes each step is a collective over every rank (mp.py MpEngine.step). With Ray the actors are asked
+    every second; one that does not answer within `timeout_s` (stopped, or its node unreachable) holds every step
+    until it answers or Ray says it died, as vLLM's execute_model waits on its workers with no health check of its
+    own (v1/executor/ray_executor.py check_health: "Assume that the Ray workers are healthy", 0.25.0): the engine
+    hangs and only the supervisor's stall watch ends it. No step while the "hang" fault is on (api.py fault), nor
+    while this process is stopped. Exit 1 when the workers (Ray actors, another node's rank) go away."""
+    next_ping = 0.0
     while not stop.wait(STEP_SECONDS):
         if fault(environ) == "hang":
             continue
@@ -418,27 +421,26 @@ def _run(engine, stop: threading.Event, timeout_s: float, steps=None, environ=os
         if engine is None or getattr(engine, "collective", False) or time.monotonic() < next_ping:
             continue
         next_ping = time.monotonic() + 1.0
+        if not _workers_answer(engine, stop, timeout_s):
+            log.error(
+                WHERE_CORE,
+                "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding.",
+            )
+            return 1
+    return 0
+
+
+def _workers_answer(engine, stop: threading.Event, timeout_s: float) -> bool:
+    """Ask the Ray actors until they answer (True) or one is dead (False); no step meanwhile. A SIGTERM while
+    waiting ends the wait (True: the caller's loop then stops)."""
+    while not stop.is_set():
         try:
             engine.ping(timeout_s)
-            failures = 0
-            continue
-        except Exception as e:  # noqa: BLE001 - any failure of the workers counts
-            failures += 1
-            fatal = engine.is_actor_death(e) or failures >= 2
-            log.warning(
-                "ray_distributed_executor.py:551",
-                "worker health check failed (%d): %s: %s",
-                failures,
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-            )
-            if not fatal or stop.is_set():
-                continue
-        log.error(
-            WHERE_CORE, "EngineCore encountered a fatal error: a RayWorkerWrapper actor died or stopped responding."
-        )
-        return 1
-    return 0
+            return True
+        except Exception as e:  # noqa: BLE001 - a timeout is waited out, a death ends the engine
+            if engine.is_actor_death(e):
+                return False
+    return True
 
 
 def _tell(steps) -> None:
