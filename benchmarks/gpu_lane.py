@@ -1,7 +1,8 @@
 """The GPU lane's figures against its targets: `venv/bin/python -m benchmarks.gpu_lane [DIR]`.
 
-Reads the JSON reports tests/gpu/lane.py wrote on the GPU machine (DIR: a folder of them; default the
-newest folder under tests/gpu/results/, where measured runs are kept with their date) and prints, per
+Reads the JSON reports tests/gpu/lane.py wrote on the GPU machine (DIR: a folder of them, as the lane names
+them or as a recipe call brings them back, tests/gpu/recipe.py; default the newest folder under tests/gpu/results/,
+where measured runs are kept with their date and GPU) and prints, per
 run, the times (handover, ready, serving again after a SIGKILL of vLLM's API server, stop) and the
 memory figures (vLLM's "Available KV cache memory" beside the memory plan's KV room, the GPU memory
 left after the stop), each against its target:
@@ -90,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = args.dir or max((p for p in RESULTS.iterdir() if p.is_dir()), key=lambda p: p.name)
     missed = 0
-    for path in sorted(folder.glob("lane-*.json")):
+    for path in sorted(folder.glob("*.json")):  # lane-*.json as the lane names them, RUN.json as a recipe call
         report = json.loads(path.read_text())
+        if not isinstance(report, dict) or "executor" not in report or "steps" not in report:
+            continue  # the co-tenants' and the NCCL test's reports: read in docs/measurements.md, not judged here
         tp = report.get("tensor_parallel_size", 1)
         shape = f"{report['model']} TP={tp}" if tp > 1 else report["model"]
         gpus = ", ".join(report.get("gpu") or ["?"])

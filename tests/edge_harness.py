@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from components.plan.edge import CHECK_HOST, CONFIG_DIR, CONFIG_FILE, EdgeSpec, files
+from tests.e2e.cache import CACHE_DIR
 from tests.e2e.image.build import haproxy_command
 from tests.waiting import free_port
 
@@ -119,14 +120,6 @@ def _content_length(head: bytes) -> int | None:
     return 0
 
 
-def rehearsal_cache() -> Path:
-    """The rehearsal's cache (Debian's HAProxy unpacked there), read when an edge starts: importing the rehearsal
-    needs the Pulumi SDK, which the GPU lane's machine (tests/gpu/lane_router.py imports this) has not."""
-    from tests.e2e.rehearsal import CACHE_DIR
-
-    return CACHE_DIR
-
-
 def write_files(spec: EdgeSpec, directory: Path) -> Path:
     """files(spec) into `directory` in place of CONFIG_DIR, as the edge's step writes them; haproxy.cfg's path."""
     for path, text in files(spec).items():
@@ -145,7 +138,7 @@ class Edge:
         self.config = write_files(self.spec, self.directory)
         self.log = self.directory / "haproxy.log"
         self.process = subprocess.Popen(
-            [*haproxy_command(rehearsal_cache()), "-W", "-db", "-f", str(self.config)],
+            [*haproxy_command(CACHE_DIR), "-W", "-db", "-f", str(self.config)],
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
         )

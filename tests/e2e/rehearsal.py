@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import secrets
 import shutil
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tests.e2e import nodes as simnodes
+from tests.e2e.cache import CACHE_DIR
 from tests.e2e.cli_stack import RehearsalStack, Run, cli_missing
 from tests.e2e.image.build import haproxy_ref, publish, registry_image_id
 from tests.e2e.image.build import image_ref as image_name
@@ -41,8 +41,6 @@ from tests.e2e.image.dockerd import private_dockerd
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKDIR = ROOT / ".rehearsal"
-# The image archive is kept between runs, keyed by the hash of what goes into it.
-CACHE_DIR = Path(os.environ.get("SPARK_VLLM_REHEARSAL_CACHE", "/var/tmp/spark-vllm-rehearsal"))
 # A tiny model's config.json: what the memory plan reads (layers, heads, head size), no weights.
 MODEL_CONFIG = {
     "architectures": ["StandinForCausalLM"],

@@ -4,15 +4,18 @@
 #   bash tests/gpu/device.sh receive N      keep .gpu/parts/part-NN (carried by this call) in /var/tmp/lane
 #   bash tests/gpu/device.sh run LANE-ARGS  join the parts (sha256 checked) and install the wheels once into
 #                                           /var/tmp/lane/site, then python3 -m tests.gpu.lane LANE-ARGS
+#   bash tests/gpu/device.sh call NAME      the parts this call carries, the same install, then the recipe's call
+#                                           NAME (tests/gpu/recipe.py): its runs, each packed whole under $OUT
 #   bash tests/gpu/device.sh flags OUT.json the same install, then vLLM's serve options (tests/gpu/flags.py) and
 #                                           the image probe's facts in that environment (OUT-image-probe.json)
 #   bash tests/gpu/device.sh nccl ARGS      the fabric gate's NCCL test on the machine's own torch: only the
 #                                           config's wheels (pydantic…, carried as .gpu/nccl), no vLLM
 #
 # Files stay on the machine only while it is warm (about 30 s after a call): make the calls back to back.
-# docs/measurements.md's "GPU lane" section has the whole sequence; tests/gpu/pack.py makes the parts.
+# The calls, in order: `venv/bin/python -m tests.gpu.recipe` (docs/measurements.md shows them); tests/gpu/pack.py
+# makes the parts.
 set -euo pipefail
-LANE=/var/tmp/lane
+LANE=${SPARK_VLLM_LANE_DIR:-/var/tmp/lane}  # another only where a test runs this script beside others
 mkdir -p "$LANE/parts"
 case "${1:-}" in
   receive)
@@ -21,14 +24,19 @@ case "${1:-}" in
     [ -f .gpu/parts/SHA256 ] && cp .gpu/parts/SHA256 "$LANE/parts/"
     echo "device: $(ls "$LANE/parts" | grep -c part-) part(s) here, $(du -sm "$LANE/parts" | cut -f1) MiB"
     if [ "$2" = 0 ]; then
-      nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
-      python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.cuda.is_available())'
+      nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader || echo "device: no nvidia-smi"
+      python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.cuda.is_available())' \
+        || echo "device: no torch"
       df -h /var/tmp | tail -1; nproc; free -g | head -2
     fi
     ;;
-  run|flags)
+  run|flags|call)
     what=$1
     shift
+    if [ "$what" = call ]; then  # the parts this call carries (the last travels with the first call)
+      for part in .gpu/parts/part-*; do [ -e "$part" ] && mv "$part" "$LANE/parts/"; done
+      [ -f .gpu/parts/SHA256 ] && cp .gpu/parts/SHA256 "$LANE/parts/"
+    fi
     if [ ! -f "$LANE/site/.installed" ]; then
       start=$(date +%s)
       cat "$LANE"/parts/part-* > "$LANE/wheels.tar"
@@ -41,8 +49,9 @@ case "${1:-}" in
       # again at every start (~20 s each, seen on the H200 on 2026-12-01). The machine's own packages
       # (torch, transformers, ...) came without bytecode too: `import torch` took 4.6 s, 1.4 s once compiled
       # (2026-12-02).
-      python3 -m compileall -q -j 0 "$LANE/site" $(python3 -c 'import site; print(*site.getsitepackages())') \
-        >/dev/null 2>&1 || true
+      # SPARK_VLLM_LANE_COMPILE=site: the lane's own only (a machine whose packages came compiled).
+      machine=$([ "${SPARK_VLLM_LANE_COMPILE:-all}" = site ] || python3 -c 'import site; print(*site.getsitepackages())')
+      python3 -m compileall -q -j 0 "$LANE/site" $machine >/dev/null 2>&1 || true
       touch "$LANE/site/.installed"
       echo "device: installed $(ls "$LANE"/wheels | wc -l) wheels in $(( $(date +%s) - start )) s"
     fi
@@ -55,6 +64,9 @@ case "${1:-}" in
       python3 - < components/scripts/image_probe.py | tee "${1%.json}-image-probe.json"
       exit 0
     fi
+    if [ "$what" = call ]; then
+      exec python3 -u -m tests.gpu.recipe call "$@"   # the recipe's runs, packed under $OUT (tests/gpu/recipe.py)
+    fi
     exec python3 -u -m tests.gpu.lane "$@"
     ;;
   nccl)
@@ -64,7 +76,7 @@ case "${1:-}" in
     exec python3 -u -m tests.gpu.nccl "$@"
     ;;
   *)
-    echo "usage: $0 receive N | run LANE-ARGS | flags OUT.json | nccl ARGS" >&2
+    echo "usage: $0 receive N | call NAME | run LANE-ARGS | flags OUT.json | nccl ARGS" >&2
     exit 2
     ;;
 esac

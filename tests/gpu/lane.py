@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import secrets
 import shlex
@@ -33,6 +34,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +82,7 @@ RESULTS = {
     "image_probe.py": ImageFacts,
     "router_keeper.py": KeeperResult,
 }
+NODE_MARK = "SPARK_VLLM_LANE_NODE"  # in the environment of every process of one lane's node (processes_named)
 PRINTED = ("serve_spec.py", "router_keeper.py")  # read as the program reads them: printed(), a line or none
 
 
@@ -139,9 +142,12 @@ def stack_config(
     extra_args: list[str],
     fabric: tuple[str, str],
     tensor_parallel: int = 1,
+    port_base: int = 8000,
 ) -> dict:
     """The stack config of a one-node stack on this machine (`fabric`: its address and interface; with
-    `tensor_parallel` above 1, that many of its GPUs, tensor-parallel)."""
+    `tensor_parallel` above 1, that many of its GPUs, tensor-parallel); its listeners on `port_base` and the six
+    ports after it (the endpoint's, vLLM's behind the edge, the edge's own, and the router's three: several lanes
+    on one machine, the tests', stay apart)."""
     node = {"name": "gpu-1", "host": "127.0.0.1", "fabricAddress": fabric[0], "fabricInterface": fabric[1],
             "gpus": tensor_parallel}  # fmt: skip
     return {
@@ -158,7 +164,9 @@ def stack_config(
             "enableAutoToolChoice": True,
             "extraArgs": extra_args,
             "readyTimeoutSeconds": 420,
+            "port": port_base,
         },
+        "edge": {"vllmPort": port_base + 1, "metricsPort": port_base + 2},
         "ray": {"dashboard": False},  # plain `ray` has no dashboard packages (see the image check)
         "apiKey": "lane-" + secrets.token_hex(8),
     }
@@ -185,6 +193,27 @@ def gpu_total_mib() -> list[float]:
     return [float(row[0]) for row in nvidia_smi("memory.total") if row and row[0].replace(".", "", 1).isdigit()]
 
 
+def machine_facts() -> dict:
+    """Which machine a report ran on: each GPU (name, memory), the driver, the kernel, Python, and the versions of
+    torch (its CUDA build), vLLM, Ray and vllm-router where the lane runs (None: not installed there, as the
+    stand-in's CI has no torch)."""
+
+    def version(distribution: str) -> str | None:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+
+    rows = nvidia_smi("name,memory.total,driver_version")
+    return {
+        "gpus": [{"name": row[0], "memory_mib": float(row[1])} for row in rows if len(row) == 3],
+        "driver": rows[0][2] if rows and len(rows[0]) == 3 else None,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        **{name: version(name) for name in ("torch", "vllm", "ray", "vllm-router")},
+    }
+
+
 class Node:
     """The node's container, played by a process session with the container's environment."""
 
@@ -203,6 +232,7 @@ class Node:
         # socket's path must be
         env["SPARK_VLLM_GPU_TURN"] = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
         env.update(extra_env)
+        env[NODE_MARK] = secrets.token_hex(8)  # what tells this node's processes from another lane's
         self.env = env
         self.supervisor = None
         self.reads: list[dict] = []  # each script run's result as the program reads it (RESULTS), in order
@@ -416,9 +446,8 @@ def run_lane(args) -> dict:
     forgotten = forget_caches(tuple(args.keep_caches.split(","))) if args.keep_caches is not None else None
     model_dir = str(make_model(args.model, Path(args.models)))
     fabric = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
-    raw = stack_config(
-        args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric, args.tensor_parallel
-    )
+    raw = stack_config(args.executor, model_dir, args.max_model_len, args.utilization, args.extra_args, fabric,
+                       args.tensor_parallel, args.port_base)  # fmt: skip
     if args.stable_key:
         raw["apiKey"] = stable_api_key(Path(args.models).parent / "api-key")
     if args.max_num_seqs is not None:
@@ -434,11 +463,13 @@ def run_lane(args) -> dict:
     report: dict = {
         "executor": args.executor,
         "model": args.model,
+        "phases": list(args.phases),
         "tensor_parallel_size": args.tensor_parallel,
         "max_model_len": args.max_model_len,
         "gpu_memory_utilization": args.utilization,
         "date": time.strftime("%Y-%m-%d"),
         "gpu": [row[0] for row in nvidia_smi("name")],
+        "machine": machine_facts(),
         "gpu_used_mib_before": gpu_used_mib(),
         "steps": {},
     }
@@ -468,7 +499,9 @@ def run_lane(args) -> dict:
         return code == 0
 
     fingerprint = fingerprint_stdout(model_dir)
-    plan = memory_plan(cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line())], EngineSettings.of(cfg))
+    plan = memory_plan(
+        cfg, fingerprint, [node_memory(cfg.head_node, node_memory_line(args.gpu_memory_mib))], EngineSettings.of(cfg)
+    )
     report["memory_plan"] = {**plan.output(), "problems": plan.problems, "notes": plan.notes()}
     started = time.monotonic()
     node.start()
@@ -597,12 +630,17 @@ def kill_and_recover(
     )
 
 
-def processes_named(prefix: str) -> list[int]:
-    """The machine's processes whose name (/proc/PID/comm, 15 characters) starts with `prefix`."""
+def processes_named(prefix: str, node: Node) -> list[int]:
+    """The node's processes whose name (/proc/PID/comm, 15 characters) starts with `prefix`: those whose environment
+    carries the node's NODE_MARK (Ray's workers too, which raylet starts outside the node's session), never another
+    lane's on the same machine (CI runs several side by side)."""
+    mark = f"{NODE_MARK}={node.env[NODE_MARK]}".encode()
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip().startswith(prefix):
+            if not entry.isdigit() or not Path(f"/proc/{entry}/comm").read_text().strip().startswith(prefix):
+                continue
+            if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
         except OSError:
             pass
@@ -640,7 +678,7 @@ def stall_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, r
     wait(canary.exists, 60)  # the canary's reference, asked while vLLM idles: what real vLLM answers it
     stream = Stream(ready["base_url"], api_key, served)
     wait(lambda: stream.chunks >= 20, 60)
-    victims = processes_named("VLLM::EngineCor" if target == "engine" else "ray::RayWorker")
+    victims = processes_named("VLLM::EngineCor" if target == "engine" else "ray::RayWorker", node)
     stopped_at = time.monotonic()
     for victim in victims:
         os.kill(victim, signal.SIGSTOP)
@@ -759,8 +797,21 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+PHASES = ("imports", "answers", "router", "bench", "metrics", "stall", "kill")
+
+
+def phase_list(text: str) -> tuple[str, ...]:
+    """--phases: names of PHASES, comma-separated ('' for none); another name is refused."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in PHASES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no phase {', '.join(unknown)} (the phases: {', '.join(PHASES)})")
+    return names
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The lane's arguments (tests/gpu/recipe.py's runs are checked against them)."""
+    parser = argparse.ArgumentParser(prog="tests.gpu.lane", description=__doc__.splitlines()[0])
     parser.add_argument("--executor", choices=("ray", "mp"), default="ray")
     parser.add_argument("--model", choices=sorted(SHAPES), default="qwen3-8b")
     parser.add_argument(
@@ -791,10 +842,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phases",
         default="kill",
-        help="after ready and smoke, comma-separated: 'answers' (the validation's greedy answers), 'router' (the stack's router in front: tests/gpu/lane_router.py), "
-        "'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), 'stall' (a SIGSTOP while a "
-        "request streams: found and served again), 'kill' (and recover); "
-        "a stop ends every run",
+        type=phase_list,
+        help="after ready and smoke, comma-separated, run in this order whatever the order given: 'imports' (import "
+        "times first), 'answers' (the validation's greedy answers), 'router' (the stack's router in front: "
+        "tests/gpu/lane_router.py), 'bench' (the benchmark, both tools), 'metrics' (/metrics to metrics.txt), "
+        "'stall' (a SIGSTOP while a request streams: found and served again), 'kill' (and recover); a stop ends "
+        "every run",
     )
     parser.add_argument("--kills", type=int, default=1, help="with 'kill': how many SIGKILLs, one recovery each")
     parser.add_argument(
@@ -826,7 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         help="SHAPE:SHARE,… several deployments on the one GPU, handed their settings at once, then a SIGKILL of "
         "the first (tests/gpu/lane_cotenants.py); --phases '' leaves the kill out",
     )
-    parser.add_argument("--port-base", type=int, default=8000, help="with --cotenants: the first deployment's port")
+    parser.add_argument("--port-base", type=int, default=8000,
+                        help="the endpoint's port and the six after it (with --cotenants: each deployment's)")  # fmt: skip
     parser.add_argument(
         "--ready-timeout",
         type=int,
@@ -840,10 +894,14 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-memory-mib",
         type=float,
         default=None,
-        help="with --cotenants: the GPU's size for the memory plan where nvidia-smi cannot say it (the stand-in's "
-        "GPU), so that the plan does not follow the memory of the machine the lane runs on",
+        help="the GPU's size for the memory plan where nvidia-smi cannot say it (the stand-in's GPU), so that the "
+        "plan does not follow the memory of the machine the lane runs on",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     if args.cotenants:
         report = run_cotenants(args, sys.modules[__name__])
         print(cotenants_summary(report))

@@ -77,6 +77,8 @@ def stack(models: list[tuple[str, str, float]], args, fabric: tuple[str, str]) -
                 "maxModelLen": args.max_model_len,
                 "vllm": {
                     "port": args.port_base + index,
+                    # its own name: the same shape twice would otherwise be one served name, which the config refuses
+                    "servedModelName": name,
                     "gpuMemoryUtilization": share,
                     "extraArgs": list(args.extra_args),
                     "readyTimeoutSeconds": args.ready_timeout,
@@ -121,6 +123,7 @@ def run_cotenants(args, lane) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "gpu": [row[0] for row in lane.nvidia_smi("name")],
         "gpu_total_mib": total_mib,
+        "machine": lane.machine_facts(),
         "gpu_used_mib_before": lane.gpu_used_mib(),
         "pinned": not args.cotenants_unpinned,
         "extra_args": list(args.extra_args),
@@ -145,7 +148,8 @@ def run_cotenants(args, lane) -> dict:
         (work / name).mkdir(parents=True, exist_ok=True)
         nodes[name] = lane.Node(view, work / name / "run", work / name, env)
         handovers[name] = handover_params(view, view.head_node, argv, key, tenancy(view, others))
-        ready = ready_params(view, model, key)
+        served = view.vllm.served_model_name or model  # what the program waits for and asks (serve.py)
+        ready = ready_params(view, served, key)
         ready.update(
             log_file=str(work / name / "run" / "vllm.log"), status_file=str(work / name / "run" / "status.json")
         )
@@ -170,7 +174,8 @@ def run_cotenants(args, lane) -> dict:
         results[name].update(ready=code, ready_seconds=round(time.monotonic() - started, 1), ready_tail=output[-600:])
         if code == 0:
             view = node.cfg
-            results[name]["smoke"] = node.exec_python("smoke.py", smoke_params(view, view.model, key), 180)[0]
+            served = view.vllm.served_model_name or view.model
+            results[name]["smoke"] = node.exec_python("smoke.py", smoke_params(view, served, key), 180)[0]
 
     try:
         threads = [threading.Thread(target=bring_up, args=(name,)) for name in nodes]

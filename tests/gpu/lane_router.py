@@ -81,7 +81,9 @@ def status_of(url: str, key: str | None, body: dict | None = None) -> tuple[int,
 def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, step: Callable) -> None:
     """`node`: the lane's Node (its env has vllm-router importable); `raw`: the lane's stack config."""
     direct_url = vllm_url(load_cluster_config(raw))  # the lane's vLLM, as the program rendered it: no router
-    raw = {**raw, "router": {"enabled": True, "node": raw["nodes"][0]["name"]}}
+    base = raw["vllm"]["port"]  # the lane's ports (lane.stack_config): the router's are the last three
+    raw = {**raw, "router": {"enabled": True, "node": raw["nodes"][0]["name"], "port": base + 3,
+                             "innerPort": base + 4, "metricsPort": base + 5}}  # fmt: skip
     cfg = load_cluster_config(raw)
     fabric = str(cfg.head_node.fabric_address)
     run_dir = str(node.run_dir / "router")
@@ -105,7 +107,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
     serving.stdin.write(script_program("router_keeper.py", base))
     serving.stdin.close()
     card = {"id": served, "root": cfg.model, "max_model_len": cfg.max_model_len}
-    edge = Edge(edge_spec(cfg, api_key, [card]), node.out).start()
+    edge = Edge(edge_spec(cfg, api_key, [served], [card]), node.out).start()
     try:
         if not step("router_ready", *keeper("ready", 120)):
             return

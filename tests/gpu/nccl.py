@@ -37,7 +37,7 @@ from components.config import load_cluster_config  # noqa: E402
 from components.plan import fabric  # noqa: E402
 from components.plan.programs import script_program  # noqa: E402
 from components.scripts.node_contract import NcclFacts  # noqa: E402
-from tests.gpu.lane import gpu_total_mib, machine_address  # noqa: E402
+from tests.gpu.lane import gpu_total_mib, machine_address, machine_facts  # noqa: E402
 
 
 def stack(nodes: int, address: str, interface: str) -> dict:
@@ -122,15 +122,19 @@ def run_ranks(cfg, emulated: dict[str, dict[str, str]] | None = None) -> dict[st
     return facts
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tests.gpu.nccl", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "/var/tmp/lane/out"))
     parser.add_argument("--fabric", default=None, help="ADDRESS:INTERFACE (default: the first off loopback)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     address, interface = tuple(args.fabric.split(":", 1)) if args.fabric else machine_address()
     gpus = len(gpu_total_mib())
-    report: dict = {"date": time.strftime("%Y-%m-%d"), "address": address, "interface": interface, "gpus": gpus,
-                    "cases": {}}  # fmt: skip
+    report: dict = {"date": time.strftime("%Y-%m-%d"), "machine": machine_facts(), "address": address,
+                    "interface": interface, "gpus": gpus, "cases": {}}  # fmt: skip
     for name, nodes, hosts in (("one node", 1, False), ("two nodes", 2, True), ("two ranks of one host", 2, False)):
         cfg = one_machine_config(stack(nodes, address, interface))
         emulated = as_nodes([node.name for node in cfg.nodes], gpus, hosts)

@@ -1,9 +1,8 @@
-"""The GPU lane (tests/gpu/lane.py): with the stand-in vLLM here (no GPU), and for real on a GPU machine.
+"""The GPU lane's parts (tests/gpu/lane.py, nccl.py), and the lane for real on a GPU machine (opt-in:
+`SPARK_VLLM_GPU_LANE=1`, through tests/gpu/device.sh; docs/measurements.md's "GPU lane" says how).
 
-The stand-in run proves the lane's own steps in CI: the supervisor as the container's main process,
-the handover, readiness, smoke, a SIGKILL of the API server alone (whose engine core holds the
-"GPU") and the recovery, a SIGTERM stop; the same code then runs real vLLM on the GPU machine
-(`SPARK_VLLM_GPU_LANE=1`, through tests/gpu/device.sh; docs/measurements.md's "GPU lane" says how).
+Every call of the lane's recipe runs with the stand-in vLLM in CI: tests/e2e/test_gpu_recipe.py (the full run:
+minutes of processes). Here what runs in seconds: the restart timeline, caches, keys, the NCCL test's ranks.
 """
 
 from __future__ import annotations
@@ -12,100 +11,12 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.gpu import lane
-from tests.gpu.model import SHAPES
-from tests.waiting import free_ports
-
-ROOT = Path(__file__).resolve().parents[2]
-STANDIN = ROOT / "tests" / "e2e" / "standin"
-
-
-def logs_of(work: Path, lines: int = 40) -> str:
-    """The last lines of each co-tenant's supervisor and vLLM logs: what a failure shows."""
-    said = []
-    for log in sorted(work.glob("*/supervisor.log")) + sorted(work.glob("*/run/vllm.log")):
-        text = log.read_text(errors="replace").splitlines()[-lines:]
-        said.append(f"\n--- {log.relative_to(work)} ---\n" + "\n".join(text))
-    return "".join(said)
-
-
-def standin_bin(tmp_path: Path) -> Path:
-    """`vllm` on PATH: the stand-in, as the rehearsal image installs it."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(f'#!/bin/sh\nPYTHONPATH={STANDIN} exec {sys.executable} -m vllm_standin "$@"\n')
-    (bin_dir / "vllm").chmod(0o755)
-    return bin_dir
-
-
-def standin_lane(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """The lane (executor mp, a Qwen3-8B shape) with the stand-in vLLM in `tmp_path`: its run and its --out."""
-    models = tmp_path / "models" / "qwen3-8b"
-    models.mkdir(parents=True)
-    (models / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"][0]))
-    out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{standin_bin(tmp_path)}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.lane", "--executor", "mp", "--models", str(tmp_path / "models"),
-         "--run-dir", str(tmp_path / "run"), "--out", str(out), "--max-model-len", "4096", "--fabric", "127.0.0.1:lo",
-         "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}", "--env", "STANDIN_LOAD_SECONDS=1",
-         "--env", "STANDIN_DEAD_LINGER_S=0.2", "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    return result, out
-
-
-def test_the_lane_runs_what_the_program_renders_and_recovers_from_a_sigkill_with_the_standin(tmp_path):
-    result, out = standin_lane(tmp_path, "--kills", "2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "lane-mp-qwen3-8b.json").read_text())
-    assert [name for name in report["steps"]] == ["handover", "ready", "smoke", "recovery", "recovery_2"]
-    assert all(step["ok"] for step in report["steps"].values())
-    assert report["api_key_enforced"] is True
-    after = report["after_kill"]
-    assert after["serving_again_seconds"] is not None and after["restarts_total"] == 1
-    # the engine core outlived its API server and was ended by the supervisor before the new start
-    assert any("VLLM::EngineCor" in line for line in after["group_before"])
-    assert any("ending what it left running" in line for line in after["supervisor_said"])
-    # where the restart's time went, from the log's lines after the kill
-    said = [event["what"] for event in after["timeline"]]
-    gone = next(i for i, what in enumerate(said) if what.startswith("supervisor: vLLM's main process is gone"))
-    started = next(i for i, what in enumerate(said) if what.startswith("supervisor: vLLM started"))
-    assert gone < started < said.index("engine core's first line")
-    assert said.index("engine core's first line") < said.index("model loaded") < said.index("API server listening")
-    assert report["after_kill_2"]["restarts_total"] == 2 and report["after_kill_2"]["timeline"]
-    assert report["stop"]["exit_code"] == 0 and report["stop"]["processes_left"] == []
-    assert report["kv"]["kv_cache_tokens"] == 4096 * 4  # what the stand-in says, parsed as vLLM's lines
-    assert report["memory_plan"]["maxModelLen"] == 4096
-    assert "lane mp qwen3-8b" in result.stdout
-    assert report["image_probe"]["vllm"] == "0.25.0" and report["image_probe"]["vllm_nnodes"] is True
-    assert report["image_probe"]["vllm_load_tracking"] is True
-    # each script's output read as the program reads it (its result contract), the recovery's readiness too
-    reads = report["contract_reads"]
-    assert [read["script"] for read in reads][:3] == ["serve_spec.py", "wait_ready.py", "smoke.py"]
-    assert "wait_ready.py" in [read["script"] for read in reads[3:]]
-    assert all(read["read"] for read in reads), reads
-
-
-def test_the_lane_stall_phase_stops_the_engine_core_mid_stream_and_the_supervisor_serves_again(tmp_path):
-    """The lane's 'stall' phase with the stand-in: the engine core SIGSTOPped while a request streams, /health 200,
-    nothing moving; the supervisor finds it after vllm.stallSeconds, ends vLLM as a whole and serves again."""
-    result, out = standin_lane(tmp_path, "--phases", "stall", "--stall-seconds", "30")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    stall = json.loads((out / "lane-mp-qwen3-8b.json").read_text())["stall"]
-    assert stall["health_while_stopped"] == 200 and stall["chunks_while_stopped"] == 0
-    assert 30 <= stall["found_seconds"] < 45 and stall["serving_again_seconds"] is not None
-    assert stall["last_fault"]["kind"] == "stalled" and stall["last_exit"]["error"].startswith("stalled: ")
-    assert stall["stream_finished"] is False and stall["restarts_total"] == 1
-    assert stall["canary"]["answer"]["tokenIds"]  # the canary's reference, kept before the stall
-    assert "stall:" in result.stdout
 
 
 @pytest.mark.skipif(os.environ.get("SPARK_VLLM_GPU_LANE") != "1", reason="the GPU lane is opt-in: "
@@ -231,46 +142,6 @@ def test_the_nccl_test_on_a_real_gpu_all_reduces_correctly_and_says_its_network(
     two = cases["two nodes"]  # apart to NCCL: the sum crosses its network, as between two Sparks
     assert all(facts["correct"] is True for facts in two["facts"].values()), two
     assert two["figures"]["busBandwidthGbps"] > 0
-
-
-def test_the_cotenant_phase_starts_deployments_in_turn_pinned_and_recovers_one_with_the_standin(tmp_path):
-    """Two deployments on one (stand-in) GPU, handed their settings at once: one waits for the node's GPU turn, each
-    gets the KV cache its plan pinned, and a SIGKILL of one leaves the other answering while it comes back."""
-    for shape in ("qwen3-8b", "qwen3-30b-a3b"):
-        model = tmp_path / "models" / shape
-        model.mkdir(parents=True)
-        (model / "config.json").write_text(json.dumps(SHAPES[shape][0]))  # no weights: a plan for the stand-in GPU
-    bin_dir = standin_bin(tmp_path)
-    out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.gpu.lane", "--cotenants", "qwen3-8b:0.3,qwen3-30b-a3b:0.3",
-             "--port-base", str(free_ports(2, consecutive=True)[0]),  # the other lane test serves on 8000 beside it
-             "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run"), "--out", str(out),
-             "--max-model-len", "4096", "--fabric", "127.0.0.1:lo", "--env", f"STANDIN_GPU_DIR={tmp_path / 'gpus'}",
-             "--env", "STANDIN_LOAD_SECONDS=1", "--env", "STANDIN_DEAD_LINGER_S=0.2",
-             "--env", f"VLLM_CACHE_ROOT={tmp_path / 'vllm-cache'}", "--ready-timeout", "90",
-             "--gpu-memory-mib", str(139.8 * 1024)],  # the stand-in's GPU: the plan is not this machine's memory
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the lane ran past {expired.timeout} s: {logs_of(tmp_path / 'cotenants')}")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs_of(tmp_path / "cotenants")
-    report = json.loads((out / "lane-cotenants.json").read_text())
-    small, big = report["replicas"]["qwen3-8b"], report["replicas"]["qwen3-30b-a3b"]
-    for entry in (small, big):
-        assert entry["ready"] == 0 and entry["smoke"] == 0 and entry["vllm_starts"] == 1
-        pinned = entry["plan"]["kvCache"]["pinnedBytes"]
-        assert f"--kv-cache-memory-bytes={pinned}" in entry["argv"]
-        assert entry["kv_gib"] == pytest.approx(pinned / 1024**3, abs=0.01)  # vLLM's (the stand-in's) own line
-    turns = small["turn"] + big["turn"]
-    assert sum("took the node's GPU turn after waiting" in line for line in turns) == 1  # one waited for the other
-    assert sum("gave the node's GPU turn back: vLLM serves" in line for line in turns) == 2
-    kill = report["kill"]
-    assert kill["serving_again_seconds"] is not None and kill["kv_gib_after"] == kill["kv_gib_before"]
-    assert kill["others_health"]["qwen3-30b-a3b"]["failed"] == 0 and kill["others_health"]["qwen3-30b-a3b"]["ok"] > 0
-    assert "lane cotenants (pinned)" in result.stdout
 
 
 def test_the_lane_reads_each_result_as_the_program_does_and_says_what_it_could_not_read(tmp_path):
