@@ -45,6 +45,7 @@ import socket
 import string
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,10 @@ REGISTRY_PORT = 5000
 
 class SimNodeError(RuntimeError):
     """A simulated node could not be brought up or torn down."""
+
+
+class SimNodeWarning(UserWarning):
+    """Something of an earlier run's that the sweep before a session could not remove."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,9 +561,7 @@ def _create_registry(
     workdir = Path(workdir).resolve()
     registry = SimRegistry(registry_id=rid, subnet=j, workdir=workdir, storage=Path(storage or workdir / rid / "data"))
     try:
-        registry.run_dir.mkdir(parents=True, exist_ok=False)
-        pid = os.getpid()
-        (registry.run_dir / "owner").write_text(f"{pid} {_proc_start_time(pid)}\n")
+        _write_owner(registry.run_dir)
         registry.state_dir.mkdir(parents=True, exist_ok=True)
         registry.storage.mkdir(parents=True, exist_ok=True)
         # A veth pair only to hold the address (the dummy driver is not on every kernel).
@@ -645,9 +648,18 @@ def _pick_identity(prefix: str, preferred: int | None = None) -> tuple[str, int]
 
 def _claim(cluster: SimCluster) -> None:
     """Mark the cluster as owned by this live process, so cleanup_stale leaves it alone."""
-    cluster.run_dir.mkdir(parents=True, exist_ok=False)
+    _write_owner(cluster.run_dir)
+
+
+def _write_owner(run_dir: Path) -> None:
+    """The run directory and its owner file (pid and start time), under `_picking` as cleanup_stale reads them:
+    a sweep in another test process that saw the directory before its owner file took a cluster in the making
+    for a killed run's and purged it under its owner (CI, 2026-12-06: every rehearsal test errored)."""
+    run_dir.mkdir(parents=True, exist_ok=False)
     pid = os.getpid()
-    (cluster.run_dir / "owner").write_text(f"{pid} {_proc_start_time(pid)}\n")
+    partial = run_dir / "owner.partial"
+    partial.write_text(f"{pid} {_proc_start_time(pid)}\n")
+    partial.rename(run_dir / "owner")
 
 
 def _disable_ipv6(ifname: str) -> None:
@@ -1028,7 +1040,7 @@ def sim_cluster_fixture(count: int = 2, *, scope: str = "session", name: str | N
         reason = skip_reason()
         if reason:
             pytest.skip(reason)
-        cleanup_stale(prefix)
+        cleanup_stale(prefix, strict=False)
         with simulated_nodes(count, tmp_path_factory.mktemp("simnodes"), prefix=prefix, **kw) as cluster:
             yield cluster
 
@@ -1184,8 +1196,27 @@ def _kill_cluster_processes(cid: str) -> list[str]:
     for sock in sockets:
         with contextlib.suppress(OSError):
             os.unlink(sock)
-    left = _cluster_pids(cid, netns_ids)
-    return [f"process {p}: {Path(f'/proc/{p}/cmdline').read_bytes()[:120]!r}" for p in left]
+    return [f"process {p} ({_process_state(p)}): {_cmdline(p)[:120]!r}" for p in _cluster_pids(cid, netns_ids)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _process_state(pid: int) -> str:
+    """What a process that outlived SIGKILL is doing: its state (D: in the kernel), parent and kernel wait."""
+    facts = []
+    with contextlib.suppress(OSError):
+        status = dict(
+            line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line
+        )
+        facts += [f"state {status.get('State', '?').strip()}", f"parent {status.get('PPid', '?').strip()}"]
+    with contextlib.suppress(OSError):
+        facts.append(f"waiting in {Path(f'/proc/{pid}/wchan').read_text().strip() or '-'}")
+    return ", ".join(facts) or "gone"
 
 
 def _delete_netns(cid: str) -> list[str]:
@@ -1309,22 +1340,31 @@ def find_cluster_ids(prefix: str = PREFIX) -> set[str]:
     return {m.group(0) for text in names for m in pattern.finditer(text)}
 
 
-def cleanup_stale(prefix: str = PREFIX, workdir: Path | None = None, force: bool = False) -> list[str]:
+def cleanup_stale(
+    prefix: str = PREFIX, workdir: Path | None = None, force: bool = False, strict: bool = True
+) -> list[str]:
     """Remove leftovers of clusters whose owning process is gone (a killed earlier run).
 
     Clusters owned by a live process are kept unless ``force``. ``workdir`` (optional) is
     where their state dirs lived; the dirs are removed from it too. Returns the ids removed.
-    Raises SimNodeError if something could not be removed.
+    Raises SimNodeError if something could not be removed; with ``strict=False`` (the sweep before a test
+    session) it warns instead: a new cluster takes an id and subnet nothing on the host uses, so a leftover
+    that will not go (a process the kernel does not end) is in no one's way, and failing every test of the
+    session for it tests nothing.
     """
     removed, errors = [], []
-    for cid in sorted(find_cluster_ids(prefix)):
-        if not force and _owner_alive(cid):
-            continue
-        dirs = [Path(workdir) / n for n in os.listdir(workdir) if n.startswith(cid)] if workdir else []
-        errors += _purge(cid, dirs)
-        removed.append(cid)
+    with _picking():  # no cluster is between its first trace and its owner file while this looks
+        for cid in sorted(find_cluster_ids(prefix)):
+            if not force and _owner_alive(cid):
+                continue
+            dirs = [Path(workdir) / n for n in os.listdir(workdir) if n.startswith(cid)] if workdir else []
+            errors += _purge(cid, dirs)
+            removed.append(cid)
     if errors:
-        raise SimNodeError("cleanup_stale left things behind:\n  " + "\n  ".join(errors))
+        message = "cleanup_stale left things behind:\n  " + "\n  ".join(errors)
+        if strict:
+            raise SimNodeError(message)
+        warnings.warn(message, SimNodeWarning, stacklevel=2)
     return removed
 
 

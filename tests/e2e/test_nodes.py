@@ -78,7 +78,7 @@ def _tools_image_tar() -> bytes:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> SimCluster:
-    cleanup_stale(PREFIX)
+    cleanup_stale(PREFIX, strict=False)
     start = time.monotonic()
     c = create_cluster(2, tmp_path_factory.mktemp("sim2"))
     TIMINGS["up_2_nodes"] = time.monotonic() - start
@@ -292,11 +292,65 @@ def test_cleanup_stale_after_killed_run(tmp_path: Path) -> None:
         orphan.wait()
         assert any(item.startswith("process") for item in leftovers(cid))
 
-        removed = cleanup_stale(PREFIX, workdir=tmp_path / "dead")
+        removed = cleanup_stale(PREFIX, workdir=tmp_path / "dead", strict=False)  # only this one is held to
         assert cid in removed and live.cluster_id not in removed
         _assert_gone(cid, inodes)
         assert list((tmp_path / "dead").iterdir()) == []
         assert live.docker(live.nodes[0], "version").returncode == 0
+
+
+def test_a_sweep_waits_for_a_cluster_being_claimed_and_leaves_it_alone(tmp_path: Path) -> None:
+    """Another test process bringing a cluster up: its run directory exists a moment before its owner file.
+    A sweep in that moment took it for a killed run's and purged it under its owner (every rehearsal test
+    errored in CI); the sweep takes the bring-up's lock, so it sees the cluster claimed."""
+    script = """
+import os, secrets, sys, time
+sys.path.insert(0, sys.argv[1])
+import nodes
+cid = nodes.PREFIX + secrets.token_hex(2)
+with nodes._picking():
+    (nodes.RUN_ROOT / cid).mkdir()
+    print(cid, flush=True)
+    time.sleep(1.5)  # the sweep starts in this moment
+    (nodes.RUN_ROOT / cid / "owner").write_text(f"{os.getpid()} {nodes._proc_start_time(os.getpid())}")
+time.sleep(600)
+"""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(Path(__file__).parent)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        cid = owner.stdout.readline().strip()
+        assert cid.startswith(PREFIX), "the claiming process failed"
+        removed = cleanup_stale(PREFIX)
+        assert cid not in removed
+        assert (Path("/run") / cid / "owner").exists()
+        assert owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+    assert cid in cleanup_stale(PREFIX, strict=False)  # its owner gone: a leftover now
+    assert not (Path("/run") / cid).exists()
+
+
+def test_what_the_sweep_before_a_session_cannot_remove_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier run's process the kernel does not end (CI, 2026-12-06: an iptables of a cluster from before
+    the lane) failed every rehearsal test at the registry's set-up; the session's sweep warns with what is
+    left and the process's state, and the sweep as a command still fails."""
+    import secrets
+
+    from . import nodes
+
+    cid = PREFIX + secrets.token_hex(2)
+    (Path("/run") / cid).mkdir()  # no owner: a killed run's
+    left = [f"process 4242 (state D (disk sleep), parent 1, waiting in nft_rcv): b'iptables -D FORWARD -i {cid}-m'"]
+    monkeypatch.setattr(nodes, "_purge", lambda c, dirs=(): left if c == cid else [])
+    try:
+        with pytest.warns(nodes.SimNodeWarning, match=r"cleanup_stale left things behind:\n  process 4242 \(state D"):
+            assert cid in cleanup_stale(PREFIX, strict=False)
+        with pytest.raises(nodes.SimNodeError, match="process 4242"):
+            cleanup_stale(PREFIX)
+    finally:
+        (Path("/run") / cid).rmdir()
 
 
 def test_zz_report_timings() -> None:
