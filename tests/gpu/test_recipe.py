@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -99,13 +100,22 @@ def test_a_run_the_calls_time_would_cut_is_stopped_and_still_packed(tmp_path, mo
     script.write_text(
         "import sys, pathlib, time\n"
         "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
-        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    (out / 'vllm.log').write_text('stopped')\n    sys.exit(130)\n"
+        "try:\n    (out / 'started').touch()\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    (out / 'vllm.log').write_text('stopped')\n    sys.exit(130)\n"
     )
     monkeypatch.setattr(recipe, "CALLS", (recipe.Call("slow", (recipe.Run("one", (), "sleeps"),), seconds=1),))
     monkeypatch.setattr(recipe, "PACK_SECONDS", 0)
     real_popen = recipe.subprocess.Popen
-    monkeypatch.setattr(recipe.subprocess, "Popen",
-                        lambda argv, **kw: real_popen([sys.executable, str(script), *argv[4:]], **kw))  # fmt: skip
+
+    def popen(argv, **kw):  # the run started as the lane starts (in its try) before the call's time is watched
+        process = real_popen([sys.executable, str(script), *argv[4:]], **kw)  # (under CI's load Python took 2 s)
+        started = tmp_path / "out" / "one" / "started"
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return process
+
+    monkeypatch.setattr(recipe.subprocess, "Popen", popen)
     assert recipe.call("slow", tmp_path / "out", seconds=2) == 1
     with tarfile.open(tmp_path / "out" / "one.tar.gz") as tar:
         assert tar.extractfile("one/vllm.log").read() == b"stopped"

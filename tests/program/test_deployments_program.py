@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import CONTAINER, FakeCloud, changed_inputs, run_program
+from tests.harness import CONTAINER, FakeCloud, changed_inputs, run_program, shared_run
 from tests.program.test_program import SECRETS, prod
 
 HERE = Path(__file__).resolve().parent
@@ -47,7 +47,10 @@ def fleet(**changes) -> dict:
 
 
 def run_fleet(cfg=None, mocks=None, secrets=None):
-    return run_program(cfg or fleet(), secrets or SECRETS, stack="prod", mocks=mocks or Models())
+    """The several-models stack under mocks: shared (tests/harness.py shared_run) unless `mocks` are given."""
+    if mocks is None:
+        return shared_run(cfg or fleet(), secrets or SECRETS, stack="prod", cloud=Models)
+    return run_program(cfg or fleet(), secrets or SECRETS, stack="prod", mocks=mocks)
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +292,7 @@ def test_replicas_sharing_a_gpu_get_their_plans_kv_cache_in_bytes_and_a_turn_the
 
 
 def test_a_single_model_stack_keeps_its_profiled_kv_cache_and_its_spec():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     params = handover(run, "spark-vllm-serve")
     assert not any(arg.startswith("--kv-cache-memory-bytes") for arg in params["argv"])
     assert "tenancy" not in params["spec"] and "kvCache" not in run.exports["memoryPlan"]

@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from components.plan.edge import key_digest
-from tests.harness import PROGRAM_KEY, changed_inputs, run_program
+from tests.harness import PROGRAM_KEY, changed_inputs, run_program, shared_run
 from tests.program.test_deployments_program import run_fleet
 from tests.program.test_program import SECRETS, prod
 from tests.tls_ca import TestCa
@@ -32,7 +32,7 @@ def edge_config(run) -> str:
 
 
 def test_one_model_the_edge_takes_the_endpoint_and_vllm_the_fabric_behind_it():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     edge = run.named("spark-01-edge")
     assert edge.inputs["name"] == "spark-vllm.edge" and edge.inputs["networkMode"] == "host"
     assert run.named("spark-01-edge-image").inputs["name"] == "haproxy:3.0"
@@ -57,7 +57,7 @@ def test_one_model_the_edge_takes_the_endpoint_and_vllm_the_fabric_behind_it():
 def test_one_model_the_edge_starts_after_the_checks_and_vllms_new_settings():
     """An older version's vLLM listened on the endpoint's port: the edge starts once vLLM was handed its new
     settings (the supervisor restarts it on the fabric), and like every container only after the checks."""
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     edge = run.named("spark-01-edge")
     assert run.named("spark-vllm-serve").urn in edge.dependencies
     assert run.named("spark-vllm-checks-passed").urn in edge.dependencies
@@ -77,8 +77,8 @@ def test_several_models_the_edge_lists_each_model_once_in_front_of_the_router():
 
 
 def test_a_new_key_changes_the_edges_configuration_and_no_container():
-    before = run_program(prod(), SECRETS, stack="prod")
-    after = run_program(prod(), {**SECRETS, "apiKey": "sk-another-key-000000000000"}, stack="prod")
+    before = shared_run(prod(), SECRETS, stack="prod")
+    after = shared_run(prod(), {**SECRETS, "apiKey": "sk-another-key-000000000000"}, stack="prod")
     assert edge_config(before) != edge_config(after)
     containers = {r.name: r.inputs for r in before.of_type(CONTAINER)}
     assert containers == {r.name: r.inputs for r in after.of_type(CONTAINER)}
@@ -89,7 +89,7 @@ def test_a_new_key_changes_the_edges_configuration_and_no_container():
 
 
 def test_the_edges_log_is_one_of_the_log_commands():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     assert run.exports["logCommands"]["edge"] == (
         "ssh -t -p 22 aurora@spark-01.lan 'docker logs --tail 200 -f spark-vllm.edge'"
     )
@@ -119,7 +119,7 @@ def tls_for(host: str, ca: TestCa | None = None) -> dict:
 
 
 def test_each_named_key_is_a_client_of_its_own_and_none_is_in_the_configuration():
-    config = edge_config(run_program(prod(), KEYS, stack="prod"))
+    config = edge_config(shared_run(prod(), KEYS, stack="prod"))
     for name, key in (("alice", ALICE), ("bob", BOB), ("default", SECRETS["apiKey"])):
         assert f"str({name}) if {{ req.fhdr(authorization),sha2(256),hex,lower -m str {key_digest(key)} }}" in config
         assert key not in config
@@ -129,7 +129,7 @@ def test_each_named_key_is_a_client_of_its_own_and_none_is_in_the_configuration(
 @pytest.mark.parametrize("shape", ["one model", "several models"])
 def test_adding_removing_or_replacing_a_key_changes_the_edges_configuration_step_alone(shape):
     def run(secrets):
-        return run_fleet(secrets=secrets) if shape == "several models" else run_program(prod(), secrets, stack="prod")
+        return run_fleet(secrets=secrets) if shape == "several models" else shared_run(prod(), secrets, stack="prod")
 
     before = run(KEYS)
     for after_keys in ({"alice": ALICE}, {"alice": ALICE, "bob": BOB, "carol": "sk-carol-0000000000000003"},
@@ -181,7 +181,7 @@ def test_one_model_a_chat_goes_through_the_endpoint_verified_for_the_heads_name_
     after = {run.by_urn()[urn].name for urn in step.dependencies}
     # after the edge's configuration, and after the benchmark (prod's): never a request inside its window
     assert {"spark-vllm-edge-config", "spark-vllm-benchmark"} <= after
-    plain = smoke_params_of(run_program(prod(), SECRETS, stack="prod"), "spark-vllm-endpoint-smoke")
+    plain = smoke_params_of(shared_run(prod(), SECRETS, stack="prod"), "spark-vllm-endpoint-smoke")
     assert plain["base_url"] == "http://127.0.0.1:30000" and "tls_ca" not in plain and "server_name" not in plain
     # vLLM's own smoke test is as it was: no tls keys in its parameters
     assert "tls_ca" not in smoke_params_of(run, "spark-vllm-smoke")

@@ -7,7 +7,7 @@ import pytest
 
 from components.config import ConfigError
 from components.resources.depot import sync_root
-from tests.harness import CONTAINER, HF_CACHE, REMOTE_COMMAND, changed_inputs, run_program, strip_secrets
+from tests.harness import CONTAINER, HF_CACHE, REMOTE_COMMAND, changed_inputs, run_program, shared_run, strip_secrets
 from tests.program.test_program import SECRETS, prod
 
 TOKEN = "1e" * 32  # what the fake cloud's fabric-copy-token prints
@@ -20,7 +20,7 @@ def copying(**changes) -> dict:
 
 @pytest.fixture(scope="module")
 def run():
-    return run_program(copying(), SECRETS, stack="prod")
+    return shared_run(copying(), SECRETS, stack="prod")
 
 
 def own_mounts(container) -> list[dict]:
@@ -114,7 +114,7 @@ def test_only_a_model_sync_serves_no_image_and_mounts_no_docker_socket():
 
 
 def test_nothing_copied_means_no_depot_and_no_token():
-    names = {r.name for r in run_program(prod(), SECRETS, stack="prod").registrations}
+    names = {r.name for r in shared_run(prod(), SECRETS, stack="prod").registrations}
     assert not {"spark-vllm-depot", "fabric-copy-token"} & names
     assert not any(name.endswith(("-image-copy", "-model-sync")) for name in names)
 
@@ -147,14 +147,14 @@ def test_the_scripts_rule_for_the_sync_root_is_the_programs():
 
 def test_a_vllm_only_change_touches_no_copy():
     result = changed_inputs(
-        run_program(copying(), SECRETS, stack="prod"), run_program(copying(maxModelLen=16384), SECRETS, stack="prod")
+        shared_run(copying(), SECRETS, stack="prod"), shared_run(copying(maxModelLen=16384), SECRETS, stack="prod")
     )
     assert set(result) <= {"spark-vllm-serve", "spark-vllm-ready", "spark-vllm-smoke", "spark-vllm-benchmark",
                            "spark-vllm-cluster-ready"}  # fmt: skip
 
 
 def test_turning_the_copy_on_for_a_running_stack_keeps_its_containers():
-    result = changed_inputs(run_program(prod(), SECRETS, stack="prod"), run_program(copying(), SECRETS, stack="prod"))
+    result = changed_inputs(shared_run(prod(), SECRETS, stack="prod"), shared_run(copying(), SECRETS, stack="prod"))
     assert result["spark-vllm-depot"] == "create" and result["spark-02-image-copy"] == "create"
     assert result["spark-02-pull"] == "delete" and result["spark-02-model-sync"] == "create"
     # the worker's image is named by id now (the same image), and its model is checked again
@@ -245,7 +245,7 @@ def test_with_copies_on_a_node_added_gets_its_copies_and_the_others_keep_theirs(
         *three["nodes"],
         {**three["nodes"][1], "name": "spark-03", "host": "spark-03.lan", "fabricAddress": "192.168.200.14"},
     ]
-    result = changed_inputs(run_program(copying(), SECRETS, stack="prod"), run_program(three, SECRETS, stack="prod"))
+    result = changed_inputs(shared_run(copying(), SECRETS, stack="prod"), shared_run(three, SECRETS, stack="prod"))
     assert result["spark-03-image-copy"] == result["spark-03-model-sync"] == "create"
     assert "spark-03-pull" not in result
     touched = {name for name in result if not name.startswith("spark-03")}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.harness import CONTAINER, REMOTE_COMMAND, changed_inputs, run_program
+from tests.harness import CONTAINER, REMOTE_COMMAND, changed_inputs, run_program, shared_run
 from tests.program.test_program import SECRETS, prod
 
 SOURCE_ID = "sha256:" + "ab" * 32  # the fake cloud's image id
@@ -18,7 +18,7 @@ def guarded(**changes) -> dict:
 
 @pytest.fixture(scope="module")
 def run():
-    return run_program(guarded(), SECRETS, stack="prod")
+    return shared_run(guarded(), SECRETS, stack="prod")
 
 
 def program_params(text: str) -> dict:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.harness import CONTAINER, FakeCloud, run_program
+from tests.harness import CONTAINER, FakeCloud, run_program, shared_run
 from tests.program.test_program import SECRETS, prod
 
 # network.guard (on in the prod stack) only closes ports: its container starts with the image,
@@ -11,7 +11,7 @@ GUARDS_ONLY = {"spark-vllm.guard"}
 
 
 def test_every_node_is_checked_before_any_container_starts():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     for node in ("spark-01", "spark-02"):
         preflight = run.named(f"{node}-preflight")
         assert (
@@ -43,7 +43,7 @@ def test_every_node_is_checked_before_any_container_starts():
 
 
 def test_peers_are_named_in_each_preflight():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     assert "PEERS=spark-02=192.168.200.13" in run.named("spark-01-preflight").inputs["create"]
     assert "PEERS=spark-01=192.168.200.12" in run.named("spark-02-preflight").inputs["create"]
 
@@ -95,7 +95,7 @@ def test_managed_fabric_network_is_written_before_any_check_and_removed_on_delet
 
 
 def test_no_fabric_network_resource_unless_managed():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     assert not any(r.name.endswith("-fabric-network") for r in run.registrations)
 
 
@@ -103,7 +103,7 @@ def test_no_fabric_network_resource_unless_managed():
 
 
 def test_the_seed_recipe_fits_and_its_plan_is_an_output():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     plan = run.exports["memoryPlan"]
     assert plan["checked"] is True and plan["fits"] is True and plan["maxModelLen"] == 32768
     node = plan["nodes"]["spark-02"]
@@ -150,13 +150,11 @@ def test_dropping_the_page_cache_runs_on_every_node_just_before_vllm_starts():
         assert drop.inputs["create"] == "sudo -n sh -c 'sync && echo 1 > /proc/sys/vm/drop_caches'"  # user aurora
         assert drop.urn in serve.dependencies
         assert run.named("spark-vllm-cluster-ready").urn in drop.dependencies
-    assert not any(
-        r.name.endswith("-drop-page-cache") for r in run_program(prod(), SECRETS, stack="prod").registrations
-    )
+    assert not any(r.name.endswith("-drop-page-cache") for r in shared_run(prod(), SECRETS, stack="prod").registrations)
 
 
 def test_the_image_is_checked_on_every_node_in_a_throwaway_container():
-    run = run_program(prod(), SECRETS, stack="prod")
+    run = shared_run(prod(), SECRETS, stack="prod")
     for node in ("spark-01", "spark-02"):
         check = run.named(f"{node}-image-check")
         assert check.inputs["create"].startswith(

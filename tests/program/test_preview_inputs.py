@@ -6,7 +6,7 @@ the outputs a resource names in additionalSecretOutputs as secret, as the engine
 
 import pytest
 
-from tests.harness import REMOTE_COMMAND, run_program
+from tests.harness import REMOTE_COMMAND, run_program, shared_run
 from tests.program.test_deployments_program import run_fleet
 from tests.program.test_program import HOST_KEY, SECRETS, prod, stack_file
 
@@ -17,7 +17,7 @@ def _example(stack: str):
     if stack == "fleet":
         return run_fleet()
     if stack == "prod":
-        return run_program(prod(), SECRETS, stack="prod")
+        return shared_run(prod(), SECRETS, stack="prod")
     cfg = stack_file(stack)
     for node in cfg["nodes"]:
         node.setdefault("hostKey", HOST_KEY)

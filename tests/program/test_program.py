@@ -24,6 +24,7 @@ from tests.harness import (
     changed_inputs,
     run_program,
     settle,
+    shared_run,
     strip_secrets,
 )
 from tests.keys import host_key_line, openssh_private_key
@@ -51,7 +52,7 @@ def prod(**changes) -> dict:
 
 @pytest.fixture
 def run():
-    return run_program(prod(), SECRETS, stack="prod")
+    return shared_run(prod(), SECRETS, stack="prod")
 
 
 def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key(run):
@@ -252,7 +253,7 @@ def test_serve_hands_vllm_its_settings_in_the_head_container_with_the_key_off_th
 
 
 def test_executor_mp_runs_a_rank_on_every_node_without_ray(tmp_path):
-    run_ = run_program(prod(executor="mp"), SECRETS, stack="prod")
+    run_ = shared_run(prod(executor="mp"), SECRETS, stack="prod")
     head, worker = run_.named("spark-01-container"), run_.named("spark-02-container")
     assert supervisor_of(head)["ray_argv"] is None and supervisor_of(head)["executor"] == "mp"
     env = dict(e.split("=", 1) for e in worker.inputs["envs"])
@@ -398,7 +399,11 @@ def test_image_ids_that_differ_between_nodes_stop_the_containers():
 
 
 def changes(before: dict, after: dict, secrets=SECRETS) -> dict:
-    return changed_inputs(run_program(before, secrets, stack="prod"), run_program(after, secrets, stack="prod"))
+    """What `after` changes from `before`: the before-run shared (most are prod's), the after-run the program's own
+    (so `changes(prod(), prod())` runs the program twice)."""
+    return changed_inputs(
+        shared_run(before, secrets, stack="prod"), shared_run(after, secrets, stack="prod", cached=False)
+    )
 
 
 def test_nothing_changed_means_nothing_to_do():
@@ -581,8 +586,8 @@ def test_with_the_guard_what_listens_outside_a_node_container_waits_for_its_rule
     and the copy depot (its port) listen on fenced ports, so their programs start behind guard_gate.sh, which waits
     for the guard's marker of this boot. Without the guard their containers are as they were."""
     copies = {"imageTransfer": {"method": "copy"}, "modelSync": {"enabled": True}}
-    guarded = run_program(prod(**copies), SECRETS, stack="prod")
-    plain = run_program(prod(**copies, network={"guard": False}), SECRETS, stack="prod")
+    guarded = shared_run(prod(**copies), SECRETS, stack="prod")
+    plain = shared_run(prod(**copies, network={"guard": False}), SECRETS, stack="prod")
     for name in ("spark-01-edge", "spark-vllm-depot"):
         on, off = guarded.named(name).inputs, plain.named(name).inputs
         gate = on["entrypoints"][:5]
