@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 import pulumi_command as command
@@ -108,7 +108,7 @@ class VllmCluster(pulumi.ComponentResource):
             if self.router is not None:
                 after = [last_undrain[replica.deployment]] if replica.deployment in last_undrain else []
                 triggers = _replica_triggers(rcfg, release, transfer)
-                steps = self.router.drain(replica, _served_name(rcfg, release), triggers, after)
+                steps = self.router.drain(replica, _served_name(rcfg, release), release.engine, triggers, after)
                 drained = [steps.drain]
             nodes = create_containers(
                 self, rcfg, release, self.hosts, transfer, gate, _secret_env(rcfg, secrets, ray_token),
@@ -151,15 +151,20 @@ class VllmCluster(pulumi.ComponentResource):
         return self.router.declare(workers, undrains, api_key, self.edge.config)[1]
 
     def _workers(self) -> pulumi.Output:
-        """Every replica as the router's keeper declares it: its served name and model."""
-        count = len(self.runs)
+        """Every replica as the router's keeper declares it: its served name, model and max_model_len, each as the
+        replica deploys it (the release's, with promoteFrom)."""
+
+        def declared(run: ReplicaRun, found: dict[str, Any]) -> dict[str, Any]:
+            # with the replica's vllm.stallSeconds: the keeper takes a replica that stalled out of the router
+            return {**worker(run.replica, found["served"], found["engine"].max_model_len, found["root"]),
+                    "stall_seconds": run.replica.config.vllm.stall_seconds}  # fmt: skip
+
         return pulumi.Output.all(
-            *[run.server.served_model_name for run in self.runs], *[run.release.model for run in self.runs]
-        ).apply(
-            lambda found: [
-                # with the replica's vllm.stallSeconds: the keeper takes a replica that stalled out of the router
-                {**worker(run.replica, served, root), "stall_seconds": run.replica.config.vllm.stall_seconds}
-                for run, served, root in zip(self.runs, found[:count], found[count:], strict=True)
+            *[
+                pulumi.Output.all(
+                    served=run.server.served_model_name, root=run.release.model, engine=run.release.engine
+                ).apply(lambda found, run=run: declared(run, found))
+                for run in self.runs
             ]
         )
 

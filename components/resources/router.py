@@ -23,6 +23,7 @@ import pulumi_docker as docker
 from components.config import ClusterConfig
 from components.plan.container import log_options
 from components.plan.endpoint import edge_node, vllm_url
+from components.plan.engine import EngineSettings
 from components.plan.names import (
     ROUTER_INSTALL_DIR,
     ROUTER_USER_ID,
@@ -43,11 +44,12 @@ STEP_TIMEOUT_SECONDS = 120
 DRAIN_TIMEOUT_SECONDS = 900  # a replica's longest request finishing (benchmark-sized requests take minutes)
 
 
-def worker(replica: Any, served: str, root: Optional[str] = None) -> dict[str, Any]:
-    """A replica as the router's keeper declares it; `root` (the model it loaded) and its max_model_len are what
-    the endpoint's /v1/models says of its model, as vLLM would."""
+def worker(replica: Any, served: str, max_model_len: Optional[int], root: Optional[str] = None) -> dict[str, Any]:
+    """A replica as the router's keeper declares it; `root` (the model it loaded) and `max_model_len` are what the
+    endpoint's /v1/models says of its model, as vLLM would: both from what the replica deploys (the release's, with
+    promoteFrom), the values its vLLM is started with, not the stack's config."""
     return {"url": vllm_url(replica.config), "model": served, "replica": replica.config.called("spark-vllm"),
-            "root": root, "max_model_len": replica.config.max_model_len}  # fmt: skip
+            "root": root, "max_model_len": max_model_len}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,12 +109,15 @@ class Router(pulumi.ComponentResource):
         self,
         replica: Any,
         served: pulumi.Input[str],
+        engine: pulumi.Input[EngineSettings],
         triggers: Sequence[pulumi.Input],
         after: Sequence[pulumi.Resource],
     ) -> ReplicaSteps:
         """A replica out of the router and idle before `triggers` change anything of it, after `after` (the
-        previous replica of its deployment back in)."""
-        params = pulumi.Output.from_input(served).apply(lambda s: {"worker": worker(replica, s)})
+        previous replica of its deployment back in); `engine`: the settings it deploys."""
+        params = pulumi.Output.all(served, engine).apply(
+            lambda found: {"worker": worker(replica, found[0], found[1].max_model_len)}
+        )
         drain = self._step(
             replica.config.named("router-drain", alone="spark-vllm"),
             params.apply(lambda p: keeper_params(self._cfg, "drain", timeout=DRAIN_TIMEOUT_SECONDS, **p)),

@@ -4,6 +4,7 @@ single-model stack keeps every resource it had."""
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,42 @@ def test_a_release_with_deployments_is_promoted_deployment_by_deployment():
     cfg["deployments"][0]["vllm"]["gpuMemoryUtilization"] = 0.8
     with pytest.raises(Exception, match="its release has no deployment 'new'"):
         run_fleet(cfg, Models(stack_outputs={"organization/spark-vllm/staging": {"release": source}}))
+
+
+def served_lengths(run) -> dict[str, int]:
+    """--max-model-len as each replica's vLLM is told it (its serve step's argv), by served model."""
+    found = {}
+    for r in run.registrations:
+        if r.name.endswith("-serve"):
+            length = re.search(r"--max-model-len=(\d+)", r.inputs["stdin"])
+            model = re.search(r'\\"--served-model-name\\",\s*\\"([^\\]+)', r.inputs["stdin"])
+            found[model.group(1) if model else r.name] = int(length.group(1)) if length else None
+    return found
+
+
+def card_lengths(run) -> dict[str, int]:
+    """max_model_len as the endpoint's /v1/models/<id> card says it, by model."""
+    from tests.program.test_edge_program import edge_config
+
+    cards = re.findall(r'string "(\{.*?\})" if \{ path,url_dec', edge_config(run))
+    return {card["id"]: card["max_model_len"] for card in (json.loads(c.replace('\\"', '"')) for c in cards)}
+
+
+def test_what_vllm_runs_and_what_the_endpoint_says_of_it_come_from_the_release():
+    """With promoteFrom, vLLM runs the release's maxModelLen: the model cards say that one, not the stack's
+    (which may differ, or be unset)."""
+    source = staging_release()
+    cfg = fleet(promoteFrom="organization/spark-vllm/staging")
+    cfg.pop("image")
+    for each in cfg["deployments"]:
+        each.pop("model")
+        each["maxModelLen"] = 4096  # the stack says otherwise; the release wins
+    cfg["deployments"][1].pop("maxModelLen")  # and unset
+    run = run_fleet(cfg, Models(stack_outputs={"organization/spark-vllm/staging": {"release": source}}))
+    cards = card_lengths(run)
+    assert cards == {"/models/Qwen3.5-122B-A10B-FP8": 32768, "/models/Qwen3-Coder": 32768, "/models/Qwen3-0.6B": 8192}
+    assert set(served_lengths(run).values()) == {32768, 8192}
+    assert cards == card_lengths(run_fleet())  # the stack validated, as it serves
 
 
 @pytest.mark.parametrize("variant", ["prod", "dev", "staging", "mp"])
