@@ -161,7 +161,13 @@ class FakeCloud(pulumi.runtime.Mocks):
     memory_bytes = 125_000_000 * 1024  # a DGX Spark's unified memory, as /proc/meminfo says it
     # what image_probe.py says of a vLLM image with Ray and its dashboard (a test may change it)
     image_facts = {"python": "3.12.3", "vllm": "0.25.0", "vllm_nnodes": True, "vllm_load_tracking": True, "ray": "2.60.0",
-                   "ray_dashboard": True}  # fmt: skip
+                   "ray_dashboard": True, "torch": "2.11.0", "torch_cuda": "13.0",
+                   "torch_arch": ["sm_100", "sm_120", "sm_75", "sm_80", "sm_86", "sm_90"], "nccl": "2.28.9"}  # fmt: skip
+    # what host_facts.py says of a DGX Spark's host (its torch's list as torch 2.11.0+cu130 says it on the H100:
+    # tests/gpu/results/2026-12-06/image-probe-h100.json)
+    host_facts = {"kernel": "6.17.0-1032-nvidia", "os": "Ubuntu 24.04.3 LTS", "driver": "580.95.05", "cuda": "13.0",
+                  "gpus": [{"name": "NVIDIA GB10", "compute_cap": "12.1"}], "docker_runtimes": ["nvidia", "runc"],
+                  "cdi_nvidia": True, "toolkit": "1.18.0", "rdma_core": "50.0-2ubuntu0.2", "nic_firmware": "28.45.4028"}  # fmt: skip
 
     def __init__(self, stack_outputs: Optional[dict[str, dict[str, Any]]] = None):
         self.stack_outputs = stack_outputs or {}
@@ -189,6 +195,8 @@ class FakeCloud(pulumi.runtime.Mocks):
                 stdout = json.dumps({"snapshot": f"{HF_CACHE}/hub/models--Qwen--Qwen3-0.6B/snapshots/{'c' * 40}"})
             elif args.name.endswith("-image-check"):
                 stdout = json.dumps(self.image_facts)
+            elif args.name.endswith("-host-check"):
+                stdout = json.dumps(self.host_of(args.name.removesuffix("-host-check")))
             elif args.name.endswith("-fabric-gate") and "create" in args.inputs:
                 stdout = json.dumps(self.fabric_facts(gate_params_of(args.inputs["create"])))
             elif args.name.endswith("-fabric-nccl") and "create" in args.inputs:
@@ -208,6 +216,10 @@ class FakeCloud(pulumi.runtime.Mocks):
             stack = args.inputs["name"]
             outputs.update(outputs=self.stack_outputs.get(stack, {}), secretOutputNames=[])
         return f"{args.name}-id", outputs
+
+    def host_of(self, node: str) -> dict[str, Any]:
+        """host_facts.py's line for `node` (a test may give one node another host)."""
+        return self.host_facts
 
     benchmark_output_tokens_per_second = 412.5
     # what node_answers.py prints of a start without speculation, and node_benchmark.py of its load

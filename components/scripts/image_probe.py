@@ -16,11 +16,14 @@
 # bytecode beside them (importlib's cache_from_source of a sample of its files); dont_write_bytecode:
 # whether the image runs Python with PYTHONDONTWRITEBYTECODE. Both false/true: every start of each of
 # vLLM's processes compiles those sources again (seen on an H200: `import torch` 4.6 s instead of 1.4 s).
+# torch, torch_cuda, torch_arch, nccl: torch's version, the CUDA it was built for, the GPU code it carries, the
+# NCCL it loads: what the host check (components/plan/host.py) holds against the node's driver and GPUs.
 # Standard library only.
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -112,7 +115,34 @@ def has_bytecode(name, sample=40):
     return compiled * 2 >= len(sources[:sample])
 
 
+NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")  # the NCCL torch's wheels load
+
+
+def torch_facts():
+    """(version, the CUDA it was built for, the GPU code it carries, the NCCL it loads); None each where nothing
+    can tell. The CUDA is read from torch/version.py without importing torch; the GPU code needs the import (torch
+    keeps the list in its library), in a process of its own so a torch that cannot load says None, not a crash."""
+    found = version("torch")
+    spec = importlib.util.find_spec("torch") if found else None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None, None, None
+    cuda = None
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as handle:
+            built = re.search(r"^cuda\b[^=\n]*=\s*['\"]([0-9][0-9.]*)['\"]", handle.read(), re.MULTILINE)
+            cuda = built.group(1) if built else None
+    except OSError:
+        pass
+    arch = None
+    if cuda:
+        said = command_output([sys.executable, "-c", "import torch; print(torch._C._cuda_getArchFlags())"]).split()
+        arch = sorted({flag for flag in said if re.match(r"^(sm|compute)_[0-9]+[a-z]?$", flag)}) or None
+    nccl = next((version(name) for name in NCCL_PACKAGES if version(name)), None)
+    return found, cuda, arch, nccl
+
+
 vllm, nnodes, load_tracking, scale_out = vllm_facts()
+torch, torch_cuda, torch_arch, nccl = torch_facts()
 ray, dashboard, dashboard_error = ray_facts()
 facts = ImageFacts(
     python=sys.version.split()[0],
@@ -125,5 +155,9 @@ facts = ImageFacts(
     ray_dashboard_error=dashboard_error or None,
     bytecode={name: has_bytecode(name) for name in ("vllm", "torch")},
     dont_write_bytecode=bool(sys.flags.dont_write_bytecode),
+    torch=torch,
+    torch_cuda=torch_cuda,
+    torch_arch=torch_arch,
+    nccl=nccl,
 )
 print(json.dumps(facts.to_json(), sort_keys=True))

@@ -659,8 +659,34 @@ class ImageFacts(Contract):
     ray_dashboard_error: Optional[str] = None
     bytecode: dict = field(default_factory=dict)  # vllm, torch -> whether most of their sources have bytecode
     dont_write_bytecode: bool = False  # the image runs Python with PYTHONDONTWRITEBYTECODE
+    torch: Optional[str] = None  # torch's version; None: no torch
+    torch_cuda: Optional[str] = None  # the CUDA torch was built for (torch/version.py `cuda`): what the driver must run
+    torch_arch: Optional[list] = None  # the GPU code torch carries (torch._C._cuda_getArchFlags: sm_90, compute_120 …)
+    nccl: Optional[str] = None  # the NCCL the image's torch loads (the nvidia-nccl-cu* package's version)
 
     OMIT_NONE = ("ray_dashboard_error",)
+
+
+@dataclass(frozen=True)
+class HostGpu(Contract):
+    name: str
+    compute_cap: Optional[str] = None  # "12.1" on a GB10 (nvidia-smi's compute_cap)
+
+
+@dataclass(frozen=True)
+class HostFacts(Contract):
+    """What host_facts.py prints of a node's host (over SSH, not in a container); None where the host cannot say."""
+
+    kernel: Optional[str] = None
+    os: Optional[str] = None
+    driver: Optional[str] = None  # the NVIDIA driver, "580.95.05"
+    cuda: Optional[str] = None  # the highest CUDA the driver supports, "13.0" (nvidia-smi's header)
+    gpus: Optional[List[HostGpu]] = None
+    docker_runtimes: Optional[list] = None
+    cdi_nvidia: Optional[bool] = None
+    toolkit: Optional[str] = None  # the NVIDIA Container Toolkit's version
+    rdma_core: Optional[str] = None
+    nic_firmware: Optional[str] = None  # the fabric interface's firmware (`ethtool -i`)
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,8 @@ def test_what_vllm_runs_and_what_the_endpoint_says_of_it_come_from_the_release()
 @pytest.mark.parametrize("variant", ["prod", "dev", "staging", "mp"])
 def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(variant):
     """The URNs of these stacks as the program made them before deployments existed (recorded at 2ecc6e7):
-    an existing stack previews with no resource removed or renamed; what is added is the edge, vLLM's own key and the smoke test through the edge."""
+    an existing stack previews with no resource removed or renamed; what is added is the edge, vLLM's own key and the
+    smoke test through the edge, and each node's host check (#68)."""
     from tests.program.test_program import stack_file
 
     expected = json.loads((HERE / "single_model_urns.json").read_text())[variant]
@@ -304,6 +305,7 @@ def test_a_single_model_stack_keeps_every_resource_it_had_before_deployments(var
         f"{head}-edge-image",
         "vllm-api-key",
         "spark-vllm-endpoint-smoke",
+        *(f"{node['name']}-host-check" for node in cfg["nodes"]),
     }
 
 

@@ -50,7 +50,15 @@ def with_clock_check(monkeypatch):
 
 def test_the_list_holds_every_check_in_the_order_its_stages_run():
     names = [check.name for check in CHECKS]
-    assert names == ["fabric-gate", "preflight", "model-fingerprint", "image-check", "gpu-check", "fabric-nccl"]
+    assert names == [
+        "fabric-gate",
+        "preflight",
+        "model-fingerprint",
+        "image-check",
+        "host-check",
+        "gpu-check",
+        "fabric-nccl",
+    ]
     assert [check.stage for check in CHECKS] == sorted(
         (check.stage for check in CHECKS), key=[Stage.FABRIC, Stage.NODE, Stage.ACROSS].index
     )

@@ -464,6 +464,7 @@ def test_adding_a_node_touches_that_node_and_the_serve():
             "model-fingerprint",
             "gpu-check",
             "image-check",
+            "host-check",
             "supervisor",
         )
         + ("guard-host", "guard", "guard-ready")  # network.guard is on in the prod stack

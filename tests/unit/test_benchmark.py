@@ -61,9 +61,9 @@ def test_a_tiny_run_reports_every_target(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert code in (0, 1)
     rows = re.findall(r"^\s+(\d+) \|\s+(\d+) \((\d+)\)", out, re.M)
-    # 15 per node + 14 (the edge's 4, vLLM's key, the smoke test through the edge)
-    assert [(int(n), int(total)) for n, total, _ in rows] == [(2, 44), (3, 59)]
-    for target in ("ratio at 3 nodes", "resources linear in nodes: 15 resources per added node",
+    # 16 per node (the host check's included) + 14 (the edge's 4, vLLM's key, the smoke test through the edge)
+    assert [(int(n), int(total)) for n, total, _ in rows] == [(2, 46), (3, 62)]
+    for target in ("ratio at 3 nodes", "resources linear in nodes: 16 resources per added node",
                    "time linear in nodes", "longest chain at 2 = 14, at 3 = 14"):  # fmt: skip
         assert re.search(rf"^(PASS|FAIL): {re.escape(target)}", out, re.M), target
     for cls in ("docker:index/container:Container", "command:remote:Command", "pulumi:providers:docker"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from components.resources.checks.fabric_gate import FabricGate
 from components.resources.checks.gpu_check import GpuCheck
+from components.resources.checks.host_check import HostCheck
 from components.resources.checks.image_check import ImageCheck
 from components.resources.checks.model_fingerprint import ModelFingerprint
 from components.resources.checks.nccl import NcclTest
@@ -17,6 +18,7 @@ CHECKS: tuple[NodeCheck, ...] = (
     Preflight(),  # the first NODE check: the node's others run once it passed
     ModelFingerprint(),
     ImageCheck(),
+    HostCheck(),  # reads the image check's facts
     GpuCheck(),
     NcclTest(),
 )

@@ -9,9 +9,10 @@ import pulumi
 
 from components.config import ClusterConfig
 from components.plan.preflight import image_check_argv, image_problems, image_warnings
-from components.plan.programs import script
+from components.plan.programs import last_json, script
 from components.plan.shell import shell_line, with_script
 from components.resources.checks.protocol import Check, OnNode, Stage
+from components.scripts.node_contract import ImageFacts
 
 
 class ImageCheckError(Exception):
@@ -41,5 +42,7 @@ class ImageCheck(Check):
     def triggers(self, on: OnNode) -> list[pulumi.Input]:
         return [on.image_id]
 
-    def judge(self, cfg: ClusterConfig, outs: dict[str, str], found: dict[str, Any]) -> bool:
-        return image_fit(cfg, outs)
+    def judge(self, cfg: ClusterConfig, outs: dict[str, str], found: dict[str, Any]) -> dict[str, Any]:
+        """Every node's image facts (the host check holds them against its host), once every image fits."""
+        image_fit(cfg, outs)
+        return {name: ImageFacts.from_json(last_json(out)).to_json() for name, out in outs.items()}
