@@ -461,6 +461,12 @@ class ReleaseConfig(_Model):
         description="With promoteFrom: refuse a release with vllm.speculative whose benchmark made fewer output "
         "tokens/s than this multiple of the same load without speculation (e.g. 1.2), or that has no such figure.",
     )
+    same_hosts: list[Literal["kernel", "os", "driver", "cuda", "gpus", "toolkit", "rdmaCore", "nicFirmware"]] = Field(
+        default_factory=list,
+        description="With promoteFrom: refuse the release where this stack's nodes differ from those it was "
+        "validated on in these host facts (e.g. [driver, kernel, nicFirmware]); a difference in any other is a "
+        "warning naming both.",
+    )
 
 
 class MetricsConfig(_Model):

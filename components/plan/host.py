@@ -152,3 +152,53 @@ def _cuda_problems(where: str, host: HostFacts, image: ImageFacts, warnings: lis
             f"the newer toolkit built does not load) — a driver for CUDA {image.torch_cuda} or later avoids it"
         )
     return []
+
+
+# What a release records of the hosts it ran on (its `hosts`): record key -> the fact of HostFacts
+HOST_RECORD = {"kernel": "kernel", "os": "os", "driver": "driver", "cuda": "cuda", "toolkit": "toolkit",
+               "rdmaCore": "rdma_core", "nicFirmware": "nic_firmware"}  # fmt: skip
+
+
+def host_record(hosts: Mapping[str, dict]) -> dict[str, list[str]]:
+    """Each fact's values over the nodes (the host check's finding: node -> facts), distinct and sorted, what a host
+    could not say left out; the GPUs as "name (compute capability)"."""
+    record = {
+        key: sorted({str(facts[fact]) for facts in hosts.values() if facts.get(fact)})
+        for key, fact in HOST_RECORD.items()
+    }
+    record["gpus"] = sorted(
+        {
+            f"{gpu['name']} ({gpu.get('compute_cap') or '?'})"
+            for facts in hosts.values()
+            for gpu in facts.get("gpus") or []
+        }
+    )
+    return record
+
+
+def host_differences(validated: Optional[dict], here: dict) -> dict[str, tuple[list, list]]:
+    """Where this stack's hosts differ from those a release was validated on: fact -> (there, here), for each fact
+    both sides know (a release from before hosts were recorded: none)."""
+    if not isinstance(validated, dict):
+        return {}
+    return {
+        key: (list(validated[key]), list(here[key]))
+        for key in here
+        if validated.get(key) and here.get(key) and set(validated[key]) != set(here[key])
+    }
+
+
+def promotion_host_verdict(cfg: ClusterConfig, origin: str, validated: Optional[dict], here: dict) -> HostVerdict:
+    """A promoted release's hosts against this stack's: a difference in a fact release.sameHosts names is refused,
+    any other is a warning, each naming both sides."""
+    problems, warnings = [], []
+    for key, (there, mine) in sorted(host_differences(validated, here).items()):
+        line = (
+            f"promoteFrom {origin!r}: {key} {', '.join(there)} where the release was validated, {', '.join(mine)} here"
+        )
+        if key in cfg.release.same_hosts:
+            problems.append(f"{line} (release.sameHosts) — bring this stack's nodes to what {origin} ran, or validate "
+                            f"the release on hosts like these first")  # fmt: skip
+        else:
+            warnings.append(line)
+    return HostVerdict(problems, warnings)

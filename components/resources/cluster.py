@@ -455,14 +455,14 @@ def _release(
     # per key, and the release is an output, whose dependencies nothing reads.
     parts = pulumi.Output.all(
         pinned, release.model, release.engine, validated, server.benchmark_result, server.validation,
-        server.baseline_result, gate.vllm,
+        server.baseline_result, gate.vllm, gate.hosts,
     )  # fmt: skip
 
     def record(p: list, figures: Optional[dict] = None) -> dict:
         speculation = speculation_record(p[2], p[5], p[6], p[4])
         return release_record(
             p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4], speculation=speculation,
-            vllm=p[7],
+            vllm=p[7], hosts=p[8],
         )  # fmt: skip
 
     if not with_fabric:

@@ -13,6 +13,7 @@ import pulumi_command as command
 
 from components.config import ClusterConfig
 from components.plan.engine import EngineSettings
+from components.plan.host import host_record, promotion_host_verdict
 from components.plan.memory import MemoryPlanError
 from components.plan.memory import message as memory_message
 from components.plan.preflight import (
@@ -27,6 +28,7 @@ from components.plan.shell import shell_line
 from components.plan.speculation import SpeculationError, speculation_problems
 from components.plan.speculation import message as speculation_message
 from components.resources.checks import OnNode
+from components.resources.checks.host_check import HostCheck
 from components.resources.checks.image_check import ImageCheck
 from components.resources.checks.model_fingerprint import ModelFingerprint
 from components.resources.checks.preflight import Preflight
@@ -77,6 +79,7 @@ class Gate:
     memory_plan: pulumi.Output  # the `memoryPlan` output; fails the gate when the model does not fit
     image_id: pulumi.Output[str]  # the one image id every node runs
     vllm: pulumi.Output  # the image's vLLM and the rules it is held to (vllm_found)
+    hosts: pulumi.Output  # what the nodes' hosts run, as the release records it (hosts_found)
 
 
 def checked_model(release: ReleaseSource, transfer: Transfer) -> pulumi.Output[str]:
@@ -130,19 +133,45 @@ def create_gate(
     found = node_stage(cfg, checks, fabric_verdict.found)
     found = across_stage(parent, cfg, checks, {n: hosts[n].connection for n in names}, found)
     vllm = vllm_found(cfg, release, checks, found, key)
+    host = hosts_found(cfg, release, found)
     plan = _memory_plan(cfg, release, checks, found, vllm, co_tenants or {}, key)
     # Each verdict and the plan only have to have passed (they raise when not): a bool joins the gate, not a
     # finding, whose per-node dict Output.all would unwrap into an Output per key.
     passed_all = [found[name].apply(lambda _: True) for name in found if name not in fabric_verdict.found]
     model_id = found.get(ModelFingerprint.name, pulumi.Output.from_input(""))
-    line = pulumi.Output.all(same_image_id, model_id, plan.apply(lambda _: True), vllm, *passed_all).apply(
-        lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1])
-    )
+    line = pulumi.Output.all(
+        same_image_id, model_id, plan.apply(lambda _: True), vllm, host.apply(lambda _: True), *passed_all
+    ).apply(lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1]))
     passed = command.local.Command(
         cfg.named("checks-passed", alone="spark-vllm"), create=line, opts=pulumi.ResourceOptions(parent=parent)
     )
     figures = checked_fabric(found, fabric_verdict.figures)
-    return Gate(passed=passed, checks=checks, fabric=figures, memory_plan=plan, image_id=same_image_id, vllm=vllm)
+    return Gate(
+        passed=passed, checks=checks, fabric=figures, memory_plan=plan, image_id=same_image_id, vllm=vllm, hosts=host
+    )
+
+
+class HostPromotionError(Exception):
+    """This stack's hosts differ from those the promoted release was validated on, in a fact release.sameHosts
+    names."""
+
+
+def hosts_found(cfg: ClusterConfig, release: ReleaseSource, found: dict[str, pulumi.Output]) -> pulumi.Output:
+    """What the replica's hosts run (the host check's facts as a release records them); with promoteFrom, held to
+    the hosts the release was validated on (components/plan/host.py promotion_host_verdict): a difference
+    release.sameHosts names is refused before any container, any other is a warning."""
+    validated = release.hosts if release.hosts is not None else pulumi.Output.from_input(None)
+
+    def judge(parts: list) -> dict:
+        record = host_record(parts[0])
+        verdict = promotion_host_verdict(cfg, release.origin, parts[1], record)
+        if verdict.problems:
+            raise HostPromotionError("\n".join(verdict.problems))
+        for warning in verdict.warnings:
+            pulumi.log.warn(warning)
+        return record
+
+    return pulumi.Output.all(found[HostCheck.name], validated).apply(judge)
 
 
 def vllm_found(

@@ -37,6 +37,8 @@ class ReleaseSource:
     baseline: Optional[pulumi.Output[Optional[dict]]] = None
     # a promoted release: what it recorded of its image's vLLM and the rules it was validated under (vllm_record)
     vllm: Optional[pulumi.Output[Optional[dict]]] = None
+    # a promoted release: the hosts it was validated on (components/plan/host.py host_record)
+    hosts: Optional[pulumi.Output[Optional[dict]]] = None
 
 
 def floor_problems(release: dict[str, Any], stack: str, floors: ReleaseConfig | None) -> list[str]:
@@ -205,6 +207,7 @@ def release_source(cfg: ClusterConfig, deployment: str | None = None) -> Release
         origin=stack,
         baseline=release.apply(kept_baseline),
         vllm=release.apply(lambda r: r.get("vllm")),
+        hosts=release.apply(lambda r: r.get("hosts")),
     )
 
 
@@ -232,6 +235,7 @@ def _deployment_source(cfg: ClusterConfig, deployment: str) -> ReleaseSource:
         origin=asked.stack,
         baseline=release.apply(lambda r: kept_baseline(r["deployments"][deployment])),
         vllm=release.apply(lambda r: r["deployments"][deployment].get("vllm")),
+        hosts=release.apply(lambda r: r["deployments"][deployment].get("hosts")),
     )
 
 
@@ -281,12 +285,14 @@ def release_record(
     benchmark: dict | None = None,
     speculation: dict | None = None,
     vllm: dict | None = None,
+    hosts: dict | None = None,
 ) -> dict[str, Any]:
     """What this stack runs and whether it was validated; `fabric`: the fabric gate's figures on this
     stack's nodes, `benchmark`: how fast it served there, with the settings that produced it (what the
     release ran on and did; not part of the fingerprint, which is what it is); `speculation`: with
     vllm.speculative, how its answers compared and what it gained (speculation_record); `vllm`: the image's vLLM and
-    the rules the program held it to (components/plan/preflight.py vllm_record)."""
+    the rules the program held it to (components/plan/preflight.py vllm_record); `hosts`: what the nodes it ran on
+    run (components/plan/host.py host_record: a promotion compares its own with them)."""
     body = {"image": image, "model": model, "engine": engine.release()}
     record = {**body, "validated": validated, "fingerprint": fingerprint(body), "promotedFrom": origin}
     if fabric is not None:
@@ -301,6 +307,8 @@ def release_record(
         record["speculative"] = speculation
     if vllm:  # the image's vLLM and the rules it was held to (a promotion holds it to the same: vllm_record)
         record["vllm"] = {key: vllm.get(key) for key in ("version", "heldTo", "rules")}
+    if hosts:
+        record["hosts"] = hosts
     return record
 
 

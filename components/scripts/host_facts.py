@@ -109,7 +109,7 @@ driver, cuda, gpus = nvidia()
 print(
     json.dumps(
         {
-            "kernel": platform.release() or None,
+            "kernel": said(["uname", "-r"]) or platform.release() or None,
             "os": os_release(),
             "driver": driver,
             "cuda": cuda,

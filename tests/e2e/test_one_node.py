@@ -9,6 +9,7 @@ test_deployments.py; MTP: test_speculative.py)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -45,6 +46,9 @@ def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_
     assert set(run.changed) == set(preview.changed)
     held = rules((0, 34, 0))
     assert run.outputs["release"]["vllm"] == {"version": "0.34.0", "heldTo": "0.34.0", "rules": held.fingerprint()}
+    # the host check passed on a host with no NVIDIA driver: what it could say, in the release (#68)
+    hosts = run.outputs["release"]["hosts"]
+    assert hosts["kernel"] == [os.uname().release] and hosts["driver"] == [] and hosts["gpus"] == []
     assert "Loading model from scratch" in one_node.container_file(
         node, "spark-vllm-node-1", "/run/spark-vllm/vllm.log"
     )

@@ -9,6 +9,7 @@ import contextlib
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -235,3 +236,89 @@ def test_a_node_showing_another_host_key_is_refused(sim_cluster, image, model_di
     message = failed_deploy(sim_cluster, new_stack(), config, secrets)
     # the first step on the node: pulumi-command retries, then names the mismatch
     assert "error: after 3 failed attempts: ssh: handshake failed: ssh: host key mismatch" in message
+
+
+def host_tools(folder, nvidia_smi: str, kernel: str | None = None, gpu_runtime: bool = True):
+    """A node's own nvidia-smi (its GPU and driver, as host_facts.py and the preflight ask them), uname, and Docker's
+    NVIDIA support (`docker run --gpus all … nvidia-smi -L`, the GPU check, answered as a host with the Container
+    Toolkit answers it; any other docker command is the real one), shown at /usr/local/sbin (the first of root's
+    PATH) to that node's SSH sessions only."""
+    folder.mkdir(parents=True, exist_ok=True)
+    scripts = {"nvidia-smi": nvidia_smi}
+    if kernel:
+        scripts["uname"] = f'if [ "$1" = -r ]; then echo {kernel}; else exec {shutil.which("uname")} "$@"; fi\n'
+    if gpu_runtime:
+        scripts["docker"] = 'case " $* " in *" --gpus "*) echo "GPU 0: (claimed by the test)"; exit 0 ;; esac\n' + (
+            f'exec {shutil.which("docker")} "$@"\n'
+        )
+    for name, body in scripts.items():
+        (folder / name).write_text("#!/bin/sh\n" + body)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def nvidia_smi(gpu: str, capability: str, driver: str, cuda: str, memory: str) -> str:
+    return (
+        'case "$1" in\n'
+        f"--query-gpu=name,compute_cap,driver_version) echo '{gpu}, {capability}, {driver}' ;;\n"
+        f"--query-gpu=memory.total,memory.free) echo '{memory}' ;;\n"
+        f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}   |' ;;\n"
+        "esac\n"
+    )
+
+
+H100 = nvidia_smi("NVIDIA H100 80GB HBM3", "9.0", "580.95.05", "13.0", "81559, 81000")
+GB10_OLD_DRIVER = nvidia_smi("NVIDIA GB10", "12.1", "575.57.08", "12.9", "[N/A], [N/A]")
+
+
+@contextlib.contextmanager
+def claimed_hosts(cluster, tmp_path, tools: dict, rdma: bool = True):
+    """Each node's tools (node -> folder of host_tools) and, with `rdma`, an RDMA device on its fabric."""
+    with contextlib.ExitStack() as stack:
+        for node in cluster.nodes:
+            stack.enter_context(cluster.node_local_view(node, Path("/usr/local/sbin"), tools[node.name]))
+            if rdma:
+                folder = tmp_path / f"rdma-{node.name}"
+                add_device(folder, "rocep1s0f1", node.fabric_interface, node.fabric_ip)
+                stack.enter_context(cluster.node_rdma_view(node, folder))
+        yield
+
+
+def test_hosts_that_cannot_run_the_image_are_refused_before_any_container_naming_each_node(
+    sim_cluster, image, model_dir, new_stack, tmp_path
+):
+    """#68 on simulated nodes with GPUs claimed: an image whose torch is built for CUDA 13.0 with sm_80 and sm_90
+    code only; node-1 an H100 (9.0) on the DGX OS kernel the table names, NCCL over RDMA; node-2 a GB10 (12.1) on a
+    driver for CUDA 12.9. Each refused, nothing started. Then hosts without Docker's NVIDIA support: the GPU
+    check's refusal."""
+    from tests.e2e.image.build import publish_with_torch
+    from tests.e2e.rehearsal import CACHE_DIR
+
+    torch_image = publish_with_torch(CACHE_DIR, sim_cluster.nodes[0].docker_host, image.ref, "13.0", "sm_80 sm_90")
+    config, secrets = rehearsal_config(sim_cluster, torch_image, model_dir)
+    config["container"] = {**config["container"], "gpus": True}
+    config["nccl"] = {"ibDisable": False}  # NCCL over RDMA: the fabric gate sees each node's device
+    config["nodes"][1]["rdmaDevices"] = ["rocep1s0f1"]
+    tools = {
+        "node-1": host_tools(tmp_path / "tools-1", H100, kernel="7.0.0-1019-nvidia"),
+        "node-2": host_tools(tmp_path / "tools-2", GB10_OLD_DRIVER),
+    }
+    with claimed_hosts(sim_cluster, tmp_path, tools):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "host check node-1: kernel 7.0.0-1019-nvidia: NCCL over RoCE fails at start" in message
+    assert (
+        "host check node-2: the image's torch 2.11.0 is built for CUDA 13.0, which needs NVIDIA driver 580" in message
+    )
+    assert "the node runs driver 575.57.08 (CUDA 12.9)" in message
+    assert (
+        "host check node-2: the image's torch 2.11.0 carries GPU code for sm_80 sm_90 and none that runs on the "
+        "node's NVIDIA GB10 (compute capability 12.1)" in message
+    )
+    assert "host check node-1: the image's torch" not in message  # its H100 runs sm_90, its driver CUDA 13.0
+    # good hosts (an H100 each, a known kernel) without the Container Toolkit
+    config["nccl"] = {"ibDisable": True}
+    plain = {name: host_tools(tmp_path / f"plain-{name}", H100, gpu_runtime=False) for name in ("node-1", "node-2")}
+    with claimed_hosts(sim_cluster, tmp_path, plain, rdma=False):
+        message = failed_deploy(sim_cluster, new_stack(), config, secrets)
+    assert "preflight node-1: no GPU visible in a container (--gpus all)" in message
+    assert "host check" not in message

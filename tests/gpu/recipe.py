@@ -162,7 +162,8 @@ def call(
         print(f"recipe: {name}/{run.name}: {' '.join(argv[3:])} ({left:.0f} s left)", flush=True)
         with open(folder / "console.log", "w") as console:
             process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       env=dict(environ if environ is not None else os.environ))  # fmt: skip
+                                       env=dict(environ if environ is not None else os.environ),
+                                       preexec_fn=interruptible)  # fmt: skip
             code = watch(process, console, deadline)
         took = time.monotonic() - started
         packed = pack(folder, out, run.name)
@@ -171,6 +172,14 @@ def call(
             failed.append(run.name)
     print(f"recipe: {name}: {'every run passed' if not failed else 'failed: ' + ', '.join(failed)}")
     return 1 if failed else 0
+
+
+def interruptible() -> None:
+    """In the run's process before it starts: SIGINT as Python takes it (KeyboardInterrupt), whatever this process
+    inherited. A command started in the background by a shell without job control (`cmd &` in a script, as a CI
+    job or a device call may be) ignores SIGINT, its children too, and Python leaves an ignored SIGINT ignored: the
+    run would not stop at the call's time but be killed 20 s later, its log unwritten (CI, 2026-12-06)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def watch(process: subprocess.Popen, console, deadline: float) -> int:

@@ -81,3 +81,64 @@ def test_a_host_that_cannot_say_is_not_refused():
     unknown = {fact: None for fact in FakeCloud.host_facts}
     run_program(prod(), SECRETS, stack="prod", mocks=Host(node=unknown, image={"torch": None, "torch_cuda": None,
                                                                               "torch_arch": None, "nccl": None}))  # fmt: skip
+
+
+STAGING = "organization/spark-vllm/staging"
+
+
+def promoting(hosts: dict | None, node: dict | None = None) -> Host:
+    """prod promoting staging's release (validated on `hosts`), spark-02 on the host `node` describes."""
+    from tests.program.test_promotion import release
+
+    cloud = Host(node=node)
+    cloud.stack_outputs = {STAGING: {"release": release(**({"hosts": hosts} if hosts is not None else {}))}}
+    return cloud
+
+
+def promoted(**changes) -> dict:
+    cfg = prod(promoteFrom=STAGING, **changes)
+    del cfg["image"], cfg["model"]
+    return cfg
+
+
+def test_the_release_records_the_hosts_it_ran_on_and_no_fingerprint_changes():
+    run = shared_run(prod(), SECRETS, stack="prod")
+    assert run.exports["release"]["hosts"] == {
+        "kernel": ["6.17.0-1032-nvidia"], "os": ["Ubuntu 24.04.3 LTS"], "driver": ["580.95.05"], "cuda": ["13.0"],
+        "gpus": ["NVIDIA GB10 (12.1)"], "toolkit": ["1.18.0"], "rdmaCore": ["50.0-2ubuntu0.2"],
+        "nicFirmware": ["28.45.4028"],
+    }  # fmt: skip
+    other = run_program(prod(), SECRETS, stack="prod", mocks=Host(node={"driver": "580.65.06"}))
+    assert other.exports["release"]["hosts"]["driver"] == ["580.65.06", "580.95.05"]
+    assert other.exports["release"]["fingerprint"] == run.exports["release"]["fingerprint"]
+
+
+def test_a_promotion_names_each_host_fact_that_differs_and_refuses_those_release_same_hosts_names(caplog):
+    validated = dict(shared_run(prod(), SECRETS, stack="prod").exports["release"]["hosts"])
+    with caplog.at_level("WARNING"):
+        run_program(promoted(), SECRETS, stack="prod", mocks=promoting(validated, {"driver": "580.65.06"}))
+    warned = [r.getMessage() for r in caplog.records if "where the release was validated" in r.getMessage()]
+    assert warned == [f"promoteFrom '{STAGING}': driver 580.95.05 where the release was validated, 580.65.06, "
+                      "580.95.05 here"]  # fmt: skip
+    cloud = promoting(validated, {"driver": "580.65.06", "nic_firmware": "28.43.1014"})
+    said = refused(cloud, promoted(release={"sameHosts": ["driver", "nicFirmware"]}))
+    assert "driver 580.95.05 where the release was validated, 580.65.06, 580.95.05 here (release.sameHosts)" in said
+    assert "nicFirmware 28.45.4028 where the release was validated, 28.43.1014, 28.45.4028 here" in said
+    # the same hosts, or a release recorded before hosts were: nothing to say
+    run_program(promoted(release={"sameHosts": ["driver"]}), SECRETS, stack="prod", mocks=promoting(validated))
+    run_program(promoted(release={"sameHosts": ["driver"]}), SECRETS, stack="prod",
+                mocks=promoting(None, {"driver": "580.65.06"}))  # fmt: skip
+
+
+def test_release_same_hosts_takes_only_facts_a_release_records():
+    with pytest.raises(Exception, match=r"release\.sameHosts\[0\]: 'bios' — Input should be 'kernel'"):
+        run_program(promoted(release={"sameHosts": ["bios"]}), SECRETS, stack="prod", mocks=promoting(None))
+
+
+def test_each_deployment_records_the_hosts_of_its_own_nodes():
+    from tests.program.test_deployments_program import run_fleet
+
+    deployments = run_fleet().exports["release"]["deployments"]
+    assert {name: each["hosts"]["gpus"] for name, each in deployments.items()} == {
+        name: ["NVIDIA GB10 (12.1)"] for name in ("big", "coder", "small")
+    }

@@ -687,6 +687,29 @@ def publish_played(cache_dir: Path, docker_host: str, base_ref: str, version: st
     return _publish_derived(cache_dir, docker_host, remote, base_ref, tree, PLAYS_DOCKERFILE)
 
 
+TORCH_REPO = "spark-vllm-rehearsal-torch"
+TORCH_DOCKERFILE = "COPY site /opt/site\n"
+
+
+def publish_with_torch(cache_dir: Path, docker_host: str, base_ref: str, cuda: str, arch: str) -> str:
+    """The rehearsal image with a torch that says what a real one's files and library say, and nothing else: its
+    version and dist-info as pip leaves them, torch/version.py's `cuda`, `torch._C._cuda_getArchFlags()` (`arch`,
+    space-separated, as torch 2.11.0+cu130 gives "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"). What the image probe
+    reads for the host check (components/plan/host.py); nothing in the stand-in imports torch. Returns its
+    registry reference."""
+    tree = Path(cache_dir) / f"torch-{cuda}-{arch.replace(' ', '-')}"
+    site = tree / "site"
+    (site / "torch").mkdir(parents=True, exist_ok=True)
+    (site / "torch-2.11.0.dist-info").mkdir(exist_ok=True)
+    (site / "torch-2.11.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n")
+    (site / "torch" / "version.py").write_text(f"__version__ = '2.11.0'\ncuda: Optional[str] = {cuda!r}\n")
+    (site / "torch" / "__init__.py").write_text(
+        f"class _C:\n    @staticmethod\n    def _cuda_getArchFlags():\n        return {arch!r}\n"
+    )
+    remote = _derived_ref(base_ref.split("/", 1)[0], base_ref, TORCH_REPO, tree, TORCH_DOCKERFILE)
+    return _publish_derived(cache_dir, docker_host, remote, base_ref, tree, TORCH_DOCKERFILE)
+
+
 def _archive_id(cache_dir: Path) -> str:
     archive = archive_path(cache_dir)
     return archive_image_id(archive) if archive.exists() else ""
