@@ -183,7 +183,10 @@ class ClusterConfig(ModelSettings, _Machines):
     )
     ssh: SshConfig = Field(default_factory=SshConfig, description="How the remote commands reach the nodes.")
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig, description="How fast it serves, after deploy.")
-    release: ReleaseConfig = Field(default_factory=ReleaseConfig, description="What a promoted release must meet: floors of its figures, the hosts it was validated on.")
+    release: ReleaseConfig = Field(
+        default_factory=ReleaseConfig,
+        description="What a promoted release must meet: floors of its figures, the hosts it was validated on.",
+    )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus targets, and a Prometheus.")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="Security switches.")
     deployments: list[DeploymentConfig] = Field(
