@@ -19,7 +19,6 @@
 # torch, torch_cuda, torch_arch, nccl: torch's version, the CUDA it was built for, the GPU code it carries, the
 # NCCL it loads: what the host check (components/plan/host.py) holds against the node's driver and GPUs.
 # Standard library only.
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -28,11 +27,18 @@ import shutil
 import subprocess
 import sys
 
+try:
+    import importlib.metadata as metadata
+except ImportError:  # Python 3.7 (no image with a vLLM this program runs has it): the versions are then unknown
+    metadata = None
+
 
 def version(name):
+    if metadata is None:
+        return None
     try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
         return None
 
 

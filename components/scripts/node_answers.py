@@ -62,7 +62,7 @@ def first_difference(mine, theirs):
     else:
         a, b = mine.get("text") or "", theirs.get("text") or ""
         unit = "character"
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+    for index, (x, y) in enumerate(zip(a, b)):  # noqa: B905 - Python 3.7 has no strict=
         if x != y:
             return index, f"{unit} {index}: {x!r} here, {y!r} without speculation"
     if len(a) != len(b):

@@ -234,7 +234,8 @@ class ArchiveCheck:
             raise ArchiveError(f"holds {count} images, not the one asked for")
         image = found[0]
         config = image.get("Config")
-        digest = posixpath.basename(config).removesuffix(".json") if isinstance(config, str) else None
+        name = posixpath.basename(config) if isinstance(config, str) else None
+        digest = name[: -len(".json")] if name and name.endswith(".json") else name  # (str.removesuffix: 3.9)
         if self.by_index:
             found, said = self.index_digest, f"sha256:{self.index_digest}" if self.index_digest else "index.json names"
         else:
