@@ -52,7 +52,9 @@ class KnownBad:
 
 
 def _rdma_between_nodes(cfg: ClusterConfig) -> bool:
-    return len(cfg.nodes) > 1 and not cfg.nccl.ib_disable
+    """NCCL between the nodes over RDMA: several nodes, GPUs in the containers (without, vLLM does not use NCCL),
+    nccl.ibDisable off."""
+    return len(cfg.nodes) > 1 and cfg.container.gpus and not cfg.nccl.ib_disable
 
 
 KNOWN_BAD: tuple[KnownBad, ...] = (
@@ -104,7 +106,8 @@ def host_verdict(cfg: ClusterConfig, hosts: Mapping[str, HostFacts], images: Map
     for name, host in hosts.items():
         image = images.get(name) or ImageFacts()
         where = f"host check {name}"
-        problems += _cuda_problems(where, host, image, warnings)
+        if cfg.container.gpus:  # (without GPUs in the containers neither the driver nor the GPU code is used)
+            problems += _cuda_problems(where, host, image, warnings)
         if cfg.container.gpus and image.torch_arch:
             for gpu in host.gpus or []:
                 if gpu.compute_cap and not arch_runs(image.torch_arch, gpu.compute_cap):

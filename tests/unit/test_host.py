@@ -190,3 +190,11 @@ def test_nodes_on_different_drivers_or_kernels_warn_naming_each():
         f"host check: the nodes run different kernels ({first} 6.17.0-1032-nvidia, {second} 6.17.0-1033-nvidia) — "
         "run the same kernel on every node (a difference is where a problem on one node of two starts)"
     ]
+
+
+def test_without_gpus_in_the_containers_neither_the_driver_nor_the_gpu_code_is_held_to_the_image():
+    cfg = load_cluster_config(config(container__gpus=False))
+    node = cfg.nodes[0].name
+    host = HostFacts.from_json({**SPARK, "driver": "470.256.02", "cuda": "11.4"})
+    image = ImageFacts.from_json({**CU130, "torch_arch": ["sm_80"]})
+    assert host_verdict(cfg, {node: host}, {node: image}) == host_verdict(cfg, {node: HostFacts.from_json(SPARK)}, {})
