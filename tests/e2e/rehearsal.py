@@ -158,8 +158,8 @@ def rehearsal_config(
 
 STAGES = {
     "image on every node": lambda e: e.type.endswith("RemoteImage"),
-    "node checks (fabric gate, preflight, model fingerprint)": lambda e: e.name.endswith(
-        ("-fabric-gate", "-preflight", "-model-fingerprint", "-gpu-check")
+    "node checks (fabric gate, preflight, model fingerprint, image, host)": lambda e: e.name.endswith(
+        ("-fabric-gate", "-preflight", "-model-fingerprint", "-image-check", "-host-check", "-gpu-check")
     ),
     "Ray formation (containers → all nodes joined)": lambda e: e.name.endswith("-cluster-ready"),
     "vLLM start → ready": lambda e: e.name.endswith("-ready") and "cluster" not in e.name,

@@ -51,7 +51,7 @@ def test_three_nodes_the_dev_way_node_added_then_pipeline_parallel_with_hostile_
         f"node-3-{r}"
         for r in (
             "host-key", "docker", "pull", "image", "fabric-gate", "preflight", "model-fingerprint", "image-check",
-            "container", "supervisor", "joined",
+            "host-check", "container", "supervisor", "joined",
         )
     }  # fmt: skip
     # the head and node-2 keep their containers and images: nothing of theirs shows as replaced
