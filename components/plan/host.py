@@ -107,17 +107,7 @@ def host_verdict(cfg: ClusterConfig, hosts: Mapping[str, HostFacts], images: Map
         image = images.get(name) or ImageFacts()
         where = f"host check {name}"
         if cfg.container.gpus:  # (without GPUs in the containers neither the driver nor the GPU code is used)
-            problems += _cuda_problems(where, host, image, warnings)
-        if cfg.container.gpus and image.torch_arch:
-            for gpu in host.gpus or []:
-                if gpu.compute_cap and not arch_runs(image.torch_arch, gpu.compute_cap):
-                    problems.append(
-                        f"{where}: the image's torch {image.torch} carries GPU code for {' '.join(image.torch_arch)} "
-                        f"and none that runs on the node's {gpu.name} (compute capability {gpu.compute_cap}): vLLM "
-                        "would stop with 'no kernel image is available for execution on the device' — use an image "
-                        f"whose torch is built for sm_{gpu.compute_cap.replace('.', '')} (TORCH_CUDA_ARCH_LIST)"
-                    )
-                    break
+            problems += _cuda_problems(where, host, image, warnings) + _arch_problems(where, host, image)
         for known in KNOWN_BAD:
             found = getattr(image if known.fact in ("nccl", "torch_cuda") else host, known.fact, None)
             if known.matches(found) and known.applies(cfg):
@@ -132,6 +122,21 @@ def host_verdict(cfg: ClusterConfig, hosts: Mapping[str, HostFacts], images: Map
                 "(a difference is where a problem on one node of two starts)"
             )
     return HostVerdict(problems, warnings)
+
+
+def _arch_problems(where: str, host: HostFacts, image: ImageFacts) -> list[str]:
+    """The first of the node's GPUs that the image's torch has no code for (one line: the fix is the image's)."""
+    if not image.torch_arch:
+        return []
+    for gpu in host.gpus or []:
+        if gpu.compute_cap and not arch_runs(image.torch_arch, gpu.compute_cap):
+            return [
+                f"{where}: the image's torch {image.torch} carries GPU code for {' '.join(image.torch_arch)} and none "
+                f"that runs on the node's {gpu.name} (compute capability {gpu.compute_cap}): vLLM would stop with 'no "
+                "kernel image is available for execution on the device' — use an image whose torch is built for "
+                f"sm_{gpu.compute_cap.replace('.', '')} (TORCH_CUDA_ARCH_LIST)"
+            ]
+    return []
 
 
 def _cuda_problems(where: str, host: HostFacts, image: ImageFacts, warnings: list[str]) -> list[str]:
