@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import recipe
+from tests.gpu import pack, recipe
 from tests.gpu.pack import split
 from tests.waiting import free_ports
 
@@ -31,16 +31,24 @@ STANDIN = ROOT / "tests" / "e2e" / "standin"
 # registers the node under the address of its first interface instead (ray._common.network_utils.is_localhost), so
 # the cluster wait would never see the node it expects.
 FABRIC = "127.0.0.2:lo"
+NO_APT = "#!/bin/sh\necho 'apt-get: the GPU machine has no apt sources' >&2\nexit 100\n"
 GPU_MIB = 79.6 * 1024  # the stand-in plays an 80 GiB GPU (an H100's): the plan is not this machine's memory
 
 
 def standin_env(tmp_path: Path) -> dict[str, str]:
-    """`vllm` on PATH is the stand-in, as the rehearsal image installs it."""
+    """`vllm` on PATH is the stand-in, as the rehearsal image installs it; and, as on the GPU machine, no apt
+    sources and none of the rehearsal's cache: what the lane runs besides Python (the edge's haproxy) is what
+    tests/gpu/pack.py carries, where device.sh points the lane (SPARK_VLLM_HAPROXY_ROOT). The router phase
+    fetched haproxy with `apt-get download` there on 2026-12-06 and failed: nothing here had shown it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "vllm").write_text(f'#!/bin/sh\nPYTHONPATH={STANDIN} exec {sys.executable} -m vllm_standin "$@"\n')
     (bin_dir / "vllm").chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    (bin_dir / "apt-get").write_text(NO_APT)
+    (bin_dir / "apt-get").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "SPARK_VLLM_REHEARSAL_CACHE": str(tmp_path / "no-rehearsal-cache"),
+            "SPARK_VLLM_HAPROXY_ROOT": str(pack.edge_tree())}  # fmt: skip
 
 
 def machine_args(tmp_path: Path) -> dict[str, list[str]]:
@@ -240,9 +248,14 @@ def test_device_sh_takes_its_parts_installs_once_and_makes_a_call(tmp_path):
             wheel.writestr(name, text)
         wheel.writestr("lane_probe-1.0.dist-info/RECORD", "".join(f"{name},,\n" for name in files) +
                        "lane_probe-1.0.dist-info/RECORD,,\n")  # fmt: skip
+    haproxy = tmp_path / "pack" / "haproxy" / "usr" / "sbin" / "haproxy"  # the edge's, as pack.py adds it
+    haproxy.parent.mkdir(parents=True)
+    haproxy.write_text("#!/bin/sh\necho haproxy\n")
+    haproxy.chmod(0o755)
     archive = tmp_path / "wheels.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(wheels, arcname="wheels")
+        tar.add(tmp_path / "pack" / "haproxy", arcname="haproxy")
     work = tmp_path / "tree"  # the copy of the repository the device tool runs in
     parts = work / ".gpu" / "parts"
     split(archive, parts, part_bytes=max(1, archive.stat().st_size // 2 + 1))
@@ -259,6 +272,7 @@ def test_device_sh_takes_its_parts_installs_once_and_makes_a_call(tmp_path):
                             capture_output=True, text=True, timeout=500)  # fmt: skip
     said = result.stdout + result.stderr
     assert "device: installed 1 wheels" in said and "recipe: cotenants/cotenants: exit 0" in said, said[-4000:]
+    assert f"device: the edge's haproxy from {tmp_path / 'lane' / 'haproxy'}" in said, said[-4000:]
     assert (tmp_path / "lane" / "site" / "lane_probe" / "__init__.py").exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cotenants.json", "cotenants.tar.gz",
                                                                     "nccl.json", "nccl.tar.gz"]  # fmt: skip

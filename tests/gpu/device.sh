@@ -56,6 +56,11 @@ case "${1:-}" in
       echo "device: installed $(ls "$LANE"/wheels | wc -l) wheels in $(( $(date +%s) - start )) s"
     fi
     export PYTHONPATH="$LANE/site:$PWD" PATH="$LANE/site/bin:$PATH" PYTHONUNBUFFERED=1
+    # The edge's haproxy travelled in the parts (tests/gpu/pack.py): the machine has no apt sources to fetch it.
+    if [ -x "$LANE/haproxy/usr/sbin/haproxy" ]; then
+      export SPARK_VLLM_HAPROXY_ROOT="$LANE/haproxy"
+      echo "device: the edge's haproxy from $SPARK_VLLM_HAPROXY_ROOT"
+    fi
     # NVLink multicast stays off wherever the lane runs (shared GPUs; see the device docs).
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     if [ "$what" = flags ]; then

@@ -3,7 +3,9 @@
 The GPU machine reaches no registry and takes at most ~64 MiB a call (the working tree included), so the
 wheels of tests/gpu/requirements.txt (vLLM 0.25.0, Ray 2.60.0 and what the machine lacks, pinned) are
 downloaded here once, --no-deps, for CPython 3.12 on manylinux x86_64, into a cache keyed by the pins,
-put in one uncompressed tar (wheels are zip files already: compressing them again saves under 2 %),
+put in one uncompressed tar (wheels are zip files already: compressing them again saves under 2 %)
+with the edge's haproxy (Debian's, unpacked here from `apt-get download`: the GPU machine has no apt sources, and
+the router phase runs the edge in front of vllm-router; tests/gpu/device.sh points SPARK_VLLM_HAPROXY_ROOT at it),
 and split into parts of PART_BYTES under `.gpu/parts/` (ignored by git). One part travels a call:
 tests/gpu/device.sh `receive N` puts it aside there, `run …` joins them and installs once.
 
@@ -19,6 +21,9 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from tests.e2e.cache import CACHE_DIR
+from tests.e2e.image.build import HAPROXY_PACKAGES, debian_root
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -59,6 +64,11 @@ def split(data_path: Path, out_dir: Path, part_bytes: int = PART_BYTES) -> list[
     return made
 
 
+def edge_tree() -> Path:
+    """Debian's haproxy and its libraries, unpacked (the rehearsal's cache): what the lane's edge runs there."""
+    return debian_root(CACHE_DIR, HAPROXY_PACKAGES)
+
+
 def download(requirements: list[str], into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
@@ -90,12 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     if left_out:
         found = [wheel for wheel in found if wheel.name.split("-", 1)[0].lower() not in left_out]
         key += "-without-" + "-".join(sorted(left_out))
+    haproxy = edge_tree()
+    key += "-" + hashlib.sha256((haproxy / ".complete").read_bytes()).hexdigest()[:8]  # the packages it holds
     archive = CACHE / f"wheels-{key}.tar"
     if not archive.exists():
         partial = archive.with_suffix(".tar.partial")
         with tarfile.open(partial, "w") as tar:
             for wheel in found:
                 tar.add(wheel, arcname=f"wheels/{wheel.name}")
+            tar.add(haproxy, arcname="haproxy")
         partial.rename(archive)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     made = split(archive, PARTS, args.part_mib * 1024 * 1024)
