@@ -1,8 +1,10 @@
-"""The node scripts as programs: components/scripts/ with the helpers each needs prepended, and its parameters
-in the program text (never argv or the remote environment); several chained as one program."""
+"""The node scripts as programs: each script of components/scripts/ with the modules it imports (found from its
+imports, carried by a small loader: components/scripts/node_loader.py), and its parameters in the program text
+(never argv or the remote environment); several chained as one program."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import json
@@ -13,63 +15,76 @@ from components.plan.names import (
     SUPERVISOR_IN_CONTAINER,
 )
 
-# Scripts that share code: what each needs is prepended to it (each still travels as one program).
-SCRIPT_HELPERS = {
-    "supervisor.py": (
-        "node_contract.py",
-        "node_gpu_turn.py",
-        "node_processes.py",
-        "node_gpus.py",
-        "node_memory_waits.py",
-        "node_metrics.py",
-        "node_compile_cache.py",
-        "node_vllm_output.py",
-        "node_chat.py",
-        "node_watch.py",
-        "node_vllm_watch.py",
-    ),
-    "serve_spec.py": ("node_contract.py",),
-    "serve_stop.py": ("node_contract.py",),
-    "wait_ready.py": ("node_contract.py",),
-    "smoke.py": ("node_contract.py", "node_chat.py"),
-    "node_answers.py": ("node_contract.py", "node_chat.py"),
-    "model_fingerprint.py": ("node_contract.py", "vllm_weights.py"),
-    "image_probe.py": ("node_contract.py",),
-    "hf_download.py": ("node_contract.py", "vllm_weights.py", "node_common.py"),
-    "ray_join.py": ("node_contract.py",),
-    "node_benchmark.py": ("node_contract.py",),
-    "router_keeper.py": ("node_contract.py", "node_chat.py", "node_watch.py"),
-    "nccl_bandwidth.py": ("node_contract.py",),
-    "node_fabric_gate.py": ("node_contract.py",),
-    "image_pull.py": ("node_contract.py", "docker_api.py", "node_common.py"),
-    "node_fabric_copy.py": (
-        "node_contract.py",
-        "docker_api.py",
-        "node_common.py",
-        "node_copy_channel.py",
-        "node_copy_tree.py",
-        "node_image_archive.py",
-    ),
-    "node_guard.py": ("node_contract.py",),
-}
+PACKAGE = "components.scripts"
+ENTRY = "__entry__"  # the entry script's key among a program's sources (it runs as __main__, never imported)
+
+
+def imported(source: str, name: str) -> set[str]:
+    """The components.scripts modules `source` imports (absolute imports only: a relative one names no module here)."""
+    found = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith(PACKAGE + ".")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise ValueError(f"{name}: a relative import (from {'.' * node.level}{node.module or ''}): "
+                                 f"node modules import as `from {PACKAGE}.MODULE import NAME`")  # fmt: skip
+            if node.module == PACKAGE:
+                found |= {f"{PACKAGE}.{alias.name}" for alias in node.names}
+            elif node.module and node.module.startswith(PACKAGE + "."):
+                found.add(node.module)
+    return found
+
+
+@functools.cache
+def node_modules(name: str) -> dict[str, str]:
+    """What the script `name` runs: {ENTRY: its source, module: source} for every components.scripts module it
+    reaches through its imports and theirs (none for a script of the standard library only)."""
+    files = resources.files(PACKAGE)
+    sources = {ENTRY: files.joinpath(name).read_text()}
+    waiting = sorted(imported(sources[ENTRY], name))
+    while waiting:
+        module = waiting.pop()
+        if module in sources:
+            continue
+        file = module.removeprefix(PACKAGE + ".") + ".py"
+        if not files.joinpath(file).is_file():
+            raise ValueError(f"{name} imports {module}, which components/scripts does not have")
+        sources[module] = files.joinpath(file).read_text()
+        waiting += sorted(imported(sources[module], file) - sources.keys())
+    return sources
 
 
 @functools.cache
 def script(name: str) -> str:
-    files = resources.files("components.scripts")
-    return (
-        "".join(files.joinpath(part).read_text() + "\n" for part in SCRIPT_HELPERS.get(name, ()))
-        + files.joinpath(name).read_text()
-    )
+    """The program of components/scripts/NAME: a shell script or a Python script of the standard library only as it
+    is; one that imports node modules as the loader (node_loader.py) with the sources it reaches, then its `run`."""
+    if not name.endswith(".py"):
+        return resources.files(PACKAGE).joinpath(name).read_text()
+    return program_of(name, node_modules(name))
 
 
-def script_program(name: str, params: dict[str, Any]) -> str:
+def program_of(name: str, sources: dict[str, str]) -> str:
+    """The program that runs `sources` ({ENTRY: the script's source, module: source}, as node_modules gives them)
+    as the script `name`: its source alone when it carries no module."""
+    if len(sources) <= 1:
+        return sources[ENTRY]
+    entry = f"{PACKAGE}.{name.removesuffix('.py')}"
+    modules = {(entry if key == ENTRY else key): source for key, source in sorted(sources.items())}
+    loader = resources.files(PACKAGE).joinpath("node_loader.py").read_text()
+    # the sources on a line of their own: a traceback shows the short line that runs them
+    return f"{loader}\n\nSOURCES = {modules!r}\nrun(SOURCES, {entry!r}, globals().get('PARAMS'))\n"
+
+
+def script_program(name: str, params: dict[str, Any], sources: dict[str, str] | None = None) -> str:
     """A script from components/scripts with its parameters, ready to feed to `python3 -` on stdin.
 
     Parameters travel inside the program text on stdin, never in argv or the remote environment,
-    so secrets (API key) stay out of `ps` and sshd does not need AcceptEnv.
+    so secrets (API key) stay out of `ps` and sshd does not need AcceptEnv. `sources`: other sources to carry
+    than node_modules(name) finds (a test's altered script).
     """
-    return f"PARAMS = {json.dumps(json.dumps(params, sort_keys=True))}\n{script(name)}"
+    program = script(name) if sources is None else program_of(name, sources)
+    return f"PARAMS = {json.dumps(json.dumps(params, sort_keys=True))}\n{program}"
 
 
 def last_json(stdout: str) -> dict[str, Any]:

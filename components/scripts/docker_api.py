@@ -1,6 +1,5 @@
-# The Docker Engine API over its unix socket (DOCKER_HOST when it is unix://, else /var/run/docker.sock),
-# for the scripts that talk to it: prepended (by components.plan.programs.script) to image_pull.py and
-# node_fabric_copy.py, which each still travel as one program. Standard library only, no side effects.
+# The Docker Engine API over its unix socket (DOCKER_HOST when it is unix://, else /var/run/docker.sock), for the
+# scripts that talk to it (image_pull.py, node_fabric_copy.py import it). Standard library only, no side effects.
 import http.client
 import json
 import os
@@ -29,7 +28,7 @@ def docker_socket():
 # `version="auto"`, the Go client's NegotiateAPIVersion): ask the unversioned GET /version, then speak
 # min(its ApiVersion, NEWEST_API), never below its MinAPIVersion.
 NEWEST_API = (1, 52)
-_negotiated = {}
+negotiated = {}
 
 
 def _version(text):
@@ -39,7 +38,7 @@ def _version(text):
 
 def api_prefix():
     """`/v1.NN`, negotiated once with the daemon."""
-    if "prefix" not in _negotiated:
+    if "prefix" not in negotiated:
         connection = UnixConnection(docker_socket(), 30)
         try:
             connection.request("GET", "/version")
@@ -50,6 +49,6 @@ def api_prefix():
         daemon = _version(facts.get("ApiVersion") or "1.24")
         lowest = _version(facts.get("MinAPIVersion") or "1.12")
         major, minor = max(min(daemon, NEWEST_API), lowest)
-        _negotiated["prefix"] = f"/v{major}.{minor}"
-        _negotiated["said"] = f"Docker {facts.get('Version', '?')}, Engine API {major}.{minor}"
-    return _negotiated["prefix"]
+        negotiated["prefix"] = f"/v{major}.{minor}"
+        negotiated["said"] = f"Docker {facts.get('Version', '?')}, Engine API {major}.{minor}"
+    return negotiated["prefix"]

@@ -10,7 +10,14 @@ import sys
 import threading
 import time
 
-P = HfDownloadParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_common import human, node_voice
+from components.scripts.node_contract import HfDownloaded, HfDownloadParams
+from components.scripts.node_log import say, speak_with
+from components.scripts.node_params import given
+from components.scripts.vllm_weights import index_files, loaded_weight_files
+
+P = HfDownloadParams.from_json(given())
+speak_with(node_voice(P.node))
 os.environ["HF_HOME"] = P.hf_home
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -64,12 +71,12 @@ def main():
         def read_index(name):
             try:
                 with open(hf_hub_download(P.repo, name, revision=info.sha)) as handle:
-                    return index_files(handle.read())  # noqa: F821 - vllm_weights.py is prepended
+                    return index_files(handle.read())
             except (OSError, ValueError):
                 return None
 
         # Only the weights vLLM loads: not a .bin copy beside the safetensors, not Llama's original/.
-        weights = set(loaded_weight_files(names, read_index))  # noqa: F821 - vllm_weights.py is prepended
+        weights = set(loaded_weight_files(names, read_index))
         wanted = [name for name in names if name in weights or not name.lower().endswith(WEIGHT_SUFFIXES)]
         left_out = sorted(set(names) - set(wanted))
         if left_out:

@@ -27,6 +27,8 @@ import shutil
 import subprocess
 import sys
 
+from components.scripts.node_contract import ImageFacts
+
 try:
     import importlib.metadata as metadata
 except ImportError:  # Python 3.7 (no image with a vLLM this program runs has it): the versions are then unknown

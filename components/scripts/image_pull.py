@@ -1,5 +1,5 @@
-# Runs on a node's HOST over SSH (its own python3, standard library only) as `python3 -`, PARAMS
-# prepended by components.plan.programs.script_program. Pulls the image through the Docker Engine API
+# Runs on a node's HOST over SSH (its own python3, standard library only) as `python3 -`, its parameters
+# in the program (node_params.py). Pulls the image through the Docker Engine API
 # (the daemon of DOCKER_HOST when it is a unix:// socket, else /var/run/docker.sock) and prints,
 # every `progress_seconds`, how far it is: bytes of bytes, rate, layers done. A pull that is not
 # done within `timeout_seconds` fails with that limit named. Registry credentials come from
@@ -16,7 +16,14 @@ import threading
 import time
 import urllib.parse
 
-P = PullParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.docker_api import UnixConnection, api_prefix, docker_socket, negotiated
+from components.scripts.node_common import human, node_voice
+from components.scripts.node_contract import PullParams
+from components.scripts.node_log import say, speak_with
+from components.scripts.node_params import given
+
+P = PullParams.from_json(given())
+speak_with(node_voice(P.node))
 
 
 def request(method, path, headers=None, timeout=60):
@@ -182,7 +189,7 @@ def main():
             return 1
         repository, reference = split_reference(P.image)
         auth, helper = credentials(repository)
-        say(f"pulling {P.image} (at most {P.timeout_seconds} s; {_negotiated['said']})")
+        say(f"pulling {P.image} (at most {P.timeout_seconds} s; {negotiated['said']})")
         code = pull_with_cli(deadline) if helper else pull_with_api(repository, reference, auth, deadline)
     except OSError as error:
         say(f"cannot reach the Docker daemon at {docker_socket()}: {error}")

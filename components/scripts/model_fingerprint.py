@@ -2,7 +2,7 @@
 # script on stdin (see components.preflight.fingerprint_argv). Prints one JSON line:
 #   {"fingerprint": sha256 hex, "files": {relative path: size}, "metadata": {relative path: sha256},
 #    "broken": [relative paths of dangling symlinks], "config": {the KV-relevant keys of config.json},
-#    "weights": [the weight files vLLM loads, as vllm_weights.py (prepended) decides]}
+#    "weights": [the weight files vLLM loads, as vllm_weights.py decides]}
 # ("config" and "weights" are not part of the fingerprint: the files and config.json already are.)
 # The fingerprint covers every file's name and size plus the sha256 of the small metadata files
 # (configs, tokenizer, chat template, remote code). Weights are only stat()ed, never read, so a
@@ -13,6 +13,9 @@ import hashlib
 import json
 import os
 import sys
+
+from components.scripts.node_contract import ModelFingerprint
+from components.scripts.vllm_weights import index_files, loaded_weight_files
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx", ".npz")
 METADATA_SUFFIXES = (".json", ".model", ".txt", ".jinja", ".py", ".tiktoken", ".yaml", ".yml")
@@ -120,11 +123,11 @@ def main(argv):
     def read_index(name):
         try:
             with open(os.path.join(root, name)) as handle:
-                return index_files(handle.read())  # noqa: F821 - vllm_weights.py is prepended
+                return index_files(handle.read())
         except OSError:
             return None
 
-    weights = loaded_weight_files(files, read_index)  # noqa: F821 - vllm_weights.py is prepended
+    weights = loaded_weight_files(files, read_index)
     facts = ModelFingerprint(fingerprint=digest, **body, config=config_facts(root), weights=weights)
     print(json.dumps(facts.to_json(), sort_keys=True))
     return 0

@@ -1,5 +1,5 @@
 # The fabric gate's NCCL test (fabric.bandwidthTest: nccl): runs in the node's IMAGE as `python3 -`
-# (PARAMS is prepended by components.plan.programs.script_program) through `docker run --gpus all
+# (its parameters in the program: node_params.py) through `docker run --gpus all
 # --network host` with the Ray container's NCCL environment, on every node at once, once the fabric
 # gate passed and every node has the image. One rank a node (its first GPU): an all-reduce of
 # PARAMS["megabytes"] MiB, `warmup` times then `iterations` timed, as nccl-tests' all_reduce_perf
@@ -19,7 +19,10 @@ import threading
 import time
 import traceback
 
-P = NcclParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import NcclFacts, NcclParams
+from components.scripts.node_params import given
+
+P = NcclParams.from_json(given())
 LOG = f"/tmp/spark-vllm-nccl-{P.node}.{os.getpid()}.log"
 facts = {"node": P.node, "rank": P.rank, "world": P.world}
 started = time.monotonic()

@@ -1,5 +1,5 @@
-# Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. Greedy answers (temperature 0) to a fixed set of conversations, the
+# Runs inside the head's container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). Greedy answers (temperature 0) to a fixed set of conversations, the
 # later turns of each sent with the earlier turns and their answers (a prefix the server has cached), with
 # the generated token ids (vLLM's `return_token_ids`; the text where a server gives none). Prints one JSON
 # line: {"answers": [{"id", "tokenIds", "text", "finishReason"}], and with PARAMS' baseline "agreement"};
@@ -9,7 +9,11 @@ import sys
 import urllib.error
 import urllib.request
 
-P = AnswersParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_chat import chat
+from components.scripts.node_contract import AnswersParams, AnswersResult
+from components.scripts.node_params import given
+
+P = AnswersParams.from_json(given())
 
 
 def ask(messages):

@@ -1,5 +1,5 @@
-# Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. A short fixed load against vLLM's /v1/completions, streamed so that
+# Runs inside the head's container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). A short fixed load against vLLM's /v1/completions, streamed so that
 # the time to first token is real: the image's `vllm bench serve` (random dataset) when PARAMS["tool"]
 # says so (or "auto" finds it), else a load of its own (threads, standard library). Prints one JSON line
 # of figures (they become the `benchmark` stack output and part of the release) and exits 1 when more
@@ -17,7 +17,10 @@ import time
 import urllib.error
 import urllib.request
 
-P = BenchmarkParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import BenchmarkFigures, BenchmarkParams
+from components.scripts.node_params import given
+
+P = BenchmarkParams.from_json(given())
 TOKEN_IDS = range(32, 256)  # in every tokenizer's vocabulary (byte-level BPE and SentencePiece byte tokens sit here)
 
 

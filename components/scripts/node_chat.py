@@ -1,5 +1,5 @@
 # One chat completion in OpenAI's shape, as a client sends it: what the smoke test, the validation's answers and
-# the router's smoke share (prepended to each: components.plan.programs.SCRIPT_HELPERS). Standard library only.
+# the router's smoke share (each imports it). Standard library only.
 import http.client
 import io
 import json

@@ -1,10 +1,10 @@
-# What the scripts that report from a node share: prepended (components/plan/programs.py SCRIPT_HELPERS) to
-# hf_download.py, image_pull.py and node_fabric_copy.py, which each still travel as one program. Each
-# function reads the script's own P (its node_contract parameters) when called. Standard library only, no side effects.
+# What the scripts that report from a node share (hf_download.py, image_pull.py and node_fabric_copy.py import it):
+# their voice, `[node] message` (node_log.speak_with), and sizes for people. Standard library only, no side effects.
 
 
-def say(message):
-    print(f"[{P.node}] {message}", flush=True)
+def node_voice(node):
+    """How a script that reports from `node` speaks (node_log.speak_with): `[node] message`."""
+    return lambda message: print(f"[{node}] {message}", flush=True)
 
 
 def human(count):

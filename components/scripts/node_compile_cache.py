@@ -1,6 +1,6 @@
-# vLLM's compile cache without this node's secrets (the supervisor's, prepended to it by
-# components.plan.programs.SCRIPT_HELPERS): vLLM 0.25 hashes every VLLM_* variable into its torch.compile key
-# and writes their raw values in cache_key_factors.json beside the compiled graphs. Standard library only.
+# vLLM's compile cache without this node's secrets (the supervisor's): vLLM 0.25 hashes every VLLM_* variable into
+# its torch.compile key and writes their raw values in cache_key_factors.json beside the compiled graphs. Standard
+# library only.
 import glob
 import json
 import os

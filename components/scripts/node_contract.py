@@ -1,6 +1,6 @@
 # What the program hands a node's scripts and what they hand back, typed once for both sides: components/plan/
-# and components/resources/ build these (they import this file as a module) and the scripts read them (it is
-# prepended to each script that reads them: components/plan/programs.py SCRIPT_HELPERS). `Contract` is the one
+# and components/resources/ build these (they import this file as a module) and the scripts read them (they
+# import it too, and it travels with them: components/plan/programs.py). `Contract` is the one
 # way between a dataclass and its JSON, both sides: a field added here is a field both sides know, and a key
 # one side does not know fails loudly (TypeError) instead of being read as missing. Standard library only
 # (Python 3.7+, whatever the host or the image has), no side effects.

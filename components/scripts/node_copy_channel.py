@@ -1,10 +1,10 @@
-# The authenticated channel of the fabric copy (node_fabric_copy.py, which this is prepended to by
-# components.plan.programs.SCRIPT_HELPERS): the client proves the stack's copy token with an HMAC over both
-# sides' nonces (the token never crosses the link), the depot proves it back, both derive
-# per-direction keys, and every frame carries an HMAC over its sequence number, kind and payload.
-# Standard library only, no side effects.
+# The authenticated channel of the fabric copy (node_fabric_copy.py imports it): the client proves the stack's copy
+# token with an HMAC over both sides' nonces (the token never crosses the link), the depot proves it back, both
+# derive per-direction keys, and every frame carries an HMAC over its sequence number, kind and payload. Standard
+# library only, no side effects.
 import hashlib
 import hmac
+import json
 import os
 import socket
 import struct
@@ -102,9 +102,10 @@ def accept(sock, token):
     return Channel(sock, to_client, to_server)
 
 
-def connect(address, port, token, wait_seconds=30):
+def connect(address, port, token, source, wait_seconds=30):
     """A Channel to the depot; it may still be starting, or busy with connections that have yet to prove the token
-    (it closes more than it takes at once without a greeting), so a refused or closed connection is tried again."""
+    (it closes more than it takes at once without a greeting), so a refused or closed connection is tried again.
+    `source`: the node the depot serves, for the message."""
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
@@ -115,7 +116,7 @@ def connect(address, port, token, wait_seconds=30):
         except (CopyError, OSError) as error:
             if time.monotonic() > deadline:
                 raise CopyError(
-                    f"cannot reach the depot of {P.source} at {address}:{port} over the fabric, or it did not greet: "
+                    f"cannot reach the depot of {source} at {address}:{port} over the fabric, or it did not greet: "
                     f"{error}"
                 ) from error
             time.sleep(0.5)

@@ -1,11 +1,12 @@
-# The model directory as the fabric copy sees it (node_fabric_copy.py, which this is prepended to by
-# components.plan.programs.SCRIPT_HELPERS): what is synced (a directory, or a Hugging Face snapshot with the
-# blobs its links point at), its manifest (sizes, times, links, the extents of sparse files), and
-# what a receiver must fetch, fix or remove to match it. Standard library only, no side effects.
+# The model directory as the fabric copy sees it (node_fabric_copy.py imports it): what is synced (a directory, or a
+# Hugging Face snapshot with the blobs its links point at), its manifest (sizes, times, links, the extents of sparse
+# files), and what a receiver must fetch, fix or remove to match it. Standard library only, no side effects.
 import errno
 import os
 import shutil
 import stat
+
+PARTIAL = ".spark-vllm-partial"  # a file being written: `.NAME` + this, renamed when whole
 
 
 def sync_root(model_dir):

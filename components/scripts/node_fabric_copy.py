@@ -1,6 +1,6 @@
 # Copies the image and the model between nodes over the fabric link, with no registry and nothing
-# passing through the machine running Pulumi. One script, three roles (PARAMS prepended by
-# components.plan.programs.script_program; standard library only):
+# passing through the machine running Pulumi. One script, three roles (its parameters in
+# the program, node_params.py; standard library only):
 #
 # * "serve" — the depot: the main process of the `spark-vllm-depot` container on the source node
 #   (host network, bound to the source's fabric address). It serves the one image id it was given
@@ -36,9 +36,30 @@ import threading
 import time
 import urllib.parse
 
-_GIVEN = json.loads(PARAMS)  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.docker_api import UnixConnection, api_prefix, docker_socket, negotiated
+from components.scripts.node_common import human, node_voice
+from components.scripts.node_contract import COPY_ROLES, ImageCopied, ModelCopied
+from components.scripts.node_copy_channel import FRAME, CopyError, accept, connect
+from components.scripts.node_copy_tree import (
+    PARTIAL,
+    extents,
+    file_mode,
+    free_bytes,
+    manifest,
+    offer_problems,
+    plan,
+    remove,
+    room_problem,
+    stale_partials,
+    sync_root,
+)
+from components.scripts.node_image_archive import ArchiveCheck, ArchiveError
+from components.scripts.node_log import say, speak_with
+from components.scripts.node_params import given
+
+_GIVEN = given()
 P = COPY_ROLES[_GIVEN["role"]].from_json(_GIVEN)  # the depot, an image receiver or a model receiver
-PARTIAL = ".spark-vllm-partial"
+speak_with(node_voice(P.node))
 
 
 def docker(method, path, body=None, headers=None, timeout=60):
@@ -206,7 +227,7 @@ def serve():
     if P.image_id:
         try:
             api_prefix()
-            print(f"[depot] {_negotiated['said']}", flush=True)
+            print(f"[depot] {negotiated['said']}", flush=True)
         except OSError as error:
             print(f"[depot] the Docker daemon does not answer yet: {error}", flush=True)
     depot.serve_forever()
@@ -242,14 +263,14 @@ def receive_image():
         say(f"image {expected[:19]} is already on this node: nothing to copy")
         print(json.dumps(ImageCopied(image_id=expected, copied_bytes=0).to_json()))
         return 0
-    channel = connect(P.address, P.port, TOKEN)
+    channel = connect(P.address, P.port, TOKEN, P.source)
     channel.send_json({"op": "image"})
     offer = channel.receive_json()
     if offer["id"] != expected:
         raise CopyError(f"the depot on {P.source} serves {offer['id']}, not {expected}: run `pulumi up` again")
     say(
         f"copying image {expected[:19]} from {P.source} over the fabric ({human(offer['size'])} unpacked; "
-        f"{_negotiated['said']})"
+        f"{negotiated['said']})"
     )
     progress = Progress("image", offer["size"])
     failure = []
@@ -435,7 +456,7 @@ def no_link_on_the_way(root, relative):
 def sync_model():
     model_dir = P.model_dir.rstrip("/") or "/"
     started = time.monotonic()
-    channel = connect(P.address, P.port, TOKEN)
+    channel = connect(P.address, P.port, TOKEN, P.source)
     channel.send_json({"op": "manifest"})
     offer = channel.receive_json()
     if offer["problems"]:

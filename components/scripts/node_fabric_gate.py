@@ -1,5 +1,5 @@
-# The fabric gate's probe: runs on a node's HOST as `python3 -` (PARAMS is prepended by
-# components.plan.programs.script_program), on every node at once, before any container of the stack.
+# The fabric gate's probe: runs on a node's HOST as `python3 -` (its parameters in the
+# program: node_params.py), on every node at once, before any container of the stack.
 # It only reads and measures, then prints one JSON line of facts; components/fabric.py judges them
 # (per node and across the nodes) and the deploy stops there when they show a problem.
 #
@@ -20,7 +20,10 @@ import subprocess
 import threading
 import time
 
-P = FabricGateParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import FabricFacts, FabricGateParams, LinkFacts, PeerPath, RdmaPort, StreamResult
+from components.scripts.node_params import given
+
+P = FabricGateParams.from_json(given())
 NET = "/sys/class/net"
 CHUNK = b"\0" * (1 << 20)
 

@@ -1,4 +1,4 @@
-# The node's GPU turn (the supervisor's, prepended to it by components.plan.programs.SCRIPT_HELPERS): vLLM sizes its KV
+# The node's GPU turn (the supervisor's): vLLM sizes its KV
 # cache by profiling, counting every change of the GPU's used memory while it starts as its own, so two vLLMs
 # starting at once on one GPU each count the other's (vLLM issue 55827): one refuses ("No available memory for
 # the cache blocks"), the other takes more than its gpuMemoryUtilization. So a supervisor starts vLLM only while

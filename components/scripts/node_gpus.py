@@ -1,7 +1,9 @@
-# What the GPUs have free and who holds them, from nvidia-smi where there is one (the supervisor's,
-# prepended to it by components.plan.programs.SCRIPT_HELPERS). Standard library only, no side effects.
+# What the GPUs have free and who holds them, from nvidia-smi where there is one (the supervisor's). Standard
+# library only, no side effects.
 import os
 import subprocess
+
+from components.scripts.node_processes import describe
 
 
 def gpu_holders():

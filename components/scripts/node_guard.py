@@ -33,7 +33,10 @@ import subprocess
 import sys
 import time
 
-P = GuardParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import GuardParams
+from components.scripts.node_params import given
+
+P = GuardParams.from_json(given())
 TABLE = "spark_vllm_guard"
 CHAIN = "SPARK-VLLM-GUARD"
 OUT_CHAIN = "SPARK-VLLM-GUARD-OUT"  # the owner match, jumped to from OUTPUT

@@ -1,4 +1,4 @@
-# What an image receiver (node_fabric_copy.py, which this is prepended to by components.plan.programs.SCRIPT_HELPERS)
+# What an image receiver (node_fabric_copy.py imports it)
 # lets through to `docker load`: the depot's `docker save` of one image id, and nothing else. `docker load` acts on
 # an archive's metadata — manifest.json (each image's config and RepoTags), index.json (OCI, names in annotations),
 # repositories (the legacy name → id map) — so a depot (or whoever holds the copy token) could otherwise load

@@ -1,7 +1,13 @@
-# What the supervisor waits for before it starts vLLM, and what it watches while vLLM runs (prepended to
-# supervisor.py by components.plan.programs.SCRIPT_HELPERS; its Supervisor is a MemoryWaits): the memory vLLM's
+# What the supervisor waits for before it starts vLLM, and what it watches while vLLM runs (supervisor.py's
+# Supervisor is a MemoryWaits): the memory vLLM's
 # start-up check asks for — the GPUs' own, or a GB10's unified memory — and, with memory.oomGuard, the OS's
 # reserve. Standard library only, no side effects.
+import os
+
+from components.scripts.node_contract import VllmState
+from components.scripts.node_gpus import gpu_holders, gpu_memory, meminfo, unified_memory, visible_gpus
+from components.scripts.node_log import say
+from components.scripts.node_processes import largest_processes
 
 
 class MemoryWaits:

@@ -1,10 +1,14 @@
-# The node's own metrics for Prometheus (metrics.nodePort; prepended to supervisor.py by
-# components.plan.programs.SCRIPT_HELPERS): the node's memory (MemTotal, MemAvailable: on a GB10 the GPU's too),
+# The node's own metrics for Prometheus (metrics.nodePort; the
+# supervisor serves them): the node's memory (MemTotal, MemAvailable: on a GB10 the GPU's too),
 # the GPUs' own memory where nvidia-smi reports it, and what the supervisor counts of vLLM (restarts, whether
 # it serves, the OOM guard's endings). Served on the node's fabric address, which only the other nodes reach
 # with network.guard. Standard library only.
 import http.server
 import threading
+
+from components.scripts.node_contract import Fault, VllmState
+from components.scripts.node_gpus import gpu_memory, meminfo
+from components.scripts.node_log import say
 
 METRIC_HELP = {
     "spark_vllm_node_memory_total_bytes": ("gauge", "MemTotal of the node (on a GB10, the GPU's memory too)"),

@@ -1,9 +1,12 @@
-# Everything a process started, and ending all of it (the supervisor's, prepended to it by
-# components.plan.programs.SCRIPT_HELPERS): vLLM is several processes (the API server, an engine core, workers)
-# and only the last to go frees the GPU. Standard library only, no side effects.
+# Everything a process started, and ending all of it (the supervisor's): vLLM is several processes (the API server,
+# an engine core, workers) and only the last to go frees the GPU. Standard library only, no side effects.
+import collections
 import os
 import signal
+import subprocess
 import time
+
+from components.scripts.node_log import say
 
 
 def proc_stat(pid):

@@ -1,4 +1,4 @@
-# Reading vLLM's output when it exits (the supervisor's, prepended to it by components.plan.programs.SCRIPT_HELPERS):
+# Reading vLLM's output when it exits (the supervisor's):
 # its last error line, whether it refused its own settings at start (which no restart mends), whether the GPU
 # was still busy. Standard library only, no side effects.
 import re

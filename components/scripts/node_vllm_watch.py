@@ -1,5 +1,5 @@
 # What the supervisor watches while vLLM serves, and how it ends one that stopped serving while its /health stays
-# 200 (prepended to supervisor.py by components.plan.programs.SCRIPT_HELPERS; its Supervisor is a VllmWatch; the
+# 200 (supervisor.py's Supervisor is a VllmWatch, with its params and run directory as `params` and `run_dir`; the
 # rules themselves: node_watch.py). The stack's vllm.stallSeconds and vllm.canarySeconds come in RUN_DIR/watch.json
 # (serve_spec.py writes it beside spec.json, outside vLLM's fingerprint: a change restarts nothing).
 #
@@ -14,8 +14,27 @@
 # (recovery.maxRestarts). With deployments the router's keeper, which reads the same counters, takes a stalled
 # replica out first: it is ended DRAIN_GRACE seconds after it was found. Before ending, what its processes are
 # doing goes to RUN_DIR/fault.txt (state, kernel wait channel, and the Python stacks where the image has py-spy).
+import json
+import os
 import shutil
+import subprocess
 import threading
+import time
+import urllib
+
+from components.scripts.node_chat import chat
+from components.scripts.node_contract import Fault, VllmState, Watch
+from components.scripts.node_log import say
+from components.scripts.node_processes import describe
+from components.scripts.node_watch import (
+    StallWatch,
+    canary_answer,
+    canary_difference,
+    canary_request,
+    http_get,
+    read_load,
+    read_metrics,
+)
 
 WATCH_SECONDS = 2
 HEAD_GONE_SECONDS = 10
@@ -52,7 +71,7 @@ class VllmWatch:
         if self.pending_fault or now < self.next_watch:
             return
         self.next_watch = now + WATCH_SECONDS
-        watch = read_watch()
+        watch = read_watch(self.run_dir)
         if watch is None:
             return
         if watch.head_health_url:
@@ -117,7 +136,7 @@ class VllmWatch:
             return
         busy = metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
         busy += self.last_metrics.get("server_load", 0)
-        if not watch.canary_seconds or now < self.next_canary or busy or measuring():
+        if not watch.canary_seconds or now < self.next_canary or busy or measuring(self.run_dir):
             return
         model = served_name(self.spec.argv)
         key = {**os.environ, **self.spec.env}.get("VLLM_API_KEY")
@@ -138,9 +157,9 @@ class VllmWatch:
             self.next_canary = float("inf")
             return
         answer = result["answer"]
-        reference = read_canary(self.fingerprint)
+        reference = read_canary(self.run_dir, self.fingerprint)
         if reference is None:
-            write_canary(self.fingerprint, answer)
+            write_canary(self.run_dir, self.fingerprint, answer)
             say(f"the canary's reference kept: {len(answer['tokenIds'])} token(s) {answer['text'][:60]!r}")
             self.next_canary = now + watch.canary_seconds
             return
@@ -174,14 +193,14 @@ class VllmWatch:
         shared = self.tenancy() is not None and kind == Fault.STALLED
         say(f"vLLM {self.state}: {detail}; ending it" + (f" in {DRAIN_GRACE_SECONDS} s (the router takes it out)"
                                                           if shared else ""))  # fmt: skip
-        record_processes(sorted(self.tree.alive()) if self.tree else [])
+        record_processes(self.run_dir, sorted(self.tree.alive()) if self.tree else [])
         self.pending_fault = (kind, detail, now + (DRAIN_GRACE_SECONDS if shared else 0))
         self.write_status()
 
     def end_for_fault(self, kind, detail):
         self.pending_fault = None
         self.ended_why = f"{FAULT_STATES[kind]}: {detail}"
-        self.tree.end(P.stop_grace_seconds, reap=self.vllm.poll)
+        self.tree.end(self.params.stop_grace_seconds, reap=self.vllm.poll)
 
 
 def ask_canary(base_url, model, key, timeout, result):
@@ -194,21 +213,21 @@ def ask_canary(base_url, model, key, timeout, result):
         result.update(status=None, error=f"{type(error).__name__}: {error}")
 
 
-def read_watch():
+def read_watch(run):
     """RUN_DIR/watch.json as serve_spec.py wrote it (a Watch), or None: nothing to watch (none written yet, or a
     handover from before it)."""
     try:
-        with open(f"{RUN}/watch.json") as handle:
+        with open(f"{run}/watch.json") as handle:
             return Watch.from_json(json.load(handle))
     except (OSError, ValueError, TypeError):
         return None
 
 
-def measuring():
+def measuring(run):
     """Whether the deploy's benchmark measures now (RUN_DIR/measuring holds its pid, which lives: node_benchmark.py
     hold_the_canary): no canary then, whose tokens would count in its figures. A file left by one that died is
     removed."""
-    path = f"{RUN}/measuring"
+    path = f"{run}/measuring"
     try:
         with open(path) as handle:
             pid = int(handle.read().strip())
@@ -228,23 +247,23 @@ def measuring():
     return False
 
 
-def read_canary(fingerprint):
+def read_canary(run, fingerprint):
     try:
-        with open(f"{RUN}/canary.json") as handle:
+        with open(f"{run}/canary.json") as handle:
             kept = json.load(handle)
     except (OSError, ValueError):
         return None
     return kept.get("answer") if kept.get("fingerprint") == fingerprint else None
 
 
-def write_canary(fingerprint, answer):
+def write_canary(run, fingerprint, answer):
     kept = {"fingerprint": fingerprint, "answer": answer, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with open(f"{RUN}/canary.json.tmp", "w") as handle:
+    with open(f"{run}/canary.json.tmp", "w") as handle:
         json.dump(kept, handle)
-    os.replace(f"{RUN}/canary.json.tmp", f"{RUN}/canary.json")
+    os.replace(f"{run}/canary.json.tmp", f"{run}/canary.json")
 
 
-def record_processes(pids):
+def record_processes(run, pids):
     """RUN_DIR/fault.txt: what each of vLLM's processes is doing (its state, where the kernel has it waiting, and
     its Python stack where the image has py-spy), for the diagnostics bundle."""
     lines = [f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: vLLM's processes when it was ended"]
@@ -268,7 +287,7 @@ def record_processes(pids):
     if not spy:
         lines.append("(no py-spy in the image: no Python stacks)")
     try:
-        with open(f"{RUN}/fault.txt", "w") as handle:
+        with open(f"{run}/fault.txt", "w") as handle:
             handle.write("\n".join(lines) + "\n")
     except OSError:
         pass

@@ -1,5 +1,5 @@
-# Serving that stops while /health is green, told from vLLM's own counters and answers (prepended to supervisor.py
-# and router_keeper.py by components.plan.programs.SCRIPT_HELPERS), and the GET both read it with. Standard library
+# Serving that stops while /health is green, told from vLLM's own counters and answers (supervisor.py
+# and router_keeper.py import it), and the GET both read it with. Standard library
 # only, no side effects.
 #
 # Stalled. vLLM 0.25's engine core sends its scheduler's figures after every step, and the API server sets its

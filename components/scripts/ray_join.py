@@ -1,12 +1,15 @@
-# Runs inside a node's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. Waits until Ray shows the expected nodes alive (and, on the
+# Runs inside a node's Ray container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). Waits until Ray shows the expected nodes alive (and, on the
 # head, the GPUs TP×PP needs); on timeout prints what is missing and `ray status`, exits 1.
 import json
 import subprocess
 import sys
 import time
 
-P = ClusterWaitParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import ClusterSeen, ClusterWaitParams
+from components.scripts.node_params import given
+
+P = ClusterWaitParams.from_json(given())
 
 
 def say(message):

@@ -30,7 +30,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-P = KeeperParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_chat import chat
+from components.scripts.node_contract import KeeperParams, KeeperResult
+from components.scripts.node_params import given
+from components.scripts.node_watch import StallWatch, http_get, read_load, read_metrics
+
+P = KeeperParams.from_json(given())
 RUN_DIR = P.run_dir or "/run/spark-vllm-router"  # run_dir: tests only
 WORKERS, DRAINED, UNSERVING = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/unserving.json"
 FIELDS = ("url", "model", "stall_seconds")  # a declared worker, as workers.json keeps it

@@ -1,5 +1,5 @@
-# Runs inside a node's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. Hands vLLM's settings to the container's supervisor
+# Runs inside a node's container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). Hands vLLM's settings to the container's supervisor
 # (components/scripts/supervisor.py) and waits until it has taken them up:
 #
 # * the same settings already running: nothing changes ("already running with these settings");
@@ -17,7 +17,10 @@ import os
 import sys
 import time
 
-P = HandoverParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import HandoverParams, HandoverResult, SupervisorStatus, VllmSpec, VllmState
+from components.scripts.node_params import given
+
+P = HandoverParams.from_json(given())
 RUN = P.run_dir
 SPEC, STATUS, LOG, WATCH = f"{RUN}/spec.json", f"{RUN}/status.json", f"{RUN}/vllm.log", f"{RUN}/watch.json"
 

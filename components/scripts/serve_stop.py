@@ -5,13 +5,15 @@ import os
 import sys
 import time
 
+from components.scripts.node_contract import SupervisorStatus
+
 RUN, GRACE = sys.argv[1], float(sys.argv[2])
 SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
 
 
 def status():
     """What the supervisor says (node_contract.py SupervisorStatus), or nothing yet."""
-    return SupervisorStatus.read(STATUS) or SupervisorStatus(node="", executor="", state="")  # noqa: F821
+    return SupervisorStatus.read(STATUS) or SupervisorStatus(node="", executor="", state="")
 
 
 try:

@@ -1,5 +1,5 @@
-# Runs inside the head's Ray container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. One short chat completion: it proves the server generates (text,
+# Runs inside the head's Ray container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). One short chat completion: it proves the server generates (text,
 # reasoning, or tokens up to the limit); prints its latency, token counts and where the tokens went as
 # JSON (they become stack outputs); exits 1 when it fails.
 import json
@@ -8,7 +8,11 @@ import time
 import urllib.error
 import urllib.request
 
-P = SmokeParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_chat import chat
+from components.scripts.node_contract import SmokeParams, SmokeResult
+from components.scripts.node_params import given
+
+P = SmokeParams.from_json(given())
 
 body = {
     "model": P.model,

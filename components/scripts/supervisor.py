@@ -44,6 +44,7 @@
 # SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
 # and exits 0.
 import collections
+import dataclasses
 import json
 import os
 import signal
@@ -52,6 +53,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from components.scripts.node_compile_cache import redact_compile_factors
+from components.scripts.node_contract import SupervisorParams, SupervisorStatus, VllmSpec, VllmState
+from components.scripts.node_gpu_turn import (
+    GpuTurn,
+    Tenant,
+    TurnDirectoryError,
+    describe_holder,
+    hold_limit,
+    turn_directory,
+    turn_wait_bound,
+)
+from components.scripts.node_gpus import gpu_memory, unified_memory, visible_gpus
+from components.scripts.node_log import speak_with
+from components.scripts.node_memory_waits import MemoryWaits
+from components.scripts.node_metrics import serve_node_metrics
+from components.scripts.node_processes import Tree, describe, process_name, stop_group
+from components.scripts.node_vllm_output import GPU_BUSY_MESSAGE, error_line, exit_reason, memory_refusal, start_refusal
+from components.scripts.node_vllm_watch import VllmWatch
 
 P = SupervisorParams.from_json(json.loads(sys.argv[1]))  # what the container is (node_contract.py)
 RUN = P.run_dir
@@ -94,6 +114,9 @@ def say(message):
         log.write(mark(message))
 
 
+speak_with(say)  # what the node modules say goes to the log too
+
+
 def turn_dir():
     """Where the node's GPU turn lives: the stack's volume in the container (SupervisorParams.gpu_turn_dir);
     SPARK_VLLM_GPU_TURN for tests that run several "nodes" on one host; a container from before it had none."""
@@ -111,6 +134,7 @@ def read_spec():
 
 class Supervisor(MemoryWaits, VllmWatch):
     def __init__(self):
+        self.params, self.run_dir = P, RUN  # what VllmWatch (node_vllm_watch.py) reads
         self.stopping = False
         self.ray = None
         self.ray_restarts = 0

@@ -1,5 +1,5 @@
-# Which weight files vLLM loads from a model directory: prepended (by components.plan.programs.script) to the
-# scripts that need it (model_fingerprint.py on the node, hf_download.py in the image), and imported by
+# Which weight files vLLM loads from a model directory: imported by the
+# scripts that need it (model_fingerprint.py on the node, hf_download.py in the image), and by
 # components.preflight. Standard library only, no side effects.
 #
 # vLLM 0.25's default loader (vllm/model_executor/model_loader/default_loader.py, _prepare_weights, with

@@ -1,5 +1,5 @@
-# Runs inside the head's container (`docker exec -i … python3 -`), PARAMS prepended by
-# components.plan.programs.script_program. Waits until /health answers 200 and /v1/models lists the
+# Runs inside the head's container (`docker exec -i … python3 -`), its parameters in the
+# program (node_params.py). Waits until /health answers 200 and /v1/models lists the
 # served model; prints a progress line regularly; when the container's supervisor gives up on
 # vLLM (it kept exiting) or the time runs out, prints the log tail and a hint for the known
 # causes, and exits 1. While vLLM restarts after an exit, it keeps waiting.
@@ -11,7 +11,10 @@ import time
 import urllib.error
 import urllib.request
 
-P = ReadyParams.from_json(json.loads(PARAMS))  # noqa: F821 - both prepended (script_program, SCRIPT_HELPERS)
+from components.scripts.node_contract import ReadyParams, ReadyResult, SupervisorStatus, VllmState
+from components.scripts.node_params import given
+
+P = ReadyParams.from_json(given())
 
 HINTS = [
     (

@@ -242,8 +242,10 @@ class Node:
         params["run_dir"] = str(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.log = open(self.out / "supervisor.log", "w")
+        program = self.out / "supervisor.py"  # a file, as the container has it (too long for an argument)
+        program.write_text(script("supervisor.py"))
         self.supervisor = subprocess.Popen(
-            [sys.executable, "-u", "-c", script("supervisor.py"), json.dumps(params, sort_keys=True)],
+            [sys.executable, "-u", str(program), json.dumps(params, sort_keys=True)],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -135,14 +135,10 @@ def test_a_hugging_face_snapshot_is_served_with_its_repository():
 
 
 def test_the_scripts_rule_for_the_sync_root_is_the_programs():
-    from components.plan.programs import script
+    from components.scripts import node_copy_tree
 
-    namespace = {}
-    source = script("node_fabric_copy.py")
-    start = source.index("def sync_root(")
-    exec(source[start : source.index("\ndef ", start + 1)], {"os": __import__("os")}, namespace)  # noqa: S102
     for model in ("/data/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de2", "/models/Qwen", "/a/snapshots/b"):
-        assert namespace["sync_root"](model) == sync_root(model)
+        assert node_copy_tree.sync_root(model) == sync_root(model)
 
 
 def test_a_vllm_only_change_touches_no_copy():

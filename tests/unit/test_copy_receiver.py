@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from components.plan.programs import script, script_program
+from components.plan.programs import ENTRY, node_modules, script_program
+from components.scripts import node_copy_tree
 from tests.unit.test_fabric_copy import TOKEN, client, needs_root, wait_listening, write
 from tests.waiting import free_port
 
@@ -21,14 +22,8 @@ ROOT = "/srv/models/Qwen3-0.6B"
 GIB = 1 << 30
 
 
-def helpers() -> dict:
-    found: dict = {}
-    exec(compile(script("node_copy_tree.py"), "node_copy_tree.py", "exec"), found)
-    return found
-
-
 def problems(entries, free=100 * GIB) -> list[str]:
-    return helpers()["offer_problems"](ROOT, entries, free)
+    return node_copy_tree.offer_problems(ROOT, entries, free)
 
 
 FILE = {"type": "file", "size": 10, "mtime_ns": 1_700_000_000 * 10**9, "mode": 0o644}
@@ -74,7 +69,7 @@ def test_more_than_the_disk_holds_is_refused_before_anything_is_written():
 
 
 def test_more_entries_than_a_model_has_are_refused():
-    entries = {f"f{n}": FILE for n in range(helpers()["MAX_ENTRIES"] + 1)}
+    entries = {f"f{n}": FILE for n in range(node_copy_tree.MAX_ENTRIES + 1)}
     assert any("entries" in line for line in problems(entries))
 
 
@@ -91,7 +86,7 @@ def test_what_a_model_and_a_snapshot_hold_passes():
         "model-00001.safetensors": {**FILE, "mode": 0o4755},  # a setuid bit is masked, not refused
     }
     assert problems(snapshot) == []
-    assert helpers()["file_mode"](0o4755) == 0o755 and helpers()["file_mode"](0o2777) == 0o755
+    assert node_copy_tree.file_mode(0o4755) == 0o755 and node_copy_tree.file_mode(0o2777) == 0o755
 
 
 # --- a hostile depot, for real -------------------------------------------------------------------------
@@ -113,10 +108,11 @@ def hostile_depot(source: Path, at: Path, extra: dict, processes: list) -> int:
     port = free_port()
     params = {"role": "serve", "node": "node-1", "source": "node-1", "address": "127.0.0.1", "port": port,
               "model_dir": str(at), "image_id": None}  # fmt: skip
-    program = script_program("node_fabric_copy.py", params)
+    sources = dict(node_modules("node_fabric_copy.py"))
     marker = "sys.exit(main())"
-    assert program.count(marker) == 1
-    program = program.replace(marker, f"EXTRA = {extra!r}\n{HOSTILE_DEPOT}\n{marker}")
+    assert sources[ENTRY].count(marker) == 1
+    sources[ENTRY] = sources[ENTRY].replace(marker, f"EXTRA = {extra!r}\n{HOSTILE_DEPOT}\n{marker}")
+    program = script_program("node_fabric_copy.py", params, sources)
     at.mkdir(parents=True, exist_ok=True)
     bind = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, "sh", str(source), str(at),

@@ -67,7 +67,9 @@ def test_the_supervisor_serves_the_nodes_memory_and_vllms_counts(tmp_path):
     params = {"node": "node-1", "executor": "mp", "run_dir": str(tmp_path / "run"), "ray_argv": None,
               "stop_grace_seconds": 2, "metrics_port": port}  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.1", "SPARK_VLLM_MEMINFO": str(meminfo)}
-    process = subprocess.Popen([sys.executable, "-c", script("supervisor.py"), json.dumps(params)], env=env,
+    program = tmp_path / "supervisor.py"  # a file, as the container has it (too long for an argument)
+    program.write_text(script("supervisor.py"))
+    process = subprocess.Popen([sys.executable, str(program), json.dumps(params)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     try:
 

@@ -433,10 +433,8 @@ def test_over_tls_a_client_that_verifies_gets_through_and_nothing_plain_does(ups
 def test_the_programs_own_chat_verifies_the_endpoint_for_its_name_while_it_reaches_an_address(upstream, tmp_path):
     """node_chat.chat as the router's smoke uses it: to 127.0.0.1 (the edge on the node itself), the certificate
     verified for the endpoint's host name with tls.ca; another CA or another name is refused, not ignored."""
-    from components.plan.programs import script
+    from components.scripts.node_chat import chat
 
-    helpers: dict = {}
-    exec(compile(script("node_chat.py"), "node_chat.py", "exec"), helpers)
     ca, other_ca = TestCa(), TestCa("another CA")
     issued = ca.issue("spark-01.lan")
     spec = edge_spec(upstream, clients=clients(**{"spark-vllm": PROGRAM}), upstream_key=PROGRAM,
@@ -444,13 +442,13 @@ def test_the_programs_own_chat_verifies_the_endpoint_for_its_name_while_it_reach
     edge = Edge(spec, tmp_path).start()
     try:
         base = f"https://127.0.0.1:{spec.port}"
-        answer = helpers["chat"](base, {"model": "m", "messages": []}, PROGRAM, 10, ("spark-01.lan", ca.pem))
+        answer = chat(base, {"model": "m", "messages": []}, PROGRAM, 10, ("spark-01.lan", ca.pem))
         assert answer["upstream"].startswith("POST /v1/chat/completions")
         for name, trusted in (("spark-01.lan", other_ca), ("spark-02.lan", ca)):
             with pytest.raises(ssl.SSLCertVerificationError):
-                helpers["chat"](base, {"model": "m"}, PROGRAM, 10, (name, trusted.pem))
+                chat(base, {"model": "m"}, PROGRAM, 10, (name, trusted.pem))
         with pytest.raises(urllib.error.HTTPError) as refused:  # a wrong key: the edge's 401, with its body
-            helpers["chat"](base, {"model": "m"}, "sk-wrong-key-0000000000000", 10, ("spark-01.lan", ca.pem))
+            chat(base, {"model": "m"}, "sk-wrong-key-0000000000000", 10, ("spark-01.lan", ca.pem))
         assert refused.value.code == 401 and b"Unauthorized" in refused.value.read()
     finally:
         edge.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from components.plan.programs import script, script_program
+from components.plan.programs import script_program
 from tests.image_archives import config_for, image_id, legacy, loaded, oci
 from tests.unit.test_image_pull import DOCKER_20, DOCKER_29, api_refusal
 from tests.waiting import free_port
@@ -564,7 +564,7 @@ def test_a_slow_handshake_is_dropped_in_seconds_and_idle_peers_cannot_shut_a_rec
 def helpers_of(name: str) -> dict:
     """The module-level constants of a node script (read, not run: it would serve)."""
     found: dict = {}
-    for line in script(name).splitlines():
+    for line in (Path(__file__).resolve().parents[2] / "components" / "scripts" / name).read_text().splitlines():
         if line and line.split(" = ", 1)[0].isupper() and " = " in line and line.split(" = ", 1)[1].strip().isdigit():
             found[line.split(" = ", 1)[0]] = int(line.split(" = ", 1)[1].split("#")[0])
     return found

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from components.plan.programs import script
+from components.scripts import node_gpu_turn
 from tests.unit.test_supervisor import NodeSim
 from tests.waiting import wait_for
 
@@ -138,9 +138,8 @@ def node_pair(tmp_path):
 
 
 def test_the_turn_answers_who_holds_it_and_directories_can_be_kept_apart(tmp_path):
-    space = helpers_space()
     directory = os.environ["SPARK_VLLM_GPU_TURN"]
-    holder, waiter = space["GpuTurn"](directory), space["GpuTurn"](directory)
+    holder, waiter = node_gpu_turn.GpuTurn(directory), node_gpu_turn.GpuTurn(directory)
     assert waiter.holder() is None  # nobody holds it
     assert holder.take({"node": "spark-03", "replica": "coder", "why": "starting vLLM"})
     assert not waiter.take({"node": "spark-03", "replica": "small"})
@@ -153,14 +152,14 @@ def test_the_turn_answers_who_holds_it_and_directories_can_be_kept_apart(tmp_pat
     asking.start()
     assert wait_for(lambda: (holder.answer(), not asking.is_alive())[1], 5)
     assert answer["replica"] == "coder" and answer["why"] == "starting vLLM"
-    assert space["describe_holder"](answer).startswith("coder (node spark-03) since ")
+    assert node_gpu_turn.describe_holder(answer).startswith("coder (node spark-03) since ")
     holder.give_back()
     assert not os.path.exists(holder.listener.name)  # its socket goes with it
     assert waiter.take({"node": "spark-03", "replica": "small"})
     waiter.give_back()
     other_node = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")  # another node: another volume, another turn
     try:
-        other = space["GpuTurn"](other_node)
+        other = node_gpu_turn.GpuTurn(other_node)
         assert holder.take({}) and other.take({})
     finally:
         holder.give_back()
@@ -191,13 +190,6 @@ OTHER_USER = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
     reason="another user's process needs root to become it, and a python3 that user may run",
 )
-
-
-def helpers_space() -> dict:
-    program = script("supervisor.py").split("P = SupervisorParams")[0]
-    space: dict = {}
-    exec(compile(program, "supervisor-helpers", "exec"), space)  # noqa: S102 - our own script's helpers
-    return space
 
 
 def squat(name: str, answer: bytes, uid: int | None) -> subprocess.Popen:
@@ -247,8 +239,7 @@ def test_another_user_can_neither_take_the_turn_nor_pose_as_a_neighbour(volume):
     looked = subprocess.run(["/usr/bin/python3", "-c", "import os, sys; os.listdir(sys.argv[1])", str(volume)],
                             preexec_fn=lambda: os.setuid(NOBODY))  # fmt: skip
     assert looked.returncode == 0  # another user reaches the directory: the refusals below are its mode's doing
-    space = helpers_space()
-    turn, tenant = space["GpuTurn"](str(volume)), space["Tenant"](str(volume))
+    turn, tenant = node_gpu_turn.GpuTurn(str(volume)), node_gpu_turn.Tenant(str(volume))
     for name in ("turn.sock", "tenant.big.0000.sock"):
         squatter = squat(str(volume / name), b'{"replica": "big", "state": "starting"}\n', NOBODY)
         assert squatter.said == f"refused {errno.EACCES}", squatter.said
@@ -272,9 +263,8 @@ def test_a_turn_directory_others_may_write_in_is_refused_and_no_vllm_starts(tmp_
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)
-    space = helpers_space()
-    with pytest.raises(space["TurnDirectoryError"], match=r"is not a directory that only uid \d+ may write in"):
-        space["GpuTurn"](str(shared))
+    with pytest.raises(node_gpu_turn.TurnDirectoryError, match=r"is not a directory that only uid \d+ may write in"):
+        node_gpu_turn.GpuTurn(str(shared))
     sim = NodeSim(tmp_path, "small")
     try:
         sim.start(SPARK_VLLM_GPU_TURN=str(shared))
@@ -290,9 +280,8 @@ def test_a_link_where_the_turn_directory_should_be_is_refused(tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     (tmp_path / "turn").symlink_to(target)
-    space = helpers_space()
-    with pytest.raises(space["TurnDirectoryError"], match="mode lrwxrwxrwx"):
-        space["GpuTurn"](str(tmp_path / "turn"))
+    with pytest.raises(node_gpu_turn.TurnDirectoryError, match="mode lrwxrwxrwx"):
+        node_gpu_turn.GpuTurn(str(tmp_path / "turn"))
 
 
 @OTHER_USER
@@ -300,11 +289,10 @@ def test_a_neighbour_of_another_user_saying_it_is_starting_is_not_a_neighbour(vo
     """Defence in depth: were another user's socket in the directory (placed while it was open to all, say), what
     it says is not believed: the kernel says whose it is."""
     volume.chmod(0o777)
-    space = helpers_space()
     liar = squat(str(volume / "tenant.big.0000.sock"), b'{"replica": "big", "state": "starting"}\n', NOBODY)
     volume.chmod(0o755)
     honest = squat(str(volume / "tenant.side.0001.sock"), b'{"replica": "side", "state": "starting"}\n', None)
-    tenant = space["Tenant"](str(volume))
+    tenant = node_gpu_turn.Tenant(str(volume))
     try:
         assert liar.said == honest.said == "bound"
         tenant.tell({"replica": "small", "state": "running"})
@@ -316,13 +304,12 @@ def test_a_neighbour_of_another_user_saying_it_is_starting_is_not_a_neighbour(vo
 
 
 def test_a_neighbour_that_died_without_a_word_is_tidied_once_its_socket_is_old(tmp_path):
-    space = helpers_space()
     directory = os.environ["SPARK_VLLM_GPU_TURN"]
     dead = squat(os.path.join(directory, "tenant.big.0000.sock"), b"{}\n", None)
     ended(dead)  # a SIGKILL: its socket stays behind, nobody listening
     young = squat(os.path.join(directory, "tenant.new.0001.sock"), b"{}\n", None)
     ended(young)
-    tenant = space["Tenant"](directory)
+    tenant = node_gpu_turn.Tenant(directory)
     hour_ago = time.time() - 3600
     os.utime(os.path.join(directory, "tenant.big.0000.sock"), (hour_ago, hour_ago), follow_symlinks=False)
     assert tenant.neighbours() == []
@@ -331,15 +318,15 @@ def test_a_neighbour_that_died_without_a_word_is_tidied_once_its_socket_is_old(t
 
 @pytest.mark.parametrize("answer", [b"[1]\n", b"1\n", b'"x"\n', b"null\n", b"{\n", b"\xff\xfe\n", b"x" * 40000])
 def test_whatever_a_holder_answers_the_supervisor_says_a_line_and_goes_on(answer):
-    space = helpers_space()
-    turn = space["GpuTurn"](os.environ["SPARK_VLLM_GPU_TURN"])
+    turn = node_gpu_turn.GpuTurn(os.environ["SPARK_VLLM_GPU_TURN"])
     crasher = squat(turn.listener.name, answer, None)
     try:
         holder = turn.holder()
-        assert holder == {} and space["describe_holder"](holder) == "another supervisor on this node"
-        assert space["describe_holder"]({"replica": ["x"], "node": {"a": 1}, "why": 3}).startswith("['x'] (node ")
+        assert holder == {} and node_gpu_turn.describe_holder(holder) == "another supervisor on this node"
+        assert node_gpu_turn.describe_holder({"replica": ["x"], "node": {"a": 1}, "why": 3}).startswith("['x'] (node ")
         assert (
-            space["hold_limit"]({"hold_seconds": True}) is None and space["hold_limit"]({"hold_seconds": 1e9}) is None
+            node_gpu_turn.hold_limit({"hold_seconds": True}) is None
+            and node_gpu_turn.hold_limit({"hold_seconds": 1e9}) is None
         )
     finally:
         ended(crasher)

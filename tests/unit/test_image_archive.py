@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from components.plan.programs import script
+from components.scripts import node_image_archive as archive_check
 from tests.image_archives import config_for, image_id, legacy, loaded, oci
 from tests.unit.test_fabric_copy import client, depot, dockers  # noqa: F401 - the fixtures, used by name
 
@@ -25,17 +25,8 @@ OTHER = config_for("evil")
 REG, LNK, SYM, DIR = tarfile.REGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE, tarfile.DIRTYPE
 
 
-def checker():
-    space: dict = {}
-    exec(compile(script("node_image_archive.py"), "node_image_archive", "exec"), space)  # noqa: S102 - our script
-    return space
-
-
-SPACE = checker()
-
-
 def through(archive: bytes, chunk: int) -> bytes:
-    check, out = SPACE["ArchiveCheck"](WANTED), bytearray()
+    check, out = archive_check.ArchiveCheck(WANTED), bytearray()
     for at in range(0, len(archive), chunk):
         out += b"".join(check.feed(archive[at : at + chunk]))
     check.finish()
@@ -136,8 +127,8 @@ def test_a_hostile_archive_is_refused_before_docker_load_has_its_metadata(spelli
     make, said = HOSTILE[spelling]
     archive = make()
     for chunk in (512, 4096, 1 << 30):
-        check, passed = SPACE["ArchiveCheck"](WANTED), bytearray()
-        with pytest.raises(SPACE["ArchiveError"]) as refused:
+        check, passed = archive_check.ArchiveCheck(WANTED), bytearray()
+        with pytest.raises(archive_check.ArchiveError) as refused:
             for at in range(0, len(archive), chunk):
                 passed += b"".join(check.feed(archive[at : at + chunk]))
             check.finish()
@@ -155,7 +146,7 @@ def test_what_follows_the_archives_end_is_not_sent_and_a_block_after_one_empty_o
     end = end_of(archive)
     manifest_at = end.index(b"manifest.json\0")
     gap = end[:manifest_at] + bytes(512) + end[manifest_at:]
-    with pytest.raises(SPACE["ArchiveError"], match="goes on after an empty block"):
+    with pytest.raises(archive_check.ArchiveError, match="goes on after an empty block"):
         through(gap, 4096)
 
 
@@ -168,7 +159,7 @@ def test_what_follows_the_archives_end_is_not_sent_and_a_block_after_one_empty_o
 )
 def test_an_archive_cut_short_is_refused_at_its_end(cut, said):
     archive = cut(legacy(CONFIG, LAYER))
-    with pytest.raises(SPACE["ArchiveError"], match=said):
+    with pytest.raises(archive_check.ArchiveError, match=said):
         through(archive, 4096)
 
 
@@ -179,15 +170,15 @@ def test_a_global_pax_header_naming_paths_is_refused():
     ) as archive:
         info = tarfile.TarInfo("x")
         archive.addfile(info)
-    with pytest.raises(SPACE["ArchiveError"], match="global PAX header"):
+    with pytest.raises(archive_check.ArchiveError, match="global PAX header"):
         through(buffer.getvalue(), 512)
 
 
 def test_sizes_past_8_gib_are_read_as_docker_reads_them():
     """GNU's base-256 number (Go's archive/tar writes it for a layer over 8 GiB without PAX)."""
     field = bytes([0x80]) + (20 << 30).to_bytes(11, "big")
-    assert SPACE["octal_or_binary"](field) == 20 << 30
-    assert SPACE["octal_or_binary"](b"00000001750\0") == 1000
+    assert archive_check.octal_or_binary(field) == 20 << 30
+    assert archive_check.octal_or_binary(b"00000001750\0") == 1000
 
 
 @pytest.mark.parametrize("spelling", ["RepoTags", "two images", "a path through a link", "PAX path"])
@@ -213,12 +204,12 @@ def test_where_docker_keeps_images_in_containerd_the_id_is_the_digest_index_json
     nor for that id on a Docker of the other store (which would load the config's)."""
     archive = oci(CONFIG, LAYER)
     stored_as = index_digest(archive)
-    check = SPACE["ArchiveCheck"](stored_as, by_index=True)
+    check = archive_check.ArchiveCheck(stored_as, by_index=True)
     assert b"".join(b"".join(check.feed(archive[at : at + 65536])) for at in range(0, len(archive), 65536))
     check.finish()
     for wanted, by_index in ((stored_as, False), (WANTED, True), ("sha256:" + "e" * 64, True)):
-        with pytest.raises(SPACE["ArchiveError"], match="holds the image "):
-            SPACE["ArchiveCheck"](wanted, by_index=by_index).feed(archive)
+        with pytest.raises(archive_check.ArchiveError, match="holds the image "):
+            archive_check.ArchiveCheck(wanted, by_index=by_index).feed(archive)
 
 
 @pytest.mark.parametrize("annotations", [["io.containerd.image.name"], "x", 3])
@@ -231,5 +222,5 @@ def test_an_index_whose_annotations_are_not_a_mapping_is_read_not_tripped_on(ann
 
 def test_an_index_of_two_or_of_no_mapping_is_refused():
     for index in ({"manifests": [{}, {}]}, {"manifests": ["x"]}, {"manifests": {}}, []):
-        with pytest.raises(SPACE["ArchiveError"], match="not one image's"):
+        with pytest.raises(archive_check.ArchiveError, match="not one image's"):
             through(replaced(oci(CONFIG, LAYER), "index.json", json.dumps(index).encode()), 4096)

@@ -775,11 +775,14 @@ def test_the_image_probe_reads_each_releases_flags_where_that_release_keeps_them
 
 
 def test_the_probes_flag_files_are_every_release_s_the_version_table_names():
+    import ast
+
     from components.config.vllm_versions import CHANGES
 
-    probe: dict = {}
-    exec(compile(script("image_probe.py").split("\n\nvllm, nnodes", 1)[0], "image_probe", "exec"), probe)
-    assert set(probe["SERVER_FLAG_FILES"]) == {change.value for change in CHANGES["load_tracking_file"]}
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "components/scripts/image_probe.py").read_text())
+    (flag_files,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                     and [getattr(t, "id", None) for t in node.targets] == ["SERVER_FLAG_FILES"]]  # fmt: skip
+    assert set(flag_files) == {change.value for change in CHANGES["load_tracking_file"]}
 
 
 def test_an_image_without_bytecode_that_cannot_write_it_is_a_warning_naming_the_node_and_the_fix():

@@ -202,18 +202,18 @@ def test_docker_host_url():
 
 SCRIPT_CONTRACTS = [
     ("supervisor.py", "SupervisorParams", "json.loads(sys.argv[1])"),
-    ("serve_spec.py", "HandoverParams", "json.loads(PARAMS)"),
-    ("wait_ready.py", "ReadyParams", "json.loads(PARAMS)"),
-    ("smoke.py", "SmokeParams", "json.loads(PARAMS)"),
-    ("node_answers.py", "AnswersParams", "json.loads(PARAMS)"),
-    ("ray_join.py", "ClusterWaitParams", "json.loads(PARAMS)"),
-    ("node_benchmark.py", "BenchmarkParams", "json.loads(PARAMS)"),
-    ("nccl_bandwidth.py", "NcclParams", "json.loads(PARAMS)"),
-    ("node_fabric_gate.py", "FabricGateParams", "json.loads(PARAMS)"),
-    ("hf_download.py", "HfDownloadParams", "json.loads(PARAMS)"),
-    ("node_guard.py", "GuardParams", "json.loads(PARAMS)"),
-    ("image_pull.py", "PullParams", "json.loads(PARAMS)"),
-    ("router_keeper.py", "KeeperParams", "json.loads(PARAMS)"),
+    ("serve_spec.py", "HandoverParams", "given()"),
+    ("wait_ready.py", "ReadyParams", "given()"),
+    ("smoke.py", "SmokeParams", "given()"),
+    ("node_answers.py", "AnswersParams", "given()"),
+    ("ray_join.py", "ClusterWaitParams", "given()"),
+    ("node_benchmark.py", "BenchmarkParams", "given()"),
+    ("nccl_bandwidth.py", "NcclParams", "given()"),
+    ("node_fabric_gate.py", "FabricGateParams", "given()"),
+    ("hf_download.py", "HfDownloadParams", "given()"),
+    ("node_guard.py", "GuardParams", "given()"),
+    ("image_pull.py", "PullParams", "given()"),
+    ("router_keeper.py", "KeeperParams", "given()"),
     ("node_fabric_copy.py", "COPY_ROLES", "_GIVEN"),
 ]
 
@@ -234,15 +234,16 @@ def _p_reads(text: str) -> tuple[set[str], list[str]]:
 
 @pytest.mark.parametrize("script_name, contract, source", SCRIPT_CONTRACTS)
 def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract, source):
-    """node_contract.py is prepended to the script, P is its dataclass (`from_json`, the one way back from JSON),
-    and every `P.<field>` the script and its helpers read is a field of it: a renamed field fails here, not on a
-    node. The fabric copy's P is its role's (the depot's, an image's or a model's receiver)."""
+    """node_contract.py travels with the script (it imports it), P is its dataclass (`from_json`, the one way back
+    from JSON), and every `P.<field>` the script and the modules it carries read is a field of it: a renamed field
+    fails here, not on a node. The fabric copy's P is its role's (the depot's, an image's or a model's receiver)."""
     import dataclasses
 
-    from components.plan.programs import SCRIPT_HELPERS, script
+    from components.plan.programs import ENTRY, node_modules
     from components.scripts import node_contract
 
-    assert SCRIPT_HELPERS[script_name][0] == "node_contract.py"
+    carried = node_modules(script_name)
+    assert "components.scripts.node_contract" in carried
     text = (ROOT / "components/scripts" / script_name).read_text()
     kinds = list(node_contract.COPY_ROLES.values()) if contract == "COPY_ROLES" else [getattr(node_contract, contract)]
     built = (
@@ -251,12 +252,13 @@ def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(
         else f"{contract}.from_json({source})"
     )
     assert f"P = {built}" in text
-    helpers = "".join((ROOT / "components/scripts" / h).read_text() for h in SCRIPT_HELPERS[script_name][1:])
+    helpers = "".join(
+        source for name, source in carried.items() if name not in (ENTRY, "components.scripts.node_contract")
+    )
     read, as_dict = _p_reads(text + helpers)
     fields = {field.name for kind in kinds for field in dataclasses.fields(kind)}
     assert read and read <= fields, read - fields
     assert as_dict == [], f"{script_name} reads its parameters as a dict: {as_dict}"
-    assert script(script_name).startswith((ROOT / "components/scripts/node_contract.py").read_text())
 
 
 def test_no_script_reads_its_parameters_as_a_dict():

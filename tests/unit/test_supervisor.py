@@ -156,8 +156,10 @@ class NodeSim:
                   "ray_argv": ray_argv, "stop_grace_seconds": stop_grace}  # fmt: skip
         if guard_marker:
             params["guard_marker"] = str(guard_marker)
+        program = self.tmp_path / "supervisor.py"  # a file, as the container has it (too long for an argument)
+        program.write_text(script("supervisor.py"))
         self.process = subprocess.Popen(
-            [PYTHON, "-u", "-c", script("supervisor.py"), json.dumps(params)],
+            [PYTHON, "-u", str(program), json.dumps(params)],
             env={**self.env, **extra_env},
             stdout=open(self.tmp_path / f"supervisor-{self.name}.log", "w"),
             stderr=subprocess.STDOUT,
@@ -495,27 +497,21 @@ def test_the_api_key_is_taken_out_of_vllms_compile_cache_metadata(node, tmp_path
 def test_a_factors_file_read_before_vllm_wrote_it_is_redacted_once_written(tmp_path):
     """vLLM creates cache_key_factors.json, then writes it: a scan between the two must not mark the file
     as looked at when the write keeps its mtime (the kernel's timestamps are coarse)."""
-    namespace: dict = {}
-    body = script("supervisor.py").rsplit("sys.exit(Supervisor().run())", 1)[0]  # its functions, not its run
-    params = {"node": "n", "executor": "mp", "run_dir": str(tmp_path), "ray_argv": None, "stop_grace_seconds": 2}
-    argv, sys.argv = sys.argv, ["supervisor", json.dumps(params)]  # a whole SupervisorParams (node_contract.py)
-    try:
-        exec(compile(body, "supervisor.py", "exec"), namespace)  # noqa: S102 - the script under test
-    finally:
-        sys.argv = argv
+    from components.scripts.node_compile_cache import redact_compile_factors
+
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_API_KEY": "sk-secret-key-0123"}
     folder = tmp_path / "cache" / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbone"
     folder.mkdir(parents=True)
     factors = folder / "cache_key_factors.json"
     factors.write_text("")
     seen: dict = {}
-    assert namespace["redact_compile_factors"](env, seen) == []  # empty: nothing to take out yet
+    assert redact_compile_factors(env, seen) == []  # empty: nothing to take out yet
     created = factors.stat().st_mtime_ns
     factors.write_text(json.dumps({"env": {"VLLM_API_KEY": "sk-secret-key-0123"}}))
     os.utime(factors, ns=(created, created))  # written within the same tick
-    assert namespace["redact_compile_factors"](env, seen) == [str(factors)]
+    assert redact_compile_factors(env, seen) == [str(factors)]
     assert json.loads(factors.read_text()) == {"env": {"VLLM_API_KEY": "<redacted by spark-vllm>"}}
-    assert namespace["redact_compile_factors"](env, seen) == []  # looked at: not read again
+    assert redact_compile_factors(env, seen) == []  # looked at: not read again
 
 
 def test_the_contract_renders_what_the_container_and_the_supervisor_read():

@@ -12,15 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.plan.programs import script
+from components.scripts.node_watch import StallWatch, canary_answer, canary_difference, read_load, read_metrics
 from tests.unit.test_supervisor import NodeSim, alive
 from tests.waiting import holds_for, wait_for
-
-WATCH = {}
-exec(script("node_watch.py"), WATCH)  # noqa: S102 - the node's own rules, as the supervisor has them
-read_metrics, StallWatch = WATCH["read_metrics"], WATCH["StallWatch"]
-canary_difference, canary_answer = WATCH["canary_difference"], WATCH["canary_answer"]
-read_load = WATCH["read_load"]
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
