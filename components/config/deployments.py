@@ -13,16 +13,16 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
-from components.config.sections import RayConfig, VllmConfig, _Model
-from components.config.types import DnsLabel, ModelRef, Port, PositiveInt, _pattern
+from components.config.sections import RayConfig, StrictModel, VllmConfig
+from components.config.types import DnsLabel, ModelRef, Port, PositiveInt, matching
 
 # The vllm-router release the router runs (PyPI `vllm-router`, vllm-project/router): its HTTP API (IGW mode,
 # /workers) is what components/scripts/router_keeper.py speaks, checked against this version.
 ROUTER_VERSION = "0.1.17"
-RouterVersion = Annotated[str, _pattern(r"[0-9]+\.[0-9]+\.[0-9]+", "a vllm-router version such as 0.1.17")]
+RouterVersion = Annotated[str, matching(r"[0-9]+\.[0-9]+\.[0-9]+", "a vllm-router version such as 0.1.17")]
 
 
-class ModelSettings(_Model):
+class ModelSettings(StrictModel):
     """What one model is served with: a single-model stack's top-level keys, or each deployment's (which then
     replace them)."""
 
@@ -60,7 +60,7 @@ class ModelSettings(_Model):
 SINGLE_MODEL_KEYS = (*((to_camel(name), name) for name in ModelSettings.model_fields), ("head", "head"))
 
 
-class _Placed(_Model):
+class _Placed(StrictModel):
     """A deployment's name and nodes: its first keys (pydantic lists a class's fields after its bases', the
     last base's first)."""
 
@@ -87,7 +87,7 @@ class DeploymentConfig(ModelSettings, _Placed):
     )
 
 
-class RouterConfig(_Model):
+class RouterConfig(StrictModel):
     """`router`: vllm-router in front of the deployments, one OpenAI-compatible endpoint for them all."""
 
     enabled: Optional[bool] = Field(
@@ -126,7 +126,7 @@ class RouterConfig(_Model):
     index_url: Optional[
         Annotated[
             str,
-            _pattern(
+            matching(
                 r"https?://[A-Za-z0-9.:/_%+~-]+",
                 "an http(s) URL without credentials (no user:token@: they would sit in plain text in the stack "
                 "file and in the router container's command; use a mirror that needs none, or an image with "

@@ -26,8 +26,8 @@ from components.config.sections import (
     ReleaseConfig,
     SecurityConfig,
     SshConfig,
+    StrictModel,
     TlsConfig,
-    _Model,
 )
 from components.config.types import (
     ClientKey,
@@ -38,7 +38,7 @@ from components.config.types import (
     PrivateKeySecret,
     StackName,
     TokenSecret,
-    _pattern,
+    matching,
 )
 
 SECRET_KEYS = ("apiKey", "apiKeys", "tls", "hfToken", "sshPrivateKey", "grafanaAdminPassword")
@@ -141,7 +141,7 @@ def _is_label(value: Any) -> bool:
     return True
 
 
-class _Machines(_Model):
+class _Machines(StrictModel):
     """The stack's nodes and image: the first keys of ClusterConfig (pydantic lists a class's fields after its
     bases', the last base's first), so problems and the config reference list them before one model's."""
 
@@ -206,7 +206,7 @@ class ClusterConfig(ModelSettings, _Machines):
         None, description="Stack whose validated release (image digest, model, engine settings) this stack deploys."
     )
     promote_fingerprint: Optional[
-        Annotated[str, _pattern(r"[0-9a-f]{16}", "a release fingerprint (16 hex digits)")]
+        Annotated[str, matching(r"[0-9a-f]{16}", "a release fingerprint (16 hex digits)")]
     ] = Field(
         None,
         description="With promoteFrom: deploy only the release with this fingerprint (the one reviewed).",

@@ -29,7 +29,7 @@ from components.config.types import (
 )
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
     """Every model refuses unknown keys (a typo must not become a silent default) and is spelled
     in camelCase in the stack file, exactly as `pulumi config set --path` takes it."""
 
@@ -42,7 +42,7 @@ class _Model(BaseModel):
     )
 
 
-class NodeConfig(_Model):
+class NodeConfig(StrictModel):
     """`nodes[]`: one machine: how SSH reaches it (its management side) and its fabric link."""
 
     name: DnsLabel = Field(description="Node name: a DNS label, unique. Names resources and containers.")
@@ -67,7 +67,7 @@ class NodeConfig(_Model):
     )
 
 
-class SpeculativeConfig(_Model):
+class SpeculativeConfig(StrictModel):
     """vllm.speculative: speculative decoding, rendered into vLLM 0.25's `--speculative-config`
     (vllm/config/speculative.py SpeculativeConfig)."""
 
@@ -89,7 +89,7 @@ class SpeculativeConfig(_Model):
     )
 
 
-class VllmConfig(_Model):
+class VllmConfig(StrictModel):
     """`vllm`: what `vllm serve` is given beside the model and the parallelism, and how long the deploy waits."""
 
     host: ipaddress.IPv4Address = Field(
@@ -165,7 +165,7 @@ class VllmConfig(_Model):
     )
 
 
-class RayConfig(_Model):
+class RayConfig(StrictModel):
     """`ray`: the Ray cluster the Ray executor runs on: its ports, dashboard, auth and join wait."""
 
     port: Port = Field(6379, description="Ray GCS port on the head node.")
@@ -191,7 +191,7 @@ class RayConfig(_Model):
     )
 
 
-class NcclConfig(_Model):
+class NcclConfig(StrictModel):
     """`nccl`: NCCL's settings in every node container."""
 
     debug: Optional[Literal["VERSION", "WARN", "INFO", "TRACE"]] = Field(
@@ -200,7 +200,7 @@ class NcclConfig(_Model):
     ib_disable: bool = Field(False, description="NCCL_IB_DISABLE=1: force TCP sockets (a workaround, slow).")
 
 
-class NetworkConfig(_Model):
+class NetworkConfig(StrictModel):
     """`network`: the fabric network the program keeps on each node, its MTU, and network.guard."""
 
     manage: bool = Field(False, description="Write and apply a netplan drop-in for the fabric interface.")
@@ -218,7 +218,7 @@ class NetworkConfig(_Model):
     )
 
 
-class FabricConfig(_Model):
+class FabricConfig(StrictModel):
     """`fabric`: the fabric gate, each node's link checked before anything of the stack starts."""
 
     gate: Literal["enforce", "warn", "off"] = Field(
@@ -259,7 +259,7 @@ class FabricConfig(_Model):
     test_port: Port = Field(29660, description="TCP port of the bandwidth test on every node's fabric address.")
 
 
-class LogsConfig(_Model):
+class LogsConfig(StrictModel):
     """`container.logs`: how much of its output each container the program starts keeps on its node (Docker's
     json-file driver, rotated): a node's disk is never filled by a log, whatever reaches it."""
 
@@ -269,7 +269,7 @@ class LogsConfig(_Model):
     )
 
 
-class UlimitsConfig(_Model):
+class UlimitsConfig(StrictModel):
     """`container.ulimits`: the node containers' limits."""
 
     memlock: int = Field(
@@ -279,7 +279,7 @@ class UlimitsConfig(_Model):
     nofile: int = Field(1048576, ge=1024, description="Open files (Ray's object store and NCCL sockets need many).")
 
 
-class ContainerConfig(_Model):
+class ContainerConfig(StrictModel):
     """`container`: the node containers (Ray's or vLLM-mp's): GPUs, mounts, restart and what they keep."""
 
     gpus: bool = Field(True, description="Give the containers every GPU (`--gpus all`). false for CPU-only hosts.")
@@ -320,7 +320,7 @@ class ContainerConfig(_Model):
     )
 
 
-class RecoveryConfig(_Model):
+class RecoveryConfig(StrictModel):
     """`recovery`: how the supervisor starts vLLM again after a crash, and when it stops trying."""
 
     max_restarts: PositiveInt = Field(
@@ -341,7 +341,7 @@ class RecoveryConfig(_Model):
     )
 
 
-class ImageTransferConfig(_Model):
+class ImageTransferConfig(StrictModel):
     """`imageTransfer`: how the image reaches the nodes: pulled by each, or copied from the copy source."""
 
     method: Literal["pull", "copy"] = Field(
@@ -360,7 +360,7 @@ class ImageTransferConfig(_Model):
     )
 
 
-class ModelSyncConfig(_Model):
+class ModelSyncConfig(StrictModel):
     """`modelSync`: the model directory copied from the copy source to every other node over the fabric."""
 
     enabled: bool = Field(
@@ -373,7 +373,7 @@ class ModelSyncConfig(_Model):
     progress_seconds: PositiveInt = Field(10, description="How often `pulumi up` shows each node's copy progress.")
 
 
-class FabricCopyConfig(_Model):
+class FabricCopyConfig(StrictModel):
     """`fabricCopy`: where the copies come from: the copy source's depot and its port."""
 
     source: Optional[DnsLabel] = Field(
@@ -384,7 +384,7 @@ class FabricCopyConfig(_Model):
     port: Port = Field(29650, description="TCP port of the copy depot on the source's fabric address.")
 
 
-class MemoryConfig(_Model):
+class MemoryConfig(StrictModel):
     """`memory`: the memory plan (does the model fit each node) and the OOM guard."""
 
     os_reserve_gib: float = Field(
@@ -405,7 +405,7 @@ class MemoryConfig(_Model):
     )
 
 
-class SshConfig(_Model):
+class SshConfig(StrictModel):
     """`ssh`: how the remote commands reach the nodes."""
 
     dial_error_limit: int = Field(
@@ -418,7 +418,7 @@ class SshConfig(_Model):
     )
 
 
-class BenchmarkConfig(_Model):
+class BenchmarkConfig(StrictModel):
     """`benchmark`: a short fixed load after the smoke test; its figures go to the outputs and the release."""
 
     enabled: bool = Field(
@@ -439,7 +439,7 @@ class BenchmarkConfig(_Model):
     timeout_seconds: PositiveInt = Field(600, description="How long the whole benchmark may take.")
 
 
-class ReleaseConfig(_Model):
+class ReleaseConfig(StrictModel):
     """`release`: the floors a promoted release's figures must meet."""
 
     min_output_tokens_per_second: Optional[float] = Field(
@@ -469,7 +469,7 @@ class ReleaseConfig(_Model):
     )
 
 
-class MetricsConfig(_Model):
+class MetricsConfig(StrictModel):
     """`metrics`: the Prometheus targets, and the stack's own Prometheus and Grafana where a node is named."""
 
     prometheus_node: Optional[DnsLabel] = Field(
@@ -497,7 +497,7 @@ class MetricsConfig(_Model):
     grafana_port: Port = Field(3000, description="Port of that Grafana's web UI (GF_SERVER_HTTP_PORT).")
 
 
-class EdgeConfig(_Model):
+class EdgeConfig(StrictModel):
     """`edge`: HAProxy in front of the stack's endpoint (components/plan/edge.py), the one way in from the
     network: the key checked and the route on its allow-list before anything reaches vllm-router or vLLM."""
 
@@ -559,7 +559,7 @@ class EdgeConfig(_Model):
     )
 
 
-class TlsConfig(_Model):
+class TlsConfig(StrictModel):
     """`tls` (a secret: `pulumi config set --secret --path tls.key < key.pem`): the certificate the edge serves the
     endpoint with (components/config/tls.py checks it before anything starts)."""
 
@@ -574,7 +574,7 @@ class TlsConfig(_Model):
     )
 
 
-class SecurityConfig(_Model):
+class SecurityConfig(StrictModel):
     """`security`: security switches."""
 
     require_host_keys: bool = Field(False, description="Refuse nodes without hostKey instead of warning.")

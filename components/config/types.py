@@ -18,7 +18,7 @@ from components.config.ssh_keys import host_key_problem, private_key_problem
 NAMESPACE = "spark-vllm"
 
 
-def _pattern(regex: str, expected: str):
+def matching(regex: str, expected: str):
     """A validator for strings that end up in shell commands: the allowed alphabet is tight so a
     value can never be read as shell syntax, and quoting at the edge is a second line of defence."""
     compiled = re.compile(regex)
@@ -32,27 +32,27 @@ def _pattern(regex: str, expected: str):
 
 
 # A size as Docker's json-file log driver takes it (max-size): a number and k, m or g.
-LogSize = Annotated[str, _pattern(r"[1-9][0-9]{0,5}[kmg]", "a size such as 50m (a number, then k, m or g)")]
+LogSize = Annotated[str, matching(r"[1-9][0-9]{0,5}[kmg]", "a size such as 50m (a number, then k, m or g)")]
 DnsLabel = Annotated[
     str,
-    _pattern(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a DNS label (a-z, 0-9, '-', at most 63 characters)"),
+    matching(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a DNS label (a-z, 0-9, '-', at most 63 characters)"),
 ]
 HostName = Annotated[
     str,
-    _pattern(
+    matching(
         r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
         "a host name or IPv4 address (letters, digits, '.', '-')",
     ),
 ]
-PosixUser = Annotated[str, _pattern(r"[a-z_][a-z0-9_-]{0,31}", "a user name (a-z, 0-9, '_', '-')")]
+PosixUser = Annotated[str, matching(r"[a-z_][a-z0-9_-]{0,31}", "a user name (a-z, 0-9, '_', '-')")]
 NetDevName = Annotated[
     str,
-    _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}", "a network interface name (at most 15 of A-Z a-z 0-9 _ . -)"),
+    matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}", "a network interface name (at most 15 of A-Z a-z 0-9 _ . -)"),
 ]
-RdmaDeviceName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "an RDMA device name such as rocep1s0f1")]
+RdmaDeviceName = Annotated[str, matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "an RDMA device name such as rocep1s0f1")]
 ImageRef = Annotated[
     str,
-    _pattern(
+    matching(
         r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
         r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?",
         "an image reference: name[:tag][@sha256:<64 hex>]",
@@ -102,7 +102,7 @@ def _repo_id(value: str) -> str:
 
 ModelRef = Annotated[
     str,
-    _pattern(
+    matching(
         r"/+[A-Za-z0-9._+@=-]+(/+[A-Za-z0-9._+@=-]+)*/*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*",
         "an absolute path (/models/Name) or a Hugging Face repo id (org/name)",
     ),
@@ -111,20 +111,20 @@ ModelRef = Annotated[
 ]
 HttpEndpoint = Annotated[
     str,
-    _pattern(
+    matching(
         r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?", "an http(s) URL such as https://hf-mirror.com"
     ),
 ]
 AbsolutePath = Annotated[
     str,
-    _pattern(r"/+[A-Za-z0-9._+@=-]+(/+[A-Za-z0-9._+@=-]+)*/*", "an absolute path of A-Z a-z 0-9 . _ + @ = -"),
+    matching(r"/+[A-Za-z0-9._+@=-]+(/+[A-Za-z0-9._+@=-]+)*/*", "an absolute path of A-Z a-z 0-9 . _ + @ = -"),
     AfterValidator(_normal_path),
 ]
-ServedName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", "a model name of A-Z a-z 0-9 . _ / : + -")]
-ParserName = Annotated[str, _pattern(r"[a-z0-9][a-z0-9_-]{0,63}", "a parser name such as qwen3 (a-z, 0-9, _, -)")]
+ServedName = Annotated[str, matching(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", "a model name of A-Z a-z 0-9 . _ / : + -")]
+ParserName = Annotated[str, matching(r"[a-z0-9][a-z0-9_-]{0,63}", "a parser name such as qwen3 (a-z, 0-9, _, -)")]
 StackName = Annotated[
     str,
-    _pattern(
+    matching(
         r"(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+(/(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+){0,2}",
         "a stack name, fully qualified as organization/project/stack (no '.' or '..' part)",
     ),
@@ -234,7 +234,7 @@ ClientKey = Annotated[SecretStr, AfterValidator(_client_key)]
 # A client's name (apiKeys): what the edge's log and its counter say instead of the key.
 ClientName = Annotated[
     str,
-    _pattern(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", "a client name: a label (a-z, 0-9, '-', at most 32 characters)"),
+    matching(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", "a client name: a label (a-z, 0-9, '-', at most 32 characters)"),
 ]
 PasswordSecret = Annotated[SecretStr, AfterValidator(_password_secret)]
 PrivateKeySecret = Annotated[SecretStr, AfterValidator(_private_key_secret)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.config import ClusterConfig, NodeConfig
-from components.scripts.node_contract import KeeperParams, params_of
+from components.scripts.node_contract import KEEPER_MODES, params_of
 
 
 def router_node(cfg: ClusterConfig) -> NodeConfig:
@@ -14,10 +14,11 @@ def router_node(cfg: ClusterConfig) -> NodeConfig:
 
 
 def keeper_params(cfg: ClusterConfig, mode: str, **extra: Any) -> dict[str, Any]:
-    """router_keeper.py's parameters in `mode`, with that mode's own (KeeperParams)."""
+    """router_keeper.py's parameters in `mode`, with that mode's own (its class in KEEPER_MODES: a key it lacks or
+    one of another mode is a TypeError here)."""
     router, node = cfg.router, router_node(cfg)
     return params_of(
-        KeeperParams,
+        KEEPER_MODES[mode],
         mode=mode,
         host="0.0.0.0" if router.host == "0.0.0.0" else str(node.fabric_address),
         port=router.port,

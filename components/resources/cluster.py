@@ -26,11 +26,11 @@ from components.resources.metrics import Prometheus, prometheus_config, promethe
 from components.resources.node import NodeHost, NodeHostArgs
 from components.resources.node_container import NodeContainer, NodeContainerArgs
 from components.resources.placement import (
-    _replica_triggers,
-    _served_name,
     deployment_releases,
     deployments_output,
     deployments_release,
+    replica_triggers,
+    served_name,
     stack_release,
     together_check,
 )
@@ -107,8 +107,8 @@ class VllmCluster(pulumi.ComponentResource):
             steps, drained = None, []
             if self.router is not None:
                 after = [last_undrain[replica.deployment]] if replica.deployment in last_undrain else []
-                triggers = _replica_triggers(rcfg, release, transfer)
-                steps = self.router.drain(replica, _served_name(rcfg, release), release.engine, triggers, after)
+                triggers = replica_triggers(rcfg, release, transfer)
+                steps = self.router.drain(replica, served_name(rcfg, release), release.engine, triggers, after)
                 drained = [steps.drain]
             nodes = create_containers(
                 self, rcfg, release, self.hosts, transfer, gate, _secret_env(rcfg, secrets, ray_token),
@@ -329,7 +329,9 @@ def create_edge(
     node = edge_node(cfg).name
     guard = transfer.guards.get(node)
     checked = [gate.passed, *([guard.ready] if guard else [])]
-    spec = pulumi.Output.all(program_key, served, models).apply(lambda found: edge_spec(cfg, *found))
+    spec = pulumi.Output.all(program_key=program_key, served=served, models=models).apply(
+        lambda found: edge_spec(cfg, **found)
+    )
     return Edge(
         "spark-vllm",
         cfg,
@@ -450,19 +452,22 @@ def _release(
     with the stack's release: components/resources/placement.py)."""
     steps = [step for step in (server.smoke, server.benchmark) if step is not None]
     validated = pulumi.Output.all(*[step.stdout for step in steps]).apply(lambda _: True) if server.smoke else False
-    pinned = pulumi.Output.all(source_image.repo_digest, gate.image_id).apply(lambda p: p[0] or p[1])
+    pinned = pulumi.Output.all(digest=source_image.repo_digest, image_id=gate.image_id).apply(
+        lambda found: found["digest"] or found["image_id"]
+    )
     # The fabric's figures (a dict per node) join by apply: Output.all would unwrap them into an Output
     # per key, and the release is an output, whose dependencies nothing reads.
     parts = pulumi.Output.all(
-        pinned, release.model, release.engine, validated, server.benchmark_result, server.validation,
-        server.baseline_result, gate.vllm, gate.hosts,
+        image=pinned, model=release.model, engine=release.engine, validated=validated,
+        benchmark=server.benchmark_result, validation=server.validation, baseline=server.baseline_result,
+        vllm=gate.vllm, hosts=gate.hosts,
     )  # fmt: skip
 
-    def record(p: list, figures: Optional[dict] = None) -> dict:
-        speculation = speculation_record(p[2], p[5], p[6], p[4])
+    def record(p: dict, figures: Optional[dict] = None) -> dict:
+        speculation = speculation_record(p["engine"], p["validation"], p["baseline"], p["benchmark"])
         return release_record(
-            p[0], p[1], p[2], p[3], release.origin, fabric=figures, benchmark=p[4], speculation=speculation,
-            vllm=p[7], hosts=p[8],
+            p["image"], p["model"], p["engine"], p["validated"], release.origin, fabric=figures,
+            benchmark=p["benchmark"], speculation=speculation, vllm=p["vllm"], hosts=p["hosts"],
         )  # fmt: skip
 
     if not with_fabric:

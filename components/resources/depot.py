@@ -123,9 +123,9 @@ class Depot(pulumi.ComponentResource):
         )
         self.token = pulumi.Output.secret(token.stdout.apply(lambda value: value.strip()))
         model = pulumi.Output.from_input(args.model)
-        params = pulumi.Output.all(args.image_id, model).apply(
-            lambda parts: depot_params(
-                cfg, parts[0] if copies_image else None, parts[1] if cfg.model_sync.enabled else None
+        params = pulumi.Output.all(image_id=args.image_id, model=model).apply(
+            lambda found: depot_params(
+                cfg, found["image_id"] if copies_image else None, found["model"] if cfg.model_sync.enabled else None
             )
         )
         mounts = model.apply(lambda m: self._mounts(cfg, m))
@@ -153,8 +153,8 @@ class Depot(pulumi.ComponentResource):
         self, at: Receiver, image_id: pulumi.Input[str], reference: pulumi.Input[str]
     ) -> command.remote.Command:
         """`<node>-image-copy`: the source's image id on this node, received over the fabric if missing."""
-        stdin = pulumi.Output.all(image_id, reference, self.token).apply(
-            lambda parts: receive_image_program(self._cfg, at.node, *parts)
+        stdin = pulumi.Output.all(image_id=image_id, reference=reference, token=self.token).apply(
+            lambda found: receive_image_program(self._cfg, at.node, **found)
         )
         # Copied again only for another image id; reading and loading are safe to repeat.
         return self._step(at, "image-copy", self._cfg.image_transfer.timeout_seconds, stdin, [image_id])
@@ -163,7 +163,9 @@ class Depot(pulumi.ComponentResource):
         self, at: Receiver, model: pulumi.Input[str], source_fingerprint: pulumi.Input[str]
     ) -> command.remote.Command:
         """`<node>-model-sync`: this node's model directory made equal to the source's."""
-        stdin = pulumi.Output.all(model, self.token).apply(lambda parts: sync_model_program(self._cfg, at.node, *parts))
+        stdin = pulumi.Output.all(model=model, token=self.token).apply(
+            lambda found: sync_model_program(self._cfg, at.node, **found)
+        )
         # Again when the model or what the source holds changes (its fingerprint).
         return self._step(at, "model-sync", self._cfg.model_sync.timeout_seconds, stdin, [model, source_fingerprint])
 
@@ -246,8 +248,8 @@ def download_model(
     parent: pulumi.Resource,
 ) -> command.remote.Command:
     """`<source>-model-download`: a Hugging Face repo id fetched once, on the copy source."""
-    create = pulumi.Output.all(image_id, model).apply(lambda p: download_command(cfg, node, p[0], p[1]))
-    stdin = pulumi.Output.all(model, token).apply(lambda p: download_program(cfg, node, p[0], p[1]))
+    create = pulumi.Output.all(image_id=image_id, model=model).apply(lambda found: download_command(cfg, node, **found))
+    stdin = pulumi.Output.all(model=model, token=token).apply(lambda found: download_program(cfg, node, **found))
     return remote_step(
         f"{name}-model-download",
         connection,

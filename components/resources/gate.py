@@ -6,7 +6,7 @@ half-started anywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 import pulumi_command as command
@@ -140,8 +140,9 @@ def create_gate(
     passed_all = [found[name].apply(lambda _: True) for name in found if name not in fabric_verdict.found]
     model_id = found.get(ModelFingerprint.name, pulumi.Output.from_input(""))
     line = pulumi.Output.all(
-        same_image_id, model_id, plan.apply(lambda _: True), vllm, host.apply(lambda _: True), *passed_all
-    ).apply(lambda parts: gate_line(len(cfg.nodes), parts[0], parts[1]))
+        image_id=same_image_id, model_id=model_id, plan=plan.apply(lambda _: True), vllm=vllm,
+        host=host.apply(lambda _: True), verdicts=pulumi.Output.all(*passed_all),
+    ).apply(lambda found: gate_line(len(cfg.nodes), found["image_id"], found["model_id"]))  # fmt: skip
     passed = command.local.Command(
         cfg.named("checks-passed", alone="spark-vllm"), create=line, opts=pulumi.ResourceOptions(parent=parent)
     )
@@ -162,16 +163,16 @@ def hosts_found(cfg: ClusterConfig, release: ReleaseSource, found: dict[str, pul
     release.sameHosts names is refused before any container, any other is a warning."""
     validated = release.hosts if release.hosts is not None else pulumi.Output.from_input(None)
 
-    def judge(parts: list) -> dict:
-        record = host_record(parts[0])
-        verdict = promotion_host_verdict(cfg, release.origin, parts[1], record)
+    def judge(facts: dict, validated: Optional[dict]) -> dict:
+        record = host_record(facts)
+        verdict = promotion_host_verdict(cfg, release.origin, validated, record)
         if verdict.problems:
             raise HostPromotionError("\n".join(verdict.problems))
         for warning in verdict.warnings:
             pulumi.log.warn(warning)
         return record
 
-    return pulumi.Output.all(found[HostCheck.name], validated).apply(judge)
+    return pulumi.Output.all(facts=found[HostCheck.name], validated=validated).apply(lambda each: judge(**each))
 
 
 def vllm_found(
@@ -188,14 +189,16 @@ def vllm_found(
     head = checks[cfg.head_node.name].stdout(ImageCheck.name)
     validated = release.vllm if release.vllm is not None else pulumi.Output.from_input(None)
 
-    def judge(parts: list) -> dict:
-        record = vllm_record(parts[0], parts[1], release.origin)
-        refused = vllm_refusals(held_to(record), list(parts[2].extra_args), key)
+    def judge(head: str, validated: Optional[dict], engine: EngineSettings, checked: Any) -> dict:
+        record = vllm_record(head, validated, release.origin)
+        refused = vllm_refusals(held_to(record), list(engine.extra_args), key)
         if refused:
             raise VllmRefusesError("\n".join(refused))
         return record
 
-    return pulumi.Output.all(head, validated, release.engine, found[ImageCheck.name]).apply(judge)
+    # `checked`: the image check's verdict, which has to have passed first
+    found_all = pulumi.Output.all(head=head, validated=validated, engine=release.engine, checked=found[ImageCheck.name])
+    return found_all.apply(lambda each: judge(**each))
 
 
 def _node_checks(
@@ -264,12 +267,11 @@ def _memory_plan(
             {"checked": False, "reason": "the model is a repo id: its size is known only once downloaded"}
         )
     if cfg.memory_check == "off":
-        return pulumi.Output.all(fingerprint, release.engine).apply(
-            lambda parts: _speculation_checked(*parts, key) and {"checked": False, "reason": "memoryCheck: off"}
+        return pulumi.Output.all(fingerprint=fingerprint, engine=release.engine).apply(
+            lambda found: _speculation_checked(**found, key=key) and {"checked": False, "reason": "memoryCheck: off"}
         )
 
-    def judge(parts: list) -> dict:
-        head, engine, memories, found_vllm = parts
+    def judge(head: str, engine: EngineSettings, memories: dict, found_vllm: Optional[dict]) -> dict:
         _speculation_checked(head, engine, key)
         plan = memory_plan(
             cfg, head, [memories[node.name] for node in cfg.nodes], engine, pin_kv_cache=bool(co_tenants),
@@ -288,4 +290,6 @@ def _memory_plan(
             output["coTenants"] = co_tenants
         return output
 
-    return pulumi.Output.all(fingerprint, release.engine, found[Preflight.name], vllm).apply(judge)
+    memories = found[Preflight.name]
+    found_all = pulumi.Output.all(head=fingerprint, engine=release.engine, memories=memories, found_vllm=vllm)
+    return found_all.apply(lambda each: judge(**each))

@@ -57,14 +57,11 @@ class NodeChecks(pulumi.ComponentResource):
 
 def verdict(check: NodeCheck, cfg: ClusterConfig, outs: dict[str, pulumi.Output[str]], found: dict) -> pulumi.Output:
     """The check's judge over every node's stdout (and the findings it reads)."""
-    names = list(outs)
-    read = [found[name] for name in check.reads]
-    return pulumi.Output.all(*read, *outs.values()).apply(
-        lambda parts: check.judge(
-            cfg,
-            dict(zip(names, parts[len(read) :], strict=True)),
-            dict(zip(check.reads, parts[: len(read)], strict=True)),
-        )
+    stdout = pulumi.Output.all(**outs)  # node -> its stdout
+    read = {name: found[name] for name in check.reads}  # finding -> what it found
+    reads = pulumi.Output.all(**read) if read else pulumi.Output.from_input({})
+    return pulumi.Output.all(stdout=stdout, reads=reads).apply(
+        lambda each: check.judge(cfg, each["stdout"], each["reads"])
     )
 
 

@@ -42,11 +42,11 @@ def stack_release(releases: dict[Optional[str], ReleaseSource]) -> ReleaseSource
     )
 
 
-def _served_name(cfg: ClusterConfig, release: ReleaseSource) -> pulumi.Output[str]:
+def served_name(cfg: ClusterConfig, release: ReleaseSource) -> pulumi.Output[str]:
     return release.model.apply(lambda model: cfg.vllm.served_model_name or model)
 
 
-def _replica_triggers(cfg: ClusterConfig, release: ReleaseSource, transfer: Any) -> list:
+def replica_triggers(cfg: ClusterConfig, release: ReleaseSource, transfer: Any) -> list:
     """What changes a replica (its containers or vLLM's settings): each change takes it out of the router
     first. The image on its nodes, its model and engine settings, and what its containers are made of."""
     made_of = {

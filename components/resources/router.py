@@ -115,8 +115,8 @@ class Router(pulumi.ComponentResource):
     ) -> ReplicaSteps:
         """A replica out of the router and idle before `triggers` change anything of it, after `after` (the
         previous replica of its deployment back in); `engine`: the settings it deploys."""
-        params = pulumi.Output.all(served, engine).apply(
-            lambda found: {"worker": worker(replica, found[0], found[1].max_model_len)}
+        params = pulumi.Output.all(served=served, engine=engine).apply(
+            lambda found: {"worker": worker(replica, found["served"], found["engine"].max_model_len)}
         )
         drain = self._step(
             replica.config.named("router-drain", alone="spark-vllm"),
@@ -159,7 +159,7 @@ class Router(pulumi.ComponentResource):
         models = pulumi.Output.from_input(workers).apply(lambda w: sorted({each["model"] for each in w}))
         smoke = self._step(
             "spark-vllm-router-smoke",
-            pulumi.Output.all(models, api_key).apply(lambda p: self._smoke_params(p[0], p[1])),
+            pulumi.Output.all(models=models, api_key=api_key).apply(lambda found: self._smoke_params(**found)),
             SMOKE_TIMEOUT_SECONDS * 2,
             triggers=[declared.id, models],
             depends_on=[declared, edge],

@@ -21,6 +21,7 @@ import pulumi_command as command
 
 from components.config import ClusterConfig, NodeConfig
 from components.plan.container import cluster_wait_params, node_resource
+from components.plan.engine import EngineSettings
 from components.plan.names import (
     RUN_DIR,
     SERVE_HANDOVER_SECONDS,
@@ -158,15 +159,17 @@ class VllmServer(pulumi.ComponentResource):
     def _argv(self, node: Optional[NodeConfig], baseline: bool = False) -> pulumi.Output[list[str]]:
         """`vllm serve …` for `node`; `baseline`: without speculation."""
         args = self._args
-        return pulumi.Output.all(args.model, args.engine, args.max_num_seqs, args.kv_cache_bytes, args.scale_out).apply(
+        found = pulumi.Output.all(model=args.model, engine=args.engine, max_num_seqs=args.max_num_seqs,
+                                  kv_cache_bytes=args.kv_cache_bytes, scale_out=args.scale_out)  # fmt: skip
+        return found.apply(
             lambda p: serve_argv(
                 args.config,
-                p[0],
-                p[1].without_speculation() if baseline else p[1],
+                p["model"],
+                p["engine"].without_speculation() if baseline else p["engine"],
                 node,
-                max_num_seqs=p[2],
-                kv_cache_bytes=p[3],
-                scale_out=p[4],
+                max_num_seqs=p["max_num_seqs"],
+                kv_cache_bytes=p["kv_cache_bytes"],
+                scale_out=p["scale_out"],
             )
         )
 
@@ -193,8 +196,7 @@ class VllmServer(pulumi.ComponentResource):
             for node in nodes
         ]
 
-        def program(parts: list) -> str:
-            served, model, api_key = parts
+        def program(served: str, model: str, api_key: str) -> str:
             steps = [
                 ("wait_ready.py", ready_params(cfg, served, api_key)),
                 ("node_answers.py", answers_params(cfg, served, api_key)),
@@ -208,7 +210,9 @@ class VllmServer(pulumi.ComponentResource):
         return self._head_command(
             f"{name}-baseline",
             timeout,
-            pulumi.Output.all(self.served_model_name, self._args.model, self._args.api_key).apply(program),
+            pulumi.Output.all(served=self.served_model_name, model=self._args.model, api_key=self._args.api_key).apply(
+                lambda found: program(**found)
+            ),
             triggers=key,
             depends_on=serves,
             secret_outputs=["stdin"],
@@ -293,8 +297,7 @@ class VllmServer(pulumi.ComponentResource):
         else:
             argv = self.argv if head else self._argv(node)
 
-        def program(parts: list) -> str:
-            node_argv, api_key = parts
+        def program(node_argv: list[str], api_key: Optional[str]) -> str:
             shared = args.tenancy.get(node.name)
             return script_program("serve_spec.py", handover_params(cfg, node, node_argv, api_key, shared))
 
@@ -315,7 +318,7 @@ class VllmServer(pulumi.ComponentResource):
             SERVE_HANDOVER_SECONDS + 60,
             # the API key only where vLLM's API server runs: a headless rank (mp) never reads it, and a
             # worker that has it leaves it in its compile cache's metadata (see the supervisor's redaction)
-            pulumi.Output.all(argv, args.api_key if head else None).apply(program),
+            pulumi.Output.all(node_argv=argv, api_key=args.api_key if head else None).apply(lambda p: program(**p)),
             depends_on=self._before_serve(),
             # A failed start prints the vLLM log tail; keep what a log could echo out of plain state.
             secret_outputs=SECRET_IO,
@@ -325,8 +328,8 @@ class VllmServer(pulumi.ComponentResource):
     def _served_program(self, name: str, params: Callable[..., dict[str, Any]]) -> pulumi.Output[str]:
         """The script `name` with `params(cfg, served name, vLLM's key)`: what a head step reads on stdin."""
         cfg = self._args.config
-        return pulumi.Output.all(self.served_model_name, self._args.api_key).apply(
-            lambda found: script_program(name, params(cfg, found[0], found[1]))
+        return pulumi.Output.all(served=self.served_model_name, api_key=self._args.api_key).apply(
+            lambda found: script_program(name, params(cfg, found["served"], found["api_key"]))
         )
 
     def _create_ready_wait(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
@@ -345,8 +348,7 @@ class VllmServer(pulumi.ComponentResource):
     def _create_smoke_test(self, name: str, argv_fingerprint: pulumi.Output[str]) -> command.remote.Command:
         cfg = self._args.config
 
-        def program(parts: list) -> str:
-            served, api_key, engine, baseline = parts
+        def program(served: str, api_key: str, engine: EngineSettings, baseline: Optional[dict]) -> str:
             smoke = smoke_params(cfg, served, api_key)
             if engine.speculative is None:
                 return script_program("smoke.py", smoke)  # as it always was: no release without it changes
@@ -358,8 +360,11 @@ class VllmServer(pulumi.ComponentResource):
             f"{name}-smoke",
             SMOKE_TIMEOUT_SECONDS + 60,
             pulumi.Output.all(
-                self.served_model_name, self._args.api_key, self._args.engine, self.baseline_result
-            ).apply(program),
+                served=self.served_model_name,
+                api_key=self._args.api_key,
+                engine=self._args.engine,
+                baseline=self.baseline_result,
+            ).apply(lambda found: program(**found)),
             triggers=[self.ready.id, argv_fingerprint],
             depends_on=[self.ready],
         )
@@ -369,8 +374,7 @@ class VllmServer(pulumi.ComponentResource):
         Runs again when vLLM started anew or the benchmark's settings changed; read-only, no delete."""
         cfg = self._args.config
 
-        def program(parts: list) -> str:
-            served, model, api_key = parts
+        def program(served: str, model: str, api_key: str) -> str:
             return script_program("node_benchmark.py", benchmark_params(cfg, served, model, api_key))
 
         settings = fingerprint(cfg.benchmark.model_dump(mode="json"))
@@ -378,7 +382,9 @@ class VllmServer(pulumi.ComponentResource):
         return self._head_command(
             f"{name}-benchmark",
             cfg.benchmark.timeout_seconds + 360,  # a `vllm bench serve --help` probe, then the load
-            pulumi.Output.all(self.served_model_name, self._args.model, self._args.api_key).apply(program),
+            pulumi.Output.all(served=self.served_model_name, model=self._args.model, api_key=self._args.api_key).apply(
+                lambda found: program(**found)
+            ),
             triggers=[after.id, argv_fingerprint, settings],
             depends_on=[after],
             secret_outputs=["stdin"],

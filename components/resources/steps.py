@@ -65,8 +65,8 @@ def plain_trigger(value: pulumi.Input) -> pulumi.Output:
     step's handover output, nothing a guess could find from its digest). Others pass unchanged."""
     value = pulumi.Output.from_input(value)
     secret = pulumi.Output.from_input(value.is_secret())
-    return pulumi.Output.all(pulumi.Output.unsecret(value), secret).apply(
-        lambda pair: _digest(pair[0]) if pair[1] else pair[0]
+    return pulumi.Output.all(plain=pulumi.Output.unsecret(value), secret=secret).apply(
+        lambda found: _digest(found["plain"]) if found["secret"] else found["plain"]
     )
 
 

@@ -537,7 +537,8 @@ class RouterWorker(Contract):
 
 @dataclass(frozen=True)
 class KeeperParams(Contract):
-    """router_keeper.py: the router container's program (mode serve) and its steps (the other modes)."""
+    """router_keeper.py's parameters every mode has: all the router container's program (mode serve) takes. Each
+    step's mode has a class of its own (KEEPER_MODES), as the copy's roles do."""
 
     mode: str  # serve, ready, workers, drain, undrain, smoke
     host: str
@@ -549,19 +550,52 @@ class KeeperParams(Contract):
     version: str
     index_url: Optional[str]
     health_interval: float
-    timeout: Optional[float] = None  # every mode but serve
-    workers: Optional[List[RouterWorker]] = None  # workers
-    worker: Optional[RouterWorker] = None  # drain, undrain
-    models: Optional[list] = None  # smoke
-    api_key: Optional[str] = None  # smoke (secret)
-    prompt: Optional[str] = None  # smoke
-    max_tokens: Optional[int] = None  # smoke
-    tls_ca: Optional[str] = None  # smoke, with tls: the CA (PEM) the endpoint's certificate is verified with
-    server_name: Optional[str] = None  # smoke, with tls: the name it is verified for (the endpoint's host)
-    run_dir: Optional[str] = None  # tests only
 
-    # Each mode's own keys only in its steps: the router container's program (serve) is what it always was.
-    OMIT_NONE = tuple("timeout workers worker models api_key prompt max_tokens tls_ca server_name run_dir".split())
+
+@dataclass(frozen=True)
+class KeeperStepParams(KeeperParams):
+    """Mode ready: until vllm-router answers, at most `timeout` seconds (as every step's)."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class KeeperWorkersParams(KeeperStepParams):
+    """Mode workers: the replicas the router routes to, declared whole."""
+
+    workers: List[RouterWorker]
+
+
+@dataclass(frozen=True)
+class KeeperWorkerParams(KeeperStepParams):
+    """Modes drain and undrain: one replica out of the router (its requests finished), or back in."""
+
+    worker: RouterWorker
+
+
+@dataclass(frozen=True)
+class KeeperSmokeParams(KeeperStepParams):
+    """Mode smoke: one short chat per model through the stack's endpoint (with tls: its certificate verified with
+    `tls_ca` for `server_name`, the endpoint's host)."""
+
+    models: List[str]
+    prompt: str
+    max_tokens: int
+    api_key: Optional[str] = None  # secret
+    tls_ca: Optional[str] = None
+    server_name: Optional[str] = None
+
+    OMIT_NONE = ("api_key", "tls_ca", "server_name")
+
+
+KEEPER_MODES = {
+    "serve": KeeperParams,
+    "ready": KeeperStepParams,
+    "workers": KeeperWorkersParams,
+    "drain": KeeperWorkerParams,
+    "undrain": KeeperWorkerParams,
+    "smoke": KeeperSmokeParams,
+}
 
 
 class VllmState:

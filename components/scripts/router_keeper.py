@@ -31,18 +31,18 @@ import urllib.parse
 import urllib.request
 
 from components.scripts.node_chat import chat
-from components.scripts.node_contract import KeeperParams, KeeperResult
+from components.scripts.node_contract import KEEPER_MODES, KeeperResult
 from components.scripts.node_params import given
 from components.scripts.node_watch import StallWatch, http_get, read_load, read_metrics
 
-P = KeeperParams.from_json(given())
-RUN_DIR = P.run_dir or "/run/spark-vllm-router"  # run_dir: tests only
+_GIVEN = given()
+P = KEEPER_MODES[_GIVEN["mode"]].from_json(_GIVEN)  # the router container's program (serve) or one of its steps
+RUN_DIR = os.environ.get("SPARK_VLLM_ROUTER_RUN_DIR") or "/run/spark-vllm-router"  # another: tests only
 WORKERS, DRAINED, UNSERVING = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/unserving.json"
 FIELDS = ("url", "model", "stall_seconds")  # a declared worker, as workers.json keeps it
 WATCH_SECONDS = 2  # how often the serving keeper reads each worker's /health and /metrics
 ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
-# the stack's endpoint: the edge (https:// with tls, its certificate verified for P.server_name)
-FRONT = f"{'https' if P.tls_ca else 'http'}://{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"
+ENDPOINT = f"{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint: the edge
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
 
 
@@ -260,13 +260,15 @@ def in_flight(worker):
 
 
 def smoke():
-    """One short chat completion for each model, through the router (as a client sends it)."""
+    """One short chat completion for each model, through the router (as a client sends it): the edge, https:// with
+    tls (its certificate verified for P.server_name)."""
     results = {}
+    front = f"{'https' if P.tls_ca else 'http'}://{ENDPOINT}"
     for model in P.models:
         body = {"model": model, "messages": [{"role": "user", "content": P.prompt}], "max_tokens": P.max_tokens}
         started = time.monotonic()
         try:
-            answer = chat(FRONT, body, P.api_key, P.timeout, (P.server_name, P.tls_ca) if P.tls_ca else None)
+            answer = chat(front, body, P.api_key, P.timeout, (P.server_name, P.tls_ca) if P.tls_ca else None)
         except urllib.error.HTTPError as error:
             said = error.read().decode(errors="replace")[:500] if error.fp else error.reason
             raise SystemExit(f"router: {model} answered {error.code}: {said}") from None
@@ -278,7 +280,7 @@ def smoke():
             "completionTokens": usage.get("completion_tokens"),
             "answeredBy": answer.get("model"),
         }
-    print(json.dumps(KeeperResult(router=FRONT, models=results).to_json()))
+    print(json.dumps(KeeperResult(router=front, models=results).to_json()))
 
 
 def _gone(url):
@@ -292,7 +294,7 @@ def main():
         return serve()
     if mode == "ready":
         wait_until(lambda: registered() is not None, P.timeout, "vllm-router answering")
-        print(json.dumps(KeeperResult(router=FRONT, workers=registered()).to_json()))
+        print(json.dumps(KeeperResult(router=f"http://{ENDPOINT}", workers=registered()).to_json()))
         return None
     if mode == "workers":
         with Locked():

@@ -87,7 +87,8 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
     cfg = load_cluster_config(raw)
     fabric = str(cfg.head_node.fabric_address)
     run_dir = str(node.run_dir / "router")
-    base = keeper_params(cfg, "serve", run_dir=run_dir)
+    base = keeper_params(cfg, "serve")
+    env = {**node.env, "SPARK_VLLM_ROUTER_RUN_DIR": run_dir}
     worker = {"url": direct_url, "model": served, "replica": "lane"}
     result: dict = {"port": cfg.router.port, "policy": cfg.router.policy, "version": cfg.router.version}
     report["router"] = result
@@ -95,7 +96,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
     def keeper(mode: str, timeout: float = 180, **extra: Any) -> tuple[int, str, float]:
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-"], input=script_program("router_keeper.py", {**base, "mode": mode,
-                              "timeout": timeout, **extra}), env=node.env, capture_output=True, text=True,
+                              "timeout": timeout, **extra}), env=env, capture_output=True, text=True,
                               timeout=timeout + 60)  # fmt: skip
         if done.returncode == 0:
             node.record("router_keeper.py", done.stdout)
@@ -103,7 +104,7 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
 
     log = open(node.out / "router-keeper.log", "w")
     serving = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                               env=node.env, text=True)  # fmt: skip
+                               env=env, text=True)  # fmt: skip
     serving.stdin.write(script_program("router_keeper.py", base))
     serving.stdin.close()
     card = {"id": served, "root": cfg.model, "max_model_len": cfg.max_model_len}

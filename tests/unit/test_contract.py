@@ -6,10 +6,15 @@ import pytest
 
 from components.scripts import node_contract as contract
 from components.scripts.node_contract import (
+    KEEPER_MODES,
     GuardApi,
     GuardParams,
     GuardSpec,
     KeeperParams,
+    KeeperSmokeParams,
+    KeeperStepParams,
+    KeeperWorkerParams,
+    KeeperWorkersParams,
     RouterWorker,
     Served,
     SupervisorParams,
@@ -31,14 +36,48 @@ def test_nested_contracts_come_back_as_themselves_through_json():
 
 def test_a_list_of_contracts_and_an_optional_one():
     worker = {"url": "http://10.0.0.1:8000", "model": "m", "replica": "spark-vllm-a", "root": None, "max_model_len": 8}
-    keeper = KeeperParams.from_json({"mode": "workers", "host": "0.0.0.0", "port": 80, "inner_port": 81,
-                                     "metrics_host": "10.0.0.1", "metrics_port": 82, "policy": "round_robin",
-                                     "version": "0.1", "index_url": None, "health_interval": 5, "timeout": 30,
-                                     "workers": [worker], "worker": None})  # fmt: skip
-    assert keeper.workers == [RouterWorker(**worker)] and keeper.worker is None
+    keeper = KeeperWorkersParams.from_json({**KEEPER, "mode": "workers", "timeout": 30, "workers": [worker]})
+    assert keeper.workers == [RouterWorker(**worker)]
     assert keeper.to_json()["workers"] == [worker]
-    # a mode's own keys only where they are set: the router container's program keeps its text
-    assert {"timeout", "workers"} <= set(keeper.to_json()) and "worker" not in keeper.to_json()
+
+
+KEEPER = {"mode": "serve", "host": "0.0.0.0", "port": 80, "inner_port": 81, "metrics_host": "10.0.0.1",
+          "metrics_port": 82, "policy": "round_robin", "version": "0.1", "index_url": None, "health_interval": 5}  # fmt: skip
+WORKER = {"url": "http://10.0.0.1:8000", "model": "m", "replica": "spark-vllm-a", "root": None, "max_model_len": None}
+
+
+@pytest.mark.parametrize(
+    "mode, own, cls",
+    [
+        ("serve", {}, KeeperParams),
+        ("ready", {"timeout": 30}, KeeperStepParams),
+        ("workers", {"timeout": 30, "workers": [WORKER]}, KeeperWorkersParams),
+        ("drain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
+        ("undrain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
+        ("smoke", {"timeout": 30, "models": ["m"], "prompt": "Hi", "max_tokens": 4}, KeeperSmokeParams),
+    ],
+)
+def test_each_keeper_mode_has_its_type_and_takes_its_own_keys_only(mode, own, cls):
+    """One type per mode (as the copy's roles): a mode's keys are required of it, another mode's refused."""
+    assert KEEPER_MODES[mode] is cls
+    params = cls.from_json({**KEEPER, "mode": mode, **own})
+    assert params.to_json() == {**KEEPER, "mode": mode, **own}  # the serve program's text is the shared keys alone
+    for key in own:  # each of its own keys is needed
+        with pytest.raises(TypeError):
+            cls.from_json({**KEEPER, "mode": mode, **{k: v for k, v in own.items() if k != key}})
+    others = {"timeout": 1, "workers": [], "worker": WORKER, "models": [], "prompt": "x", "max_tokens": 1}
+    for key, value in others.items():  # another mode's key is refused, not carried
+        if key not in own:
+            with pytest.raises(TypeError):
+                cls.from_json({**KEEPER, "mode": mode, **own, key: value})
+
+
+def test_the_keepers_smoke_leaves_out_what_is_not_set():
+    smoke = KeeperSmokeParams.from_json({**KEEPER, "mode": "smoke", "timeout": 3, "models": ["m"], "prompt": "Hi",
+                                         "max_tokens": 4})  # fmt: skip
+    assert {"api_key", "tls_ca", "server_name"}.isdisjoint(smoke.to_json())
+    with_key = KeeperSmokeParams.from_json({**smoke.to_json(), "api_key": "sk-1"})
+    assert with_key.to_json()["api_key"] == "sk-1"
 
 
 def test_omitted_fields_stay_omitted_so_turning_nothing_on_changes_no_container():

@@ -213,7 +213,7 @@ SCRIPT_CONTRACTS = [
     ("hf_download.py", "HfDownloadParams", "given()"),
     ("node_guard.py", "GuardParams", "given()"),
     ("image_pull.py", "PullParams", "given()"),
-    ("router_keeper.py", "KeeperParams", "given()"),
+    ("router_keeper.py", "KEEPER_MODES", "_GIVEN"),
     ("node_fabric_copy.py", "COPY_ROLES", "_GIVEN"),
 ]
 
@@ -245,12 +245,9 @@ def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(
     carried = node_modules(script_name)
     assert "components.scripts.node_contract" in carried
     text = (ROOT / "components/scripts" / script_name).read_text()
-    kinds = list(node_contract.COPY_ROLES.values()) if contract == "COPY_ROLES" else [getattr(node_contract, contract)]
-    built = (
-        f'COPY_ROLES[_GIVEN["role"]].from_json({source})'
-        if contract == "COPY_ROLES"
-        else f"{contract}.from_json({source})"
-    )
+    by = {"COPY_ROLES": "role", "KEEPER_MODES": "mode"}.get(contract)  # a class per role or mode
+    kinds = list(getattr(node_contract, contract).values()) if by else [getattr(node_contract, contract)]
+    built = f'{contract}[_GIVEN["{by}"]].from_json({source})' if by else f"{contract}.from_json({source})"
     assert f"P = {built}" in text
     helpers = "".join(
         source for name, source in carried.items() if name not in (ENTRY, "components.scripts.node_contract")

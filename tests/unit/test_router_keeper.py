@@ -121,11 +121,10 @@ def router(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.17\n")
     port = free_port()
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "SPARK_VLLM_ROUTER_RUN_DIR": str(tmp_path / "run")}
     inner = free_port()
     base = {"host": "127.0.0.1", "port": port, "inner_port": inner, "metrics_host": "127.0.0.1", "metrics_port": free_port(),
-            "policy": "round_robin", "version": "0.1.17", "index_url": None, "health_interval": 5,
-            "run_dir": str(tmp_path / "run")}  # fmt: skip
+            "policy": "round_robin", "version": "0.1.17", "index_url": None, "health_interval": 5}  # fmt: skip
 
     def keeper(mode, **params):
         program = script_program("router_keeper.py", {**base, "mode": mode, **params})
@@ -304,10 +303,11 @@ def test_without_the_version_in_the_image_it_installs_it_into_the_volume_once(tm
     )
     params = {"mode": "serve", "host": "127.0.0.1", "port": free_port(), "inner_port": free_port(), "metrics_host": "127.0.0.1",
               "metrics_port": free_port(), "policy": "round_robin", "version": "9.9.9",
-              "index_url": "https://pypi.mirror.example/simple", "health_interval": 5, "run_dir": str(tmp_path / "r")}  # fmt: skip
+              "index_url": "https://pypi.mirror.example/simple", "health_interval": 5}  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-c", script_program("router_keeper.py", params)],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(fake.parent)},
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(fake.parent),
+             "SPARK_VLLM_ROUTER_RUN_DIR": str(tmp_path / "r")},
     )  # fmt: skip
     assert result.returncode != 0
     assert "could not install vllm-router 9.9.9" in result.stderr and "router.indexUrl" in result.stderr
