@@ -5,6 +5,7 @@
 # one side does not know fails loudly (TypeError) instead of being read as missing. Standard library only
 # (Python 3.7+, whatever the host or the image has), no side effects.
 import dataclasses
+import enum
 import typing
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -14,7 +15,8 @@ class Contract:
     """`to_json()`: the fields as JSON-ready data, nested contracts as theirs; a field named in the class's
     OMIT_NONE is left out while None (turning nothing on changes no program that carries it).
     `from_json(data)`: the dataclass back, a field typed as a contract, an Optional one, a list of them or a dict
-    of them built from its type; a key the class does not know, or one it needs missing: TypeError."""
+    of them built from its type, an enum from its value; a key the class does not know, or one it needs missing:
+    TypeError."""
 
     OMIT_NONE = ()
 
@@ -36,6 +38,8 @@ class Contract:
 def _plain(value):
     if isinstance(value, Contract):
         return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     if isinstance(value, dict):
@@ -58,6 +62,8 @@ def _typed(kind, value):
         return [args[0].from_json(item) for item in value]
     if origin is dict and len(args) == 2 and _is_contract(args[1]):
         return {key: args[1].from_json(item) for key, item in value.items()}
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(value)  # a value it does not name: ValueError
     return kind.from_json(value) if _is_contract(kind) else value
 
 
@@ -598,10 +604,12 @@ KEEPER_MODES = {
 }
 
 
-class VllmState:
-    """The supervisor's `state` in RUN_DIR/status.json, by name: what serve_spec.py, wait_ready.py, the node metrics
-    and statusCommand match. Where several words: what an operator reads."""
+class VllmState(str, enum.Enum):
+    """The supervisor's `state` in RUN_DIR/status.json (SupervisorStatus.state), by name: what serve_spec.py,
+    wait_ready.py, serve_stop.py, the node metrics, the GPU lane and the tests match. Its value is what status.json
+    and an operator read (where several words); `str()` and f-strings give it too, on every Python."""
 
+    UNKNOWN = "unknown"  # no status.json yet (a reader's own: the supervisor never writes it)
     WAITING_GUARD = "waiting for network.guard"
     NO_SETTINGS = "no settings"
     WAITING_RAY = "waiting for Ray"
@@ -615,6 +623,12 @@ class VllmState:
     BACKOFF = "backoff"
     FAILED = "failed"
     STOPPED = "stopped"
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
 
 
 class Fault:
@@ -633,7 +647,7 @@ class SupervisorStatus(Contract):
 
     node: str
     executor: str
-    state: str  # a VllmState
+    state: VllmState
     spec_fingerprint: Optional[str] = None
     vllm_pid: Optional[int] = None
     serving: bool = False  # /health answers 200 (the API server's node)

@@ -75,7 +75,7 @@ def main():
         write_private(SPEC, VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json())
     deadline = time.monotonic() + P.timeout_seconds
     while time.monotonic() < deadline:
-        status = SupervisorStatus.read(STATUS) or SupervisorStatus(node=P.node, executor="", state="")
+        status = SupervisorStatus.read(STATUS) or SupervisorStatus(node=P.node, executor="", state=VllmState.UNKNOWN)
         if status.spec_fingerprint == P.fingerprint:
             if status.failed:
                 # Handed over all the same: the step records these settings, so the next `up` with the

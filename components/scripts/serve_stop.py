@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from components.scripts.node_contract import SupervisorStatus
+from components.scripts.node_contract import SupervisorStatus, VllmState
 
 RUN, GRACE = sys.argv[1], float(sys.argv[2])
 SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
@@ -13,7 +13,7 @@ SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
 
 def status():
     """What the supervisor says (node_contract.py SupervisorStatus), or nothing yet."""
-    return SupervisorStatus.read(STATUS) or SupervisorStatus(node="", executor="", state="")
+    return SupervisorStatus.read(STATUS) or SupervisorStatus(node="", executor="", state=VllmState.UNKNOWN)
 
 
 try:

@@ -123,7 +123,7 @@ def log_lines(count):
 
 def supervisor():
     """What the container's supervisor says of vLLM (RUN_DIR/status.json)."""
-    return SupervisorStatus.read(P.status_file) or SupervisorStatus(node="", executor="", state="unknown")
+    return SupervisorStatus.read(P.status_file) or SupervisorStatus(node="", executor="", state=VllmState.UNKNOWN)
 
 
 def get(path, key=None):

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from components.scripts.node_contract import VllmState
 from tests.e2e.cli_stack import StackError
 from tests.e2e.rehearsal import chat, compile_factors, rehearsal_config
 from tests.waiting import wait_for, wait_until
@@ -213,13 +214,13 @@ def pretend_no_gpu(cluster, node) -> None:
     cluster.docker(node, "exec", f"spark-vllm-{node.name}", "sh", "-c", script)
 
 
-def status_when(cluster, node, state: str, timeout: float) -> dict:
+def status_when(cluster, node, state: VllmState, timeout: float) -> dict:
     """The node's supervisor status once it is in `state`; fails the test with the last one seen."""
     seen: dict = {}
 
     def arrived():
         seen.update(supervisor_status(cluster, node))
-        return seen["state"] == state and dict(seen)
+        return VllmState(seen["state"]) is state and dict(seen)
 
     return wait_until(arrived, timeout, f"{node.name}'s supervisor {state!r}", every=0.2, seen=lambda: seen)
 
@@ -253,7 +254,7 @@ def test_on_unified_memory_the_oom_guard_ends_vllm_and_restarts_wait_for_the_mem
         before = vllm_pids(sim_cluster, [head])
         pretend_unified(sim_cluster, head, total_gib=128, available_gib=4)
         started = time.monotonic()
-        waiting = status_when(sim_cluster, head, "waiting for GPU memory", timeout=30)
+        waiting = status_when(sim_cluster, head, VllmState.WAITING_MEMORY, timeout=30)
         assert waiting["oom_guarded"] == 1 and waiting["vllm_pid"] is None
         assert "unified memory: 4.0 of 128.0 GiB available (MemAvailable), vLLM asks for 64.0" in waiting["gpu_busy"]
         log = vllm_log(sim_cluster, head)
@@ -268,7 +269,7 @@ def test_on_unified_memory_the_oom_guard_ends_vllm_and_restarts_wait_for_the_mem
 
         # memory that does not come back: the loop ends, and says what it means on a GB10
         pretend_unified(sim_cluster, head, total_gib=128, available_gib=4)
-        failed = status_when(sim_cluster, head, "failed", timeout=90)
+        failed = status_when(sim_cluster, head, VllmState.FAILED, timeout=90)
         assert failed["oom_guarded"] == 2
         assert "recovery.gpuWaitSeconds 20" in failed["failed"] and "reboot the node" in failed["failed"]
         output = run_status_command(sim_cluster, stack["stack"].outputs()["statusCommand"])
@@ -295,7 +296,7 @@ def test_a_setting_vllm_refuses_at_start_ends_the_loop_at_once_and_the_status_sa
         f"\nRECOVERY a start refusal ended the loop after {time.monotonic() - started:.1f} s (up failed with the reason)"
     )
     status = supervisor_status(sim_cluster, sim_cluster.nodes[0])
-    assert status["state"] == "failed" and status["vllm_pid"] is None
+    assert VllmState(status["state"]) is VllmState.FAILED and status["vllm_pid"] is None
     assert status["restarts_in_window"] == 0  # no restart counted for these settings (earlier tests restarted others)
     running = sim_cluster.docker(sim_cluster.nodes[0], "inspect", "-f", "{{.State.Running}}", "spark-vllm-node-1")
     assert running.stdout.strip() == "true"  # the container stays up

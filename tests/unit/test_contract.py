@@ -111,3 +111,15 @@ def test_a_nested_dict_is_checked_too():
     with pytest.raises(TypeError):
         params_of(GuardParams, node="n", action="run", spec={**SPEC.to_json(), "pears": []}, hash="h",
                   host_root="/", marker="/m", check_seconds=1, timeout_seconds=1)  # fmt: skip
+
+
+def test_the_supervisors_state_is_a_named_state_both_ways():
+    """status.json carries the state's words (what an operator and an older reader see); every reader gets the
+    VllmState by name, and a state no VllmState names is refused, not read as a string."""
+    status = contract.SupervisorStatus(node="n", executor="mp", state=contract.VllmState.WAITING_TURN)
+    written = json.loads(json.dumps(status.to_json()))
+    assert written["state"] == "waiting for the GPU turn"
+    assert contract.SupervisorStatus.from_json(written).state is contract.VllmState.WAITING_TURN
+    assert f"supervisor: {status.state}" == "supervisor: waiting for the GPU turn" == f"supervisor: {str(status.state)}"
+    with pytest.raises(ValueError, match="'dancing' is not a valid VllmState"):
+        contract.SupervisorStatus.from_json({**written, "state": "dancing"})

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from components.scripts import node_gpu_turn
+from components.scripts.node_contract import VllmState
 from tests.unit.test_supervisor import NodeSim
 from tests.waiting import wait_for
 
@@ -51,7 +52,7 @@ def test_two_replicas_handed_their_settings_at_once_start_one_after_the_other(si
     assert second.returncode == 0, second.stdout + second.stderr
     assert "the node's GPU turn" in second.stdout and "coder" in second.stdout
     status = small.status()
-    assert status["state"] == "waiting for the GPU turn" and status["vllm_pid"] is None
+    assert VllmState(status["state"]) is VllmState.WAITING_TURN and status["vllm_pid"] is None
     assert status["turn"].startswith("waiting: held by coder (node node-1)")
     assert coder.status()["turn"] == "held"
     (tmp_path / "coder-serves").touch()  # coder's vLLM serves: it gives the turn back, small starts
@@ -68,7 +69,7 @@ def test_the_turn_is_free_the_moment_its_holder_dies(sims, tmp_path):
     small.start()
     coder.serve(tenancy={**TENANCY, "replica": "coder"}, gpu_memory_utilization=0.5)
     small.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=5)
-    assert small.status()["state"] == "waiting for the GPU turn"
+    assert small.state() is VllmState.WAITING_TURN
     holder.send_signal(signal.SIGKILL)  # a container killed, a node's crash: no goodbye
     assert wait_for(lambda: small.status().get("vllm_pid") is not None, 15)
 
@@ -89,11 +90,11 @@ def test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_
     coder = sims("coder")  # a neighbour that serves, with its share of the GPU
     coder.start()
     coder.serve(tenancy={**TENANCY, "replica": "coder"}, gpu_memory_utilization=0.2)
-    assert wait_for(lambda: coder.status().get("state") == "running", 10)
+    assert wait_for(lambda: coder.state() is VllmState.RUNNING, 10)
     # the first start sees a neighbour take 42 GiB meanwhile; every start after it is refused with the GPU quiet
     sim.start(FAKE_VLLM_MEMORY_REFUSE="1", FAKE_VLLM_FREE_AT_EXIT="100000")
     sim.serve(tenancy=TENANCY, gpu_memory_utilization=0.5, timeout=5)
-    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    assert wait_for(lambda: sim.state() is VllmState.FAILED, 30)
     log, status = sim.log(), sim.status()
     assert "went from 0.8 to 42.7 GiB: that is another process's doing, not a refusal of its settings" in log
     assert "once more before calling it a refusal of its settings" in log
@@ -112,7 +113,7 @@ def test_a_memory_refusal_alone_on_the_gpu_is_a_refusal_of_its_settings_the_seco
     sim, _ = node_pair
     sim.start(FAKE_VLLM_MEMORY_REFUSE="1")
     sim.serve(gpu_memory_utilization=0.5, timeout=5)
-    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    assert wait_for(lambda: sim.state() is VllmState.FAILED, 30)
     failed = sim.status()["failed"]
     assert "alone on the GPU, its weights and activations take all of gpuMemoryUtilization 0.5" in failed
     assert "raise vllm.gpuMemoryUtilization" in failed
@@ -123,10 +124,10 @@ def test_new_settings_start_the_count_of_quiet_refusals_again(node_pair):
     sim, _ = node_pair
     sim.start(FAKE_VLLM_MEMORY_REFUSE="1")
     sim.serve(gpu_memory_utilization=0.5, timeout=5)
-    assert wait_for(lambda: sim.status().get("state") == "failed", 30)
+    assert wait_for(lambda: sim.state() is VllmState.FAILED, 30)
     sim.serve(gpu_memory_utilization=0.6, fingerprint="f2", timeout=5)
     # two starts again under the new settings before they too are called a refusal
-    assert wait_for(lambda: sim.log().count("vLLM started (pid") == 4 and sim.status().get("state") == "failed", 30)
+    assert wait_for(lambda: sim.log().count("vLLM started (pid") == 4 and sim.state() is VllmState.FAILED, 30)
     assert "gpuMemoryUtilization 0.6" in sim.status()["failed"]
 
 
@@ -269,7 +270,7 @@ def test_a_turn_directory_others_may_write_in_is_refused_and_no_vllm_starts(tmp_
     try:
         sim.start(SPARK_VLLM_GPU_TURN=str(shared))
         sim.serve(tenancy=TENANCY, gpu_memory_utilization=0.2, timeout=5)
-        assert wait_for(lambda: sim.status().get("state") == "failed", 20)
+        assert wait_for(lambda: sim.state() is VllmState.FAILED, 20)
         assert "another user could take the node's GPU turn" in sim.status()["failed"]
         assert sim.status()["vllm_pid"] is None
     finally:
@@ -352,7 +353,7 @@ def test_a_holder_that_keeps_the_turn_past_its_limit_is_waited_for_no_longer(sim
         small.start()
         started = time.monotonic()
         small.serve(tenancy={"replica": "small", "turn_hold_seconds": 2}, gpu_memory_utilization=0.2, timeout=3)
-        assert small.status()["state"] == "waiting for the GPU turn"
+        assert small.state() is VllmState.WAITING_TURN
         assert wait_for(lambda: small.status().get("vllm_pid") is not None, 30)
         assert time.monotonic() - started >= 3.5  # 2 s and as long again
         turn = small.status()["turn"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from components.plan.programs import script, script_program
+from components.scripts.node_contract import SupervisorStatus, VllmState
 from tests.waiting import holds_for, wait_for, wait_until
 
 PYTHON = sys.executable
@@ -172,6 +173,11 @@ class NodeSim:
         except (OSError, ValueError):
             return {}
 
+    def state(self) -> VllmState | None:
+        """The supervisor's state by name (status.json read through its contract), None before it wrote one."""
+        found = SupervisorStatus.read(str(self.run_dir / "status.json"))
+        return found.state if found else None
+
     def log(self) -> str:
         try:
             return (self.run_dir / "vllm.log").read_text()
@@ -257,7 +263,7 @@ def test_settings_start_vllm_once_and_the_same_settings_leave_it_alone(node):
     pid = node.status()["vllm_pid"]
     assert f"vLLM started (pid {pid})" in first.stdout and alive(pid)
     assert wait_for(lambda: node.status().get("serving") is True)
-    assert node.status()["state"] == "running"
+    assert node.state() is VllmState.RUNNING
     assert wait_for(lambda: "key set" in node.log())  # the fake's own output: it may start slowly under load
     assert "secret-key" not in node.log() + first.stdout
     assert oct((node.run_dir / "spec.json").stat().st_mode & 0o777) == "0o600"  # it carries the key
@@ -292,7 +298,7 @@ def test_a_crash_loop_stops_after_max_restarts_and_says_why(node):
     process = node.start(FAKE_VLLM_CRASH_AFTER="0.2")
     result = node.serve(timeout=30)
     # the serve step may see the first start, or already the supervisor giving up
-    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    assert wait_for(lambda: node.state() is VllmState.FAILED, 30)
     status = node.status()
     assert "vLLM exited 4 times within 60 s (recovery.maxRestarts 3): not starting it again" in status["failed"]
     assert "ERROR EngineCore failed: out of memory" in status["failed"]
@@ -329,7 +335,7 @@ def test_a_live_engine_core_is_left_alone(node):
 def test_a_start_vllm_refuses_for_its_own_settings_ends_the_loop_at_once(node):
     process = node.start(FAKE_VLLM_REFUSE="1")
     node.serve(timeout=5, health_url=None)  # it never serves
-    assert wait_for(lambda: node.status().get("state") == "failed", 20)
+    assert wait_for(lambda: node.state() is VllmState.FAILED, 20)
     status = node.status()
     assert status["failed"].startswith("vLLM refused its settings while starting, and would refuse them again")
     assert "max_num_seqs (1024) exceeds available Mamba cache blocks (609)" in status["failed"]
@@ -361,7 +367,7 @@ def test_stopping_is_graceful_takes_the_whole_group_and_is_safe_twice(node, tmp_
     assert stopped.returncode == 0 and f"vLLM (pid {pid}) stopped" in stopped.stdout
     assert "Shutting down" in node.log()  # SIGTERM first
     assert wait_for(lambda: not alive(pid) and not alive(child), 5)
-    assert node.status()["state"] == "no settings"
+    assert node.state() is VllmState.NO_SETTINGS
     second = node.stop_vllm()
     assert second.returncode == 0 and "nothing to stop" in second.stdout
 
@@ -383,12 +389,12 @@ def test_ray_is_kept_running_and_the_head_waits_for_the_cluster(node, tmp_path):
     assert "Ray exited with code 3; starting it again in 2 s" in (node.run_dir / "vllm.log").read_text()
     result = node.serve(ray_ready={"address": "10.0.0.1:6379", "nodes": 2, "gpus": 2}, timeout=5)
     assert result.returncode == 0 and "vLLM starts once Ray shows every node" in result.stdout
-    assert node.status()["state"] == "waiting for Ray" and node.status()["vllm_pid"] is None
+    assert node.state() is VllmState.WAITING_RAY and node.status()["vllm_pid"] is None
     (tmp_path / "nodes.json").write_text(json.dumps({"alive": 2}))
     assert wait_for(lambda: node.status().get("vllm_pid") is not None, 20)
     process.send_signal(signal.SIGTERM)  # docker stop
     assert process.wait(timeout=30) == 0
-    assert node.status()["state"] == "stopped"
+    assert node.state() is VllmState.STOPPED
 
 
 def test_a_stop_gives_ray_a_short_grace_not_vllms(node, tmp_path):
@@ -407,7 +413,7 @@ def test_with_the_guard_nothing_starts_before_its_rules_are_in_place_in_this_boo
     marker.parent.mkdir()
     marker.write_text(json.dumps({"boot_id": "a-boot-before-the-last-reboot", "hash": "h"}))
     node.start(ray_argv=["ray", "start", "--block", "--head"], guard_marker=marker)
-    assert wait_for(lambda: node.status().get("state") == "waiting for network.guard")
+    assert wait_for(lambda: node.state() is VllmState.WAITING_GUARD)
     holds_for(lambda: not (tmp_path / "ray-starts").exists(), 1.5, "no Ray start on a stale marker (another boot)")
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     marker.write_text(json.dumps({"boot_id": boot, "hash": "h"}))  # the guard applied its rules
@@ -440,7 +446,7 @@ def test_a_start_waits_until_the_gpu_has_what_vllm_asks_for_and_names_what_holds
     (tmp_path / "gpu-free").write_text("10445")  # 10.2 GiB free: an old engine core still holds the rest
     node.start()
     node.serve(timeout=5)
-    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory")
+    assert wait_for(lambda: node.state() is VllmState.WAITING_MEMORY)
     status = node.status()
     assert status["vllm_pid"] is None and status["restarts_total"] == 0
     assert "GPU 0 has 10.2 of 140.4 GiB free, vLLM asks for 126.4 (gpuMemoryUtilization 0.9)" in status["gpu_busy"]
@@ -454,7 +460,7 @@ def test_a_gpu_that_stays_busy_is_given_up_on_with_what_holds_it(node, tmp_path)
     (tmp_path / "gpu-free").write_text("10445")
     node.start()
     node.serve(timeout=5)
-    assert wait_for(lambda: node.status().get("state") == "failed", 20)
+    assert wait_for(lambda: node.state() is VllmState.FAILED, 20)
     failed = node.status()["failed"]
     assert re.match(
         r"the GPU stayed busy for [67] s \(recovery.gpuWaitSeconds 6\): GPU 0 has 10.2 of 140.4 GiB", failed
@@ -468,7 +474,7 @@ def test_a_start_vllm_refuses_for_lack_of_gpu_memory_is_not_a_crash(node, tmp_pa
     (tmp_path / "bin" / "nvidia-smi").unlink()
     node.start(FAKE_VLLM_GPU_BUSY="1")
     node.serve(timeout=5, health_url=None)  # (the fixture's /health would answer for a vLLM that never serves)
-    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    assert wait_for(lambda: node.state() is VllmState.FAILED, 30)
     status = node.status()
     assert status["failed"].startswith("the GPU stayed busy for")
     assert "on startup is less than desired GPU memory utilization" in status["failed"]
@@ -544,7 +550,7 @@ def test_on_unified_memory_a_start_waits_for_memavailable_and_gives_up_saying_wh
     meminfo(tmp_path / "meminfo", available_gib=20)
     node.start(FAKE_UNIFIED="1", SPARK_VLLM_MEMINFO=str(tmp_path / "meminfo"))
     node.serve(timeout=5, health_url=None)
-    assert wait_for(lambda: node.status().get("state") == "failed", 30)
+    assert wait_for(lambda: node.state() is VllmState.FAILED, 30)
     status = node.status()
     assert status["failed"].startswith("the GPU stayed busy for")
     assert "unified memory: 20.0 of 119.2 GiB available (MemAvailable), vLLM asks for 107.3" in status["failed"]
@@ -556,7 +562,7 @@ def test_on_unified_memory_a_start_goes_ahead_once_the_memory_is_back(node, tmp_
     meminfo(tmp_path / "meminfo", available_gib=20)
     node.start(FAKE_UNIFIED="1", SPARK_VLLM_MEMINFO=str(tmp_path / "meminfo"))
     node.serve(timeout=3, health_url=None)
-    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory", 10)
+    assert wait_for(lambda: node.state() is VllmState.WAITING_MEMORY, 10)
     meminfo(tmp_path / "meminfo", available_gib=115)
     assert wait_for(lambda: node.status().get("vllm_pid"), 15)
     assert "unified memory is free again after" in node.log()
@@ -572,7 +578,7 @@ def test_the_oom_guard_ends_vllm_first_and_the_restart_waits_for_the_memory(node
     assert wait_for(lambda: not alive(first), 15)
     assert "memory.oomGuard: MemAvailable 3.0 GiB is under the OS's reserve (8.0 GiB" in node.log()
     assert wait_for(lambda: node.status().get("oom_guarded") == 1, 5)
-    assert wait_for(lambda: node.status().get("state") == "waiting for GPU memory", 15)  # not on top of it
+    assert wait_for(lambda: node.state() is VllmState.WAITING_MEMORY, 15)  # not on top of it
     meminfo(tmp_path / "meminfo", available_gib=115)
     assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
     status = node.status()

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from components.scripts.node_contract import VllmState
 from components.scripts.node_watch import StallWatch, canary_answer, canary_difference, read_load, read_metrics
 from tests.unit.test_supervisor import NodeSim, alive
 from tests.waiting import holds_for, wait_for
@@ -239,7 +240,7 @@ def test_a_vllm_whose_counters_move_is_left_alone(node, api):
     node.start()
     pid = serve_watched(node, api, stall=3)
     api.state.update(running=4, moving=True)  # slow, but every reading moved
-    holds_for(lambda: node.status().get("vllm_pid") == pid and node.status().get("state") == "running", 10, "running")
+    holds_for(lambda: node.status().get("vllm_pid") == pid and node.state() is VllmState.RUNNING, 10, "running")
     assert not node.status().get("faults")
 
 
