@@ -108,8 +108,9 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
     serving.stdin.write(script_program("router_keeper.py", base))
     serving.stdin.close()
     card = {"id": served, "root": cfg.model, "max_model_len": cfg.max_model_len}
-    edge = Edge(edge_spec(cfg, api_key, [served], [card]), node.out).start()
-    try:
+    edge = None
+    try:  # the keeper and its vllm-router are stopped whatever fails after they started, the edge's start too
+        edge = Edge(edge_spec(cfg, api_key, [served], [card]), node.out).start()
         if not step("router_ready", *keeper("ready", 120)):
             return
         if not step("router_workers", *keeper("workers", 120, workers=[worker])):
@@ -142,7 +143,8 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
             return
         result["after_undrain"] = status_of(router + "/v1/chat/completions", api_key, chat)[0]
     finally:
-        edge.close()
+        if edge is not None:
+            edge.close()
         serving.send_signal(signal.SIGTERM)
         try:
             serving.wait(30)
