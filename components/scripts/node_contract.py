@@ -624,11 +624,8 @@ class VllmState(str, enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
 
-    def __str__(self):
+    def __str__(self):  # f-strings follow it too (Python 3.12 formats an enum by its str())
         return self.value
-
-    def __format__(self, spec):
-        return format(self.value, spec)
 
 
 class Fault:

@@ -57,8 +57,6 @@ def run(sources, entry, params=None):
     namespace = {"__name__": "__main__", "__file__": file_name(entry), "__builtins__": __builtins__}
     try:
         exec(compiled(sources[entry], entry), namespace)
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:  # shown, and exit 1, as Python would
+    except Exception:  # shown, and exit 1, as Python would (SystemExit and KeyboardInterrupt pass)
         traceback.print_exc()  # with each module's lines: Python's own display (before 3.13) reads them from files
         sys.exit(1)
