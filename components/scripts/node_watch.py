@@ -68,6 +68,20 @@ def read_metrics(text, names=PROGRESS_METRICS):
     return found
 
 
+class HealthWatch:
+    """A worker's /health, pass after pass (the router's keeper): gone once it missed `misses` passes in a row, back
+    with its first 200. One slow answer on a loaded node is not a replica gone: taken out for it, the replica beside
+    it being drained for a rolling change, the model would have no replica in the router at all."""
+
+    def __init__(self, misses=2):
+        self.misses, self.missed = misses, 0
+
+    def see(self, healthy):
+        """Whether the worker is gone, after this pass's answer (`healthy`: /health 200)."""
+        self.missed = 0 if healthy else self.missed + 1
+        return self.missed >= self.misses
+
+
 class StallWatch:
     """Whether a vLLM's counters say it stalled: `see(now, metrics)` with each reading of its /metrics."""
 

@@ -8,6 +8,7 @@ import time
 
 from components.scripts.node_contract import ClusterSeen, ClusterWaitParams
 from components.scripts.node_params import given
+from components.scripts.node_timing import Every
 
 P = ClusterWaitParams.from_json(given())
 
@@ -41,7 +42,7 @@ def main():
     ray = connect(deadline)
     expected = {n["fabric_address"]: n["name"] for n in P.expected}
     missing, gpus = dict(expected), 0.0
-    last_report = start
+    reports = Every(P.progress_seconds, first=start + P.progress_seconds)
     while ray is not None:
         nodes = alive_nodes(ray)
         seen = {n["NodeManagerAddress"] for n in nodes}
@@ -54,8 +55,7 @@ def main():
         now = time.monotonic()
         if now >= deadline:
             break
-        if now - last_report >= P.progress_seconds:
-            last_report = now
+        if reports.due(now):
             say(f"waiting for Ray: {len(nodes)} alive, {gpus:g}/{P.gpus_needed} GPU, missing {missing or 'none'}")
         time.sleep(P.poll_seconds)
     say(f"Ray cluster at {P.ray_address} not ready after {P.timeout_seconds} s")

@@ -33,7 +33,8 @@ import urllib.request
 from components.scripts.node_chat import chat
 from components.scripts.node_contract import KEEPER_MODES, KeeperResult
 from components.scripts.node_params import given
-from components.scripts.node_watch import StallWatch, http_get, read_load, read_metrics
+from components.scripts.node_timing import Backoff, Every, polls
+from components.scripts.node_watch import HealthWatch, StallWatch, http_get, read_load, read_metrics
 
 _GIVEN = given()
 P = KEEPER_MODES[_GIVEN["mode"]].from_json(_GIVEN)  # the router container's program (serve) or one of its steps
@@ -41,6 +42,8 @@ RUN_DIR = os.environ.get("SPARK_VLLM_ROUTER_RUN_DIR") or "/run/spark-vllm-router
 WORKERS, DRAINED, UNSERVING = f"{RUN_DIR}/workers.json", f"{RUN_DIR}/drained.json", f"{RUN_DIR}/unserving.json"
 FIELDS = ("url", "model", "stall_seconds")  # a declared worker, as workers.json keeps it
 WATCH_SECONDS = 2  # how often the serving keeper reads each worker's /health and /metrics
+HEALTH_MISSES = 2  # passes in a row without /health 200 before a worker is out (a pass every WATCH_SECONDS)
+RESTART_BACKOFF = Backoff(1, 30)  # vllm-router restarted 1, 2, 4 … 30 s after each exit, until it answers again
 ROUTER = f"http://127.0.0.1:{P.inner_port}"  # vllm-router itself, its admin API included: loopback only
 ENDPOINT = f"{'127.0.0.1' if P.host == '0.0.0.0' else P.host}:{P.port}"  # the stack's endpoint: the edge
 INSTALL_DIR = "/opt/spark-vllm-router"  # a volume: vllm-router installed once per version
@@ -114,20 +117,26 @@ def wanted():
     return {w["url"]: w["model"] for w in read_json(WORKERS, []) if w["url"] not in out}
 
 
-def serves_no_more(worker, watches, now):
-    """Why a declared worker should get no request now (None: it serves): /health not 200, or its counters stalled
-    with requests waiting on it. `watches`: url -> its StallWatch, kept between passes."""
+def serves_no_more(worker, watches, out, now):
+    """Why a declared worker should get no request now (None: it serves): /health not 200 (HealthWatch: passes in a
+    row), or its counters stalled with requests waiting on it. `watches`: url -> its HealthWatch and StallWatch, kept
+    between passes; `out`: url -> why, as the last pass left it (a worker out stays out while /health misses)."""
     url = worker["url"]
     if not worker.get("stall_seconds"):  # declared without one (a keeper's step of an earlier release): not watched
         return None
-    if http_get(url + "/health", 2)[0] != 200:
-        watches.pop(url, None)
+    health, stall = watches.setdefault(url, [HealthWatch(HEALTH_MISSES), None])
+    healthy = http_get(url + "/health", 2)[0] == 200
+    if health.see(healthy):
+        watches[url][1] = None
         return "/health does not answer 200"
+    if not healthy:
+        return out.get(url)  # one miss: as it was
     (metrics_status, metrics), (load_status, load) = http_get(url + "/metrics", 2), http_get(url + "/load", 2)
     if metrics_status != 200 or load_status != 200:
         return None
-    watch = watches.setdefault(url, StallWatch(worker["stall_seconds"]))
-    return watch.see(now, read_metrics(metrics), read_load(load))
+    if stall is None:
+        stall = watches[url][1] = StallWatch(worker["stall_seconds"])
+    return stall.see(now, read_metrics(metrics), read_load(load))
 
 
 def watch_workers(watches, out):
@@ -135,7 +144,7 @@ def watch_workers(watches, out):
     back (UNSERVING); `out`: url -> why, as the last pass left it."""
     now_out = {}
     for worker in read_json(WORKERS, []):
-        why = serves_no_more(worker, watches, time.monotonic())
+        why = serves_no_more(worker, watches, out, time.monotonic())
         if why is not None:
             now_out[worker["url"]] = why
     if set(now_out) != set(out):
@@ -213,22 +222,23 @@ def serve():
     path = router_path()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
     say(f"vllm-router on 127.0.0.1:{P.inner_port}, behind the edge on {P.host}:{P.port}")
-    router, backoff, healthy = None, 1.0, False
-    watches, out, next_watch = {}, {url: "" for url in read_json(UNSERVING, [])}, 0.0
+    router, exits, healthy = None, 0, False  # exits since it last answered
+    watches, out, looks = {}, {url: "" for url in read_json(UNSERVING, [])}, Every(WATCH_SECONDS)
     while not stopping:
-        if time.monotonic() >= next_watch:
-            out, next_watch = watch_workers(watches, out), time.monotonic() + WATCH_SECONDS
+        if looks.due(time.monotonic()):
+            out = watch_workers(watches, out)
         if router is None or router.poll() is not None:
             if router is not None:
-                say(f"vllm-router exited with {router.returncode}; starting it again in {backoff:g} s")
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 30)
+                exits += 1
+                delay = RESTART_BACKOFF.delay(exits)
+                say(f"vllm-router exited with {router.returncode}; starting it again in {delay:g} s")
+                time.sleep(delay)
             say(f"starting vllm-router {P.version} on 127.0.0.1:{P.inner_port} (policy {P.policy})")
             router, healthy = subprocess.Popen(router_argv(), env=env), False
         if reconcile():
             if not healthy:
                 say("vllm-router answers; the workers are registered")
-                healthy, backoff = True, 1.0
+                healthy, exits = True, 0
         time.sleep(1)
     if router is not None and router.poll() is None:
         router.terminate()
@@ -242,11 +252,9 @@ def serve():
 
 
 def wait_until(check, seconds, what):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    for _ in polls(seconds, 0.5):
         if check():
             return
-        time.sleep(0.5)
     raise SystemExit(f"router: {what} not within {seconds} s; the keeper's log: docker logs spark-vllm.router")
 
 

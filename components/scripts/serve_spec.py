@@ -15,10 +15,10 @@
 import json
 import os
 import sys
-import time
 
 from components.scripts.node_contract import HandoverParams, HandoverResult, SupervisorStatus, VllmSpec, VllmState
 from components.scripts.node_params import given
+from components.scripts.node_timing import polls
 
 P = HandoverParams.from_json(given())
 RUN = P.run_dir
@@ -73,8 +73,7 @@ def main():
         write_private(WATCH, P.watch.to_json())
     if not unchanged:
         write_private(SPEC, VllmSpec(argv=P.argv, env=P.env, fingerprint=P.fingerprint, **vars(P.spec)).to_json())
-    deadline = time.monotonic() + P.timeout_seconds
-    while time.monotonic() < deadline:
+    for _ in polls(P.timeout_seconds, 0.5):
         status = SupervisorStatus.read(STATUS) or SupervisorStatus(node=P.node, executor="", state=VllmState.UNKNOWN)
         if status.spec_fingerprint == P.fingerprint:
             if status.failed:
@@ -104,7 +103,6 @@ def main():
                 print(f"settings handed over; vLLM starts on {P.node} once the node's GPU turn is free ({held})")
                 print(json.dumps(HandoverResult(vllm_pid=None, fingerprint=P.fingerprint).to_json()))
                 return 0
-        time.sleep(0.5)
     print(
         f"the supervisor in this container did not take up the settings within {P.timeout_seconds} s "
         f"(status: {read(STATUS)}); its output: `docker logs` of the container"

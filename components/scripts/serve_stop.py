@@ -3,9 +3,9 @@
 # seconds, then SIGKILL), and waits until it has. Safe to run when nothing runs.
 import os
 import sys
-import time
 
 from components.scripts.node_contract import SupervisorStatus, VllmState
+from components.scripts.node_timing import polls
 
 RUN, GRACE = sys.argv[1], float(sys.argv[2])
 SPEC, STATUS = f"{RUN}/spec.json", f"{RUN}/status.json"
@@ -22,12 +22,10 @@ except FileNotFoundError:
     print("vLLM has no settings here: nothing to stop")
     sys.exit(0)
 pid = status().vllm_pid
-deadline = time.monotonic() + GRACE + 15
-while time.monotonic() < deadline:
+for _ in polls(GRACE + 15, 0.5):
     now = status()
     if now.spec_fingerprint is None and not now.vllm_pid:
         print(f"vLLM (pid {pid}) stopped" if pid else "vLLM stopped")
         sys.exit(0)
-    time.sleep(0.5)
 print(f"the supervisor did not stop vLLM (pid {pid}) within {GRACE + 15:g} s")
 sys.exit(1)

@@ -13,6 +13,7 @@ import urllib.request
 
 from components.scripts.node_contract import ReadyParams, ReadyResult, SupervisorStatus, VllmState
 from components.scripts.node_params import given
+from components.scripts.node_timing import Every
 
 P = ReadyParams.from_json(given())
 
@@ -156,7 +157,7 @@ def fail(reason):
 
 def main():
     start = time.monotonic()
-    last_progress = start
+    progress = Every(P.progress_seconds, first=start + P.progress_seconds)
     size, grew = log_size(), start  # when vLLM's log last grew
     key = P.api_key
     health = None
@@ -182,8 +183,7 @@ def main():
         now = time.monotonic()
         if log_size() != size:
             size, grew = log_size(), now
-        if now - last_progress >= P.progress_seconds:
-            last_progress = now
+        if progress.due(now):
             last = (log_lines(1) or ["(log empty)"])[-1].strip()
             state = status.state
             if state == VllmState.WAITING_TURN and status.turn:

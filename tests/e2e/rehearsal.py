@@ -256,9 +256,13 @@ class Load:
                         self.ok += 1
                     else:
                         self.failures.append(f"{response.status}: {text[-200:]}")
+            except urllib.error.HTTPError as error:  # kept with what answered: the edge, vllm-router or vLLM
+                said = error.read().decode(errors="replace")[-200:]
+                with self.lock:
+                    self.failures.append(f"{error.code} at {time.monotonic():.1f}: {said}")
             except (urllib.error.URLError, OSError, ValueError) as error:
                 with self.lock:
-                    self.failures.append(repr(error))
+                    self.failures.append(f"{error!r} at {time.monotonic():.1f}")
 
     def __enter__(self):
         for thread in self.threads:

@@ -21,6 +21,7 @@ import pytest
 
 from components.plan.edge import EdgeSpec, key_digest
 from components.plan.programs import script_program
+from components.scripts.node_watch import HealthWatch
 from tests.edge_harness import Edge
 from tests.waiting import free_port, wait_for
 
@@ -442,3 +443,12 @@ def test_a_client_that_asks_to_close_the_connection_still_gets_its_answer(router
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200 and json.load(response)["model"] == "big"
+
+
+def test_one_slow_health_answer_is_not_a_replica_gone_two_in_a_row_are():
+    """On a loaded node one /health answer past its timeout took the replica out: with the other drained for a
+    rolling change the model had none in the router (vllm-router's 404 to every request until the next pass)."""
+    health = HealthWatch(2)
+    assert [health.see(ok) for ok in (True, False, True, False, False, False, True)] == [
+        False, False, False, False, True, True, False,
+    ]  # fmt: skip
