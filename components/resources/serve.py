@@ -420,14 +420,16 @@ def log_follow_command(cfg: ClusterConfig, node_name: str, container: str, vllm:
     return shell_line(["ssh", "-t", "-p", str(node.ssh_port), f"{node.user}@{node.host}", shell_line(remote)])
 
 
+# What a node's supervisor says of vLLM: the summary line it writes into status.json (SupervisorStatus.summarize,
+# computed on the node from the contract); a supervisor started before it wrote one has its keys read here instead.
 STATUS_SUMMARY = (
-    "import json; s = json.load(open({path!r})); e = s.get('last_exit') or {{}}; "
-    "print('vLLM: %s, serving: %s, restarts: %s (%s in the window), last exit: %s %s%s' % (s['state'], "
-    "'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), e.get('code', '-'), "
-    "e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else "
+    "import json; s = json.load(open({path!r})); e = s.get('last_exit') or {{}}; f = s.get('last_fault'); "
+    "print(s.get('summary') or 'vLLM: %s, serving: %s, restarts: %s (%s in the window), last exit: %s %s%s' % ("
+    "s['state'], 'yes' if s.get('serving') else 'no', s.get('restarts_total'), s.get('restarts_in_window'), "
+    "e.get('code', '-'), e.get('error', ''), ('; GAVE UP: ' + s['failed']) if s.get('failed') else "
     "('; waiting: ' + s['gpu_busy']) if s.get('gpu_busy') else ('; GPU turn: ' + s['turn']) if s.get('turn') "
-    "else '')); f = s.get('last_fault'); "
-    "f and print('last ended while /health answered: %s at %s: %s' % (f['kind'], f['at'], f['detail']))"
+    "else '') + ('\\nlast ended while /health answered: %s at %s: %s' % (f['kind'], f['at'], f['detail']) if f "
+    "else ''))"
 )
 
 

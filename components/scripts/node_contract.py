@@ -659,6 +659,30 @@ class SupervisorStatus(Contract):
     faults: dict = field(default_factory=dict)  # Fault kind -> times vLLM was ended for it
     last_fault: Optional[dict] = None  # {kind, at, detail, metrics, canary}: what was seen when it was ended
     updated: Optional[str] = None
+    summary: Optional[str] = None  # summarize()'s lines as the supervisor wrote them: what statusCommand prints
+
+    def summarize(self):
+        """What the status command prints of a node's vLLM: its state, serving, restarts and last exit, then why
+        it gave up, what it waits for or the GPU turn; a second line for the last fault it ended vLLM for."""
+        exit_ = self.last_exit or {}
+        if self.failed:
+            why = "; GAVE UP: " + self.failed
+        elif self.gpu_busy:
+            why = "; waiting: " + self.gpu_busy
+        elif self.turn:
+            why = "; GPU turn: " + self.turn
+        else:
+            why = ""
+        lines = [
+            f"vLLM: {self.state}, serving: {'yes' if self.serving else 'no'}, restarts: {self.restarts_total} "
+            f"({self.restarts_in_window} in the window), last exit: {exit_.get('code', '-')} {exit_.get('error', '')}"
+            + why
+        ]
+        fault = self.last_fault
+        if fault:
+            lines.append(f"last ended while /health answered: {fault.get('kind')} at {fault.get('at')}: "
+                         f"{fault.get('detail')}")  # fmt: skip
+        return "\n".join(lines)
 
     @classmethod
     def read(cls, path):

@@ -26,8 +26,8 @@ METRIC_HELP = {
 }
 
 
-def node_metrics_text(node, supervisor):
-    """The exposition text (Prometheus 0.0.4) of this node now."""
+def node_metrics_text(node, status):
+    """The exposition text (Prometheus 0.0.4) of this node now (`status`: the supervisor's SupervisorStatus)."""
     samples = []
     found = meminfo()
     if found is not None:
@@ -36,11 +36,11 @@ def node_metrics_text(node, supervisor):
     for index, total, free in gpu_memory(None) or []:
         samples.append(("spark_vllm_gpu_memory_total_bytes", {"gpu": str(index)}, total * 2**20))
         samples.append(("spark_vllm_gpu_memory_used_bytes", {"gpu": str(index)}, (total - free) * 2**20))
-    samples.append(("spark_vllm_vllm_restarts_total", {}, supervisor.restarts_total))
-    samples.append(("spark_vllm_vllm_serving", {}, 1 if supervisor.state == VllmState.RUNNING else 0))
-    samples.append(("spark_vllm_oom_guarded_total", {}, supervisor.oom_guarded))
+    samples.append(("spark_vllm_vllm_restarts_total", {}, status.restarts_total))
+    samples.append(("spark_vllm_vllm_serving", {}, 1 if status.state == VllmState.RUNNING else 0))
+    samples.append(("spark_vllm_oom_guarded_total", {}, status.oom_guarded))
     for kind in Fault.ALL:
-        samples.append(("spark_vllm_vllm_faults_total", {"kind": kind}, supervisor.faults.get(kind, 0)))
+        samples.append(("spark_vllm_vllm_faults_total", {"kind": kind}, status.faults.get(kind, 0)))
     lines, typed = [], set()
     for name, labels, value in samples:
         if name not in typed:
@@ -52,15 +52,16 @@ def node_metrics_text(node, supervisor):
     return "\n".join(lines) + "\n"
 
 
-def serve_node_metrics(address, port, node, supervisor):
-    """Serves the metrics from a daemon thread; a port it cannot take is said and left (vLLM is what matters)."""
+def serve_node_metrics(address, port, node, status):
+    """Serves the metrics (`status()`: the supervisor's SupervisorStatus now) from a daemon thread; a port it cannot
+    take is said and left (vLLM is what matters)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
-            body = node_metrics_text(node, supervisor).encode()
+            body = node_metrics_text(node, status()).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))

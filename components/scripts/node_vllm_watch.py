@@ -1,6 +1,6 @@
 # What the supervisor watches while vLLM serves, and how it ends one that stopped serving while its /health stays
-# 200 (supervisor.py's Supervisor is a VllmWatch, with its params and run directory as `params` and `run_dir`; the
-# rules themselves: node_watch.py). The stack's vllm.stallSeconds and vllm.canarySeconds come in RUN_DIR/watch.json
+# 200 (a part of supervisor.py's Supervisor, with state of its own; the rules themselves: node_watch.py). The
+# stack's vllm.stallSeconds and vllm.canarySeconds come in RUN_DIR/watch.json
 # (serve_spec.py writes it beside spec.json, outside vLLM's fingerprint: a change restarts nothing).
 #
 # * The API server's node: vLLM's /metrics every WATCH_SECONDS; stalled (StallWatch) → ended. While nothing runs
@@ -26,6 +26,7 @@ from components.scripts.node_chat import chat
 from components.scripts.node_contract import Fault, VllmState, Watch
 from components.scripts.node_log import say
 from components.scripts.node_processes import describe
+from components.scripts.node_timing import Every
 from components.scripts.node_watch import (
     StallWatch,
     canary_answer,
@@ -50,56 +51,75 @@ def served_name(argv):
 
 
 class VllmWatch:
-    def watch_reset(self):
+    """The watch of one node's vLLM: its own counters and timers, the faults it found (status.json's `faults`,
+    `last_fault`) and the one it will end vLLM for (`pending`)."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self.faults = {}  # Fault kind -> times vLLM was ended for it
+        self.last_fault = None
+        self.reset()
+
+    def reset(self):
         """A new start of vLLM: nothing seen of it yet."""
         self.stall = None
-        self.next_watch = 0.0
+        self.looks = Every(WATCH_SECONDS)
         self.last_metrics = None
-        self.canary_asking = None  # (thread, when it was asked, its result holder)
-        self.next_canary = 0.0
+        self.canary_asking = None  # (thread, its result holder)
+        self.canaries = Every(0)  # due: the canary may be asked (never while one is out)
         self.canary_misses = 0
         self.head_seen, self.head_failing_since = False, None
-        self.pending_fault = None  # (kind, detail, when to end)
+        self.pending = None  # (kind, detail, when to end)
         self.unhealthy_since = None  # since when a vLLM that served does not answer /health 200
 
-    def watch_vllm(self, now):
-        if self.spec is None or self.vllm is None or self.ended_why:
-            return
-        if self.pending_fault and now >= self.pending_fault[2]:
-            self.end_for_fault(*self.pending_fault[:2])
-            return
-        if self.pending_fault or now < self.next_watch:
-            return
-        self.next_watch = now + WATCH_SECONDS
+    def check(self, now, spec, vllm, serving, served_since_start, fingerprint, shared):
+        """Looks at vLLM (a VllmProcess) now and then; the kind of a fault found just now (vLLM's state is then that
+        fault's: FAULT_STATES), else None. A fault found is ended after DRAIN_GRACE_SECONDS where the router takes
+        the replica out first (`shared`), at once otherwise."""
+        if spec is None or not vllm.running or vllm.ended_why:
+            return None
+        if self.pending and now >= self.pending[2]:
+            kind, detail, _ = self.pending
+            self.pending = None
+            vllm.end(f"{FAULT_STATES[kind]}: {detail}")
+            return None
+        if self.pending or not self.looks.due(now):
+            return None
         watch = read_watch(self.run_dir)
         if watch is None:
-            return
+            return None
         if watch.head_health_url:
-            self.watch_head(now, watch)
-        elif self.serving and self.spec.health_url:
+            found = self.watch_head(now, watch)
+        elif serving and spec.health_url:
             self.unhealthy_since = None
-            self.watch_serving(now, watch)
+            found = self.watch_serving(now, watch, spec, fingerprint)
         else:
             self.stall = None
-            self.watch_health(now, watch)
+            found = self.watch_health(now, watch, spec, served_since_start)
+        if found is None:
+            return None
+        kind, detail, canary = found
+        self.fault_found(now, kind, detail, canary, shared, vllm.alive())
+        return kind
 
-    def watch_health(self, now, watch):
+    def watch_health(self, now, watch, spec, served_since_start):
         """A vLLM that served and no longer answers /health 200 while its processes live on (its API server stuck
         or stopped) for stall_seconds is stalled too: nothing else would end it."""
-        if not (self.served_since_start and self.spec.health_url):
-            return
+        if not (served_since_start and spec.health_url):
+            return None
         if self.unhealthy_since is None:
             self.unhealthy_since = now
         elif now - self.unhealthy_since >= watch.stall_seconds:
             silent = now - self.unhealthy_since
             why = f"its API server has not answered /health with 200 for {silent:.0f} s"
-            self.fault_found(now, Fault.STALLED, f"{why} (vllm.stallSeconds {watch.stall_seconds:g})")
+            return Fault.STALLED, f"{why} (vllm.stallSeconds {watch.stall_seconds:g})", None
+        return None
 
-    def watch_serving(self, now, watch):
-        base = self.spec.health_url.rsplit("/", 1)[0]
+    def watch_serving(self, now, watch, spec, fingerprint):
+        base = spec.health_url.rsplit("/", 1)[0]
         status, text = http_get(base + "/metrics", 3)
         if status != 200:
-            return
+            return None
         metrics = read_metrics(text)
         status, text = http_get(base + "/load", 3)
         load = read_load(text) if status == 200 else 0
@@ -108,9 +128,8 @@ class VllmWatch:
             self.stall = StallWatch(watch.stall_seconds)
         reason = self.stall.see(now, metrics, load)
         if reason:
-            self.fault_found(now, Fault.STALLED, reason)
-            return
-        self.watch_canary(now, watch, metrics)
+            return Fault.STALLED, reason, None
+        return self.watch_canary(now, watch, metrics, spec, fingerprint)
 
     def watch_head(self, now, watch):
         status, _ = http_get(watch.head_health_url, 3)
@@ -119,54 +138,57 @@ class VllmWatch:
         elif self.head_seen and self.head_failing_since is None:
             self.head_failing_since = now
         elif self.head_seen and now - self.head_failing_since >= HEAD_GONE_SECONDS:
-            self.fault_found(
-                now,
+            return (
                 Fault.HEAD_GONE,
                 f"its API server ({watch.head_health_url}) has not answered for {now - self.head_failing_since:.0f} s "
                 f"(last: {status or 'no answer'}); a rank whose head went away is ended and joins the next one",
+                None,
             )
+        return None
 
     # -- the canary -------------------------------------------------------------------------------
-    def watch_canary(self, now, watch, metrics):
+    def watch_canary(self, now, watch, metrics, spec, fingerprint):
         if self.canary_asking is not None:
-            thread, asked, result = self.canary_asking
+            thread, result = self.canary_asking
             if not thread.is_alive():
                 self.canary_asking = None
-                self.canary_judged(now, watch, result)
-            return
+                return self.canary_judged(now, watch, result, fingerprint)
+            return None
         busy = metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
         busy += self.last_metrics.get("server_load", 0)
-        if not watch.canary_seconds or now < self.next_canary or busy or measuring(self.run_dir):
-            return
-        model = served_name(self.spec.argv)
-        key = {**os.environ, **self.spec.env}.get("VLLM_API_KEY")
-        url = self.spec.health_url.rsplit("/", 1)[0]
+        if not watch.canary_seconds or busy or measuring(self.run_dir) or not self.canaries.due(now, float("inf")):
+            return None
+        model = served_name(spec.argv)
+        key = {**os.environ, **spec.env}.get("VLLM_API_KEY")
+        url = spec.health_url.rsplit("/", 1)[0]
         result = {}
         thread = threading.Thread(target=ask_canary, args=(url, model, key, watch.stall_seconds, result), daemon=True)
         thread.start()
-        self.canary_asking = (thread, now, result)
+        self.canary_asking = (thread, result)
+        return None
 
-    def canary_judged(self, now, watch, result):
+    def canary_judged(self, now, watch, result, fingerprint):
         if result.get("status") is None:  # no answer within stall_seconds, with /health answering
-            self.fault_found(now, Fault.STALLED, f"the canary got no answer within {watch.stall_seconds:g} s: "
-                             f"{result.get('error')}")  # fmt: skip
-            return
+            return (
+                Fault.STALLED,
+                f"the canary got no answer within {watch.stall_seconds:g} s: {result.get('error')}",
+                None,
+            )
         if result.get("status") != 200 or not (result.get("answer") or {}).get("tokenIds"):
             say(f"the canary cannot be asked here (HTTP {result.get('status')}: {result.get('error', '')[:200]}); "
                 "not asked again until vLLM restarts")  # fmt: skip
-            self.next_canary = float("inf")
-            return
+            return None  # the canaries stay not due: reset() at the next start
         answer = result["answer"]
-        reference = read_canary(self.run_dir, self.fingerprint)
+        reference = read_canary(self.run_dir, fingerprint)
         if reference is None:
-            write_canary(self.run_dir, self.fingerprint, answer)
+            write_canary(self.run_dir, fingerprint, answer)
             say(f"the canary's reference kept: {len(answer['tokenIds'])} token(s) {answer['text'][:60]!r}")
-            self.next_canary = now + watch.canary_seconds
-            return
+            self.canaries.at = now + watch.canary_seconds
+            return None
         difference = canary_difference(reference, answer)
         if difference is None:
-            self.canary_misses, self.next_canary = 0, now + watch.canary_seconds
-            return
+            self.canary_misses, self.canaries.at = 0, now + watch.canary_seconds
+            return None
         self.canary_misses += 1
         what = (
             f"the canary answered token {difference['found']} where it answered {difference['expected']} before, "
@@ -175,12 +197,13 @@ class VllmWatch:
         )
         if self.canary_misses < 2:
             say(f"{what}: asking it again")
-            self.next_canary = now
-            return
-        self.fault_found(now, Fault.WRONG, f"{what}, twice in a row", canary={**difference, "answer": answer})
+            self.canaries.now()
+            return None
+        return Fault.WRONG, f"{what}, twice in a row", {**difference, "answer": answer}
 
     # -- ending it -------------------------------------------------------------------------------
-    def fault_found(self, now, kind, detail, canary=None):
+    def fault_found(self, now, kind, detail, canary, shared, pids):
+        shared = shared and kind == Fault.STALLED
         self.faults[kind] = self.faults.get(kind, 0) + 1
         self.last_fault = {
             "kind": kind,
@@ -189,18 +212,10 @@ class VllmWatch:
             "metrics": self.last_metrics,
             "canary": canary,
         }
-        self.state = FAULT_STATES[kind]
-        shared = self.tenancy() is not None and kind == Fault.STALLED
-        say(f"vLLM {self.state}: {detail}; ending it" + (f" in {DRAIN_GRACE_SECONDS} s (the router takes it out)"
-                                                          if shared else ""))  # fmt: skip
-        record_processes(self.run_dir, sorted(self.tree.alive()) if self.tree else [])
-        self.pending_fault = (kind, detail, now + (DRAIN_GRACE_SECONDS if shared else 0))
-        self.write_status()
-
-    def end_for_fault(self, kind, detail):
-        self.pending_fault = None
-        self.ended_why = f"{FAULT_STATES[kind]}: {detail}"
-        self.tree.end(self.params.stop_grace_seconds, reap=self.vllm.poll)
+        say(f"vLLM {FAULT_STATES[kind]}: {detail}; ending it" + (f" in {DRAIN_GRACE_SECONDS} s (the router takes it "
+                                                                   "out)" if shared else ""))  # fmt: skip
+        record_processes(self.run_dir, pids)
+        self.pending = (kind, detail, now + (DRAIN_GRACE_SECONDS if shared else 0))
 
 
 def ask_canary(base_url, model, key, timeout, result):
