@@ -1,4 +1,7 @@
 # The main process of every node's container (`python3 -c <this> PARAMS_JSON`), in both executors.
+# One state machine (`state`, a VllmState) over its parts, each with its own state: RayKeeper (node_ray_keeper.py),
+# TurnKeeper (node_turn_keeper.py), VllmProcess and Restarts (node_vllm_process.py), MemoryWaits
+# (node_memory_waits.py), VllmWatch (node_vllm_watch.py); their timers are node_timing.py's.
 # Keeps what the node runs alive without `pulumi up`, and says how it is doing:
 #
 # * Ray mode: `ray start --block …` (the head or a worker), restarted whenever it exits (a worker

@@ -5,6 +5,10 @@ and no function in components/ runs over 60 lines."""
 import ast
 from pathlib import Path
 
+import pytest
+
+from scripts import import_floors
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ROOT / "components"
 LAYERS = ("config", "plan", "resources")  # each may import those before it
@@ -12,25 +16,11 @@ MAX_FUNCTION_LINES = 60
 
 
 def _modules() -> dict[str, Path]:
-    found = {}
-    for path in COMPONENTS.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
-    return found
+    return import_floors.modules()
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The components modules `path` imports (at any depth of the file: a hidden import counts too)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("components"):
-            for alias in node.names:
-                dotted = f"{node.module}.{alias.name}"
-                found.add(dotted if dotted in modules else node.module)
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("components")}
-    return {name for name in found if name in modules}
+    return import_floors.imports(path, modules)
 
 
 def _layer(module: str) -> str:
@@ -111,3 +101,16 @@ def test_outputs_are_combined_by_name_not_by_position():
                 if any(not isinstance(arg, ast.Starred) for arg in node.args) or (node.args and node.keywords):
                     positional.append(f"{module}:{node.lineno}")
     assert not positional
+
+
+def test_the_node_sides_drawing_in_the_docs_is_what_its_imports_are_now():
+    """docs/how-it-works.md draws components/scripts floor by floor (scripts/import_floors.py): a module added or an
+    import changed without the drawing redrawn fails here."""
+    drawn = import_floors.drawing("components/scripts")
+    assert f"```\n{drawn}\n```" in (ROOT / "docs" / "how-it-works.md").read_text(), drawn
+
+
+def test_a_circle_has_no_floors():
+    with pytest.raises(ValueError, match="an import circle: a -> b -> a"):
+        import_floors.floors({"a": {"b"}, "b": {"a"}, "c": set()})
+    assert import_floors.floors({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"a": 2, "b": 1, "c": 0}
