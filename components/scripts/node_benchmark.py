@@ -258,9 +258,10 @@ def hold_the_canary():
     for: nothing running or waiting in vLLM, twice in a row, at most 30 s."""
     if not P.measuring_file:
         return
-    try:
-        with open(P.measuring_file, "w") as handle:
+    try:  # whole or not at all: the supervisor reads an empty file as no benchmark (seen in CI, 2026-12-06)
+        with open(P.measuring_file + ".tmp", "w") as handle:
             handle.write(str(os.getpid()))
+        os.replace(P.measuring_file + ".tmp", P.measuring_file)
     except OSError:
         return
     deadline, idle = time.monotonic() + 30, 0
