@@ -13,6 +13,8 @@ or errored, then the total of them (the suite's steadiness: it should be none). 
 seconds during the run by kind of process (the CLI, the provider plugins, the program, pytest, Ray, dockerd and
 containerd, sshd, the stand-in vLLM…), sampled from /proc every second: what a change must cut for the suite to be
 faster on a machine whose CPU is the limit. Processes that live less than a sample are counted as "short-lived".
+With --cpu each test file's CPU seconds too (tests/conftest.py, SPARK_VLLM_TEST_CPU): its tests' own and those of
+the processes they started and reaped.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def module_seconds(junit: Path) -> dict[str, float]:
             parts.pop()
         totals["/".join(parts) + ".py"] += float(case.get("time") or 0)
     return dict(totals)
+
+
+def file_cpu(cpu: Path) -> dict[str, tuple[float, float]]:
+    """CPU seconds per test file from SPARK_VLLM_TEST_CPU's lines (tests/conftest.py): (the tests' own, the
+    processes they started and reaped)."""
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    if not cpu.exists():
+        return {}
+    for line in cpu.read_text().splitlines():
+        entry = json.loads(line)
+        found = totals[entry["test"].split("::", 1)[0]]
+        found[0] += entry["own"]
+        found[1] += entry["children"]
+    return {name: (own, children) for name, (own, children) in totals.items()}
 
 
 def command_kinds(timings: Path) -> dict[str, dict]:
@@ -171,8 +187,8 @@ class CpuSampler(threading.Thread):
 
 
 def run_once(args, work: Path) -> dict:
-    junit, timings = work / "junit.xml", work / "timings.jsonl"
-    for stale in (junit, timings):
+    junit, timings, cpu_lines = work / "junit.xml", work / "timings.jsonl", work / "cpu.jsonl"
+    for stale in (junit, timings, cpu_lines):
         stale.unlink(missing_ok=True)
     command = ["./run-tests", *(["--fast"] if args.fast else []), "-p", "no:cacheprovider", "-q",
                f"--junitxml={junit}", *args.pytest_args]  # fmt: skip
@@ -180,13 +196,19 @@ def run_once(args, work: Path) -> dict:
     if sampler:
         sampler.start()
     started = time.monotonic()
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPARK_VLLM_TEST_TIMINGS": str(timings)})
+    env = {
+        **os.environ,
+        "SPARK_VLLM_TEST_TIMINGS": str(timings),
+        **({"SPARK_VLLM_TEST_CPU": str(cpu_lines)} if sampler else {}),
+    }
+    result = subprocess.run(command, cwd=ROOT, env=env)
     wall = time.monotonic() - started
     cpu = sampler.stop() if sampler else {}  # before busy and busiest: stop takes the last sample
     return {
         "cpu": cpu,
         "cpu_busy": sampler.busy if sampler else 0.0,
         "busiest": sampler.busiest() if sampler else [],
+        "file_cpu": file_cpu(cpu_lines),
         "wall": wall,
         "exit": result.returncode,
         "modules": module_seconds(junit) if junit.exists() else {},
@@ -223,6 +245,13 @@ def report(args, run: dict) -> None:
         print("  the busiest command lines (CPU seconds, processes):")
         for seconds, count, command in run["busiest"]:
             print(f"    {seconds:8.1f} s {count:5d}  {command}")
+    if run.get("file_cpu"):
+        files = sorted(run["file_cpu"].items(), key=lambda item: -sum(item[1]))
+        own, children = sum(o for _, (o, _) in files), sum(c for _, (_, c) in files)
+        print(f"  CPU by test file ({own:.0f} s in the tests' processes, {children:.0f} s in what they started and "
+              "reaped; a daemon counts where it is reaped):")  # fmt: skip
+        for name, (own, children) in files[:25]:
+            print(f"    {own + children:7.1f} s  ({own:6.1f} own, {children:6.1f} children)  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

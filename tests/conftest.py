@@ -1,7 +1,11 @@
+import json
 import logging
+import os
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +50,28 @@ LONGEST_FIRST = (
     "tests/unit/test_supervisor.py",  # 85 s
     "tests/e2e/image/test_image.py",  # 60 s
 )
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """This process's CPU seconds, and those of the children it reaped (and theirs, when they reaped them)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """SPARK_VLLM_TEST_CPU=FILE (benchmarks/suite_time.py --cpu sets it): each test's CPU seconds, setup and
+    teardown included, appended to FILE as a JSON line: its own process's and its reaped children's. What the
+    suite burns on a machine whose cores are the limit, test by test (a daemon a test leaves running counts where
+    it is reaped, or nowhere)."""
+    path = os.environ.get("SPARK_VLLM_TEST_CPU")
+    before = _cpu_seconds() if path else None
+    yield
+    if path:
+        after = _cpu_seconds()
+        line = {"test": item.nodeid, "own": round(after[0] - before[0], 3), "children": round(after[1] - before[1], 3)}
+        with open(path, "a") as handle:  # one short write a line, appended: the workers' lines do not mix
+            handle.write(json.dumps(line) + "\n")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,11 +1,21 @@
 """benchmarks/suite_time.py reads pytest's JUnit report and the rehearsal's command timings as they are written."""
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from benchmarks.suite_time import CpuSampler, _kind, command_kinds, failed_tests, module_seconds, slowest_tests
+from benchmarks.suite_time import (
+    CpuSampler,
+    _kind,
+    command_kinds,
+    failed_tests,
+    file_cpu,
+    module_seconds,
+    slowest_tests,
+)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.e2e.test_deployments" name="test_a" time="10.5"/>
@@ -70,3 +80,34 @@ def test_the_sampler_counts_a_busy_child_and_not_what_ran_before_it_started():
     assert kinds.get("other Python (on the nodes and in tests)", 0) + kinds["short-lived (under a sample)"] >= 0.5
     assert sampler.busy >= 0.5
     assert any("python" in command for _, _, command in sampler.busiest())
+
+
+def test_each_test_files_cpu_adds_its_tests_own_and_their_childrens(tmp_path):
+    path = tmp_path / "cpu.jsonl"
+    lines = [{"test": "tests/unit/test_a.py::test_x", "own": 1.5, "children": 2.0},
+             {"test": "tests/unit/test_a.py::test_y[1]", "own": 0.5, "children": 0.0},
+             {"test": "tests/unit/test_b.py::T::test_z", "own": 0.25, "children": 4.0}]  # fmt: skip
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    assert file_cpu(path) == {"tests/unit/test_a.py": (2.0, 2.0), "tests/unit/test_b.py": (0.25, 4.0)}
+    assert file_cpu(tmp_path / "none") == {}
+
+
+def test_a_test_run_with_the_cpu_file_set_writes_its_line_with_a_busy_child_counted(tmp_path):
+    """tests/conftest.py's hook, through a real pytest run of one test that burns a child's CPU."""
+    test = tmp_path / "test_burn.py"
+    test.write_text(
+        "import subprocess, sys\n"
+        "def test_burn():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.3: pass'], check=True)\n"
+    )
+    out = tmp_path / "cpu.jsonl"
+    conftest_dir = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         "--confcutdir", str(conftest_dir.parent), "-c", "/dev/null", "-p", "tests.conftest", str(test)],
+        capture_output=True, text=True, cwd=conftest_dir.parent, env={**os.environ, "SPARK_VLLM_TEST_CPU": str(out)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [json.loads(text) for text in out.read_text().splitlines()]
+    assert line["test"].endswith("test_burn.py::test_burn") and line["children"] >= 0.25

@@ -12,10 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.scripts.node_contract import VllmState
+from components.scripts.node_contract import Fault, Recovery, VllmSpec
+from components.scripts.node_vllm_watch import FAULT_STATES, WATCH_SECONDS, VllmWatch
 from components.scripts.node_watch import StallWatch, canary_answer, canary_difference, read_load, read_metrics
 from tests.unit.test_supervisor import NodeSim, alive
-from tests.waiting import holds_for, wait_for
+from tests.waiting import wait_for
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -236,14 +237,6 @@ def test_a_vllm_that_served_and_stopped_answering_health_is_ended_after_stall_se
     assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
 
 
-def test_a_vllm_whose_counters_move_is_left_alone(node, api):
-    node.start()
-    pid = serve_watched(node, api, stall=3)
-    api.state.update(running=4, moving=True)  # slow, but every reading moved
-    holds_for(lambda: node.status().get("vllm_pid") == pid and node.state() is VllmState.RUNNING, 10, "running")
-    assert not node.status().get("faults")
-
-
 def test_the_canary_keeps_its_first_answer_and_ends_a_vllm_that_answers_other_tokens_twice(node, api):
     node.start()
     first = serve_watched(node, api, stall=30, canary=1)
@@ -265,26 +258,6 @@ def test_the_canary_keeps_its_first_answer_and_ends_a_vllm_that_answers_other_to
     assert "asking it again" in node.log()
 
 
-def test_the_canary_waits_while_requests_run(node, api):
-    node.start()
-    api.state.update(running=1, moving=True)
-    serve_watched(node, api, stall=30, canary=1)
-    holds_for(lambda: not api.state["asked"], 8, "no canary while requests run")
-
-
-def test_a_headless_rank_whose_head_went_away_is_ended_once_it_had_seen_it(node, api):
-    node.start()
-    api.state["health"] = 503  # the head not up yet: a rank waits for it
-    first = serve_watched(node, api, head=True)
-    holds_for(lambda: node.status().get("vllm_pid") == first, 14, "a rank waiting for its head")
-    api.state["health"] = 200
-    holds_for(lambda: node.status().get("vllm_pid") == first, 4, "a rank beside its head")
-    api.state["health"] = 503
-    assert wait_for(lambda: (node.status().get("faults") or {}).get("head_gone") == 1, 30), node.status()
-    assert wait_for(lambda: node.status().get("vllm_pid") not in (None, first), 20)
-    assert "a rank whose head went away is ended" in node.status()["last_fault"]["detail"]
-
-
 def test_new_watch_settings_reach_the_supervisor_without_restarting_vllm(node, api):
     node.start()
     url = f"http://127.0.0.1:{api.server_address[1]}/health"
@@ -299,16 +272,81 @@ def test_new_watch_settings_reach_the_supervisor_without_restarting_vllm(node, a
     assert wait_for(lambda: (node.status().get("faults") or {}).get("stalled") == 1, 20)  # the new setting holds
 
 
-def test_no_canary_while_the_benchmark_measures_and_a_dead_ones_file_is_removed(node, api):
+# -- the watch alone, on the test's clock: what must not happen for a while is looked at over that while in no time --
+
+
+class Started:
+    """A VllmProcess as the watch sees it: running, ended by the watch or not."""
+
+    running, ended_why = True, None
+
+    def alive(self):
+        return []
+
+    def end(self, why):
+        self.ended_why = why
+
+
+def watched(tmp_path, api, stall=3, canary=0, head=False):
+    """A VllmWatch of `api` with its watch.json, the spec it reads, and a look at a time: look(now) -> fault or None."""
+    url = f"http://127.0.0.1:{api.server_address[1]}/health"
+    settings = {"stall_seconds": stall, "canary_seconds": canary, **({"head_health_url": url} if head else {})}
+    (tmp_path / "watch.json").write_text(json.dumps(settings))
+    watch, vllm = VllmWatch(str(tmp_path)), Started()
+    recovery = Recovery(max_restarts=3, window_seconds=60, backoff_seconds=1, max_backoff_seconds=4, gpu_wait_seconds=5)
+    spec = VllmSpec(recovery=recovery, gpu_memory_utilization=None, health_url=None if head else url, ray_ready=None,
+                    argv=["vllm", "serve", "m", "--served-model-name=my-model"], env={}, fingerprint="f")  # fmt: skip
+
+    def look(now, serving=True):
+        return watch.check(now, spec, vllm, serving, True, "f", False)
+
+    return watch, vllm, look
+
+
+def looks(look, seconds, every=WATCH_SECONDS):
+    """The watch's looks over `seconds` of its clock, one every WATCH_SECONDS: the faults they found."""
+    return [found for now in range(0, seconds + 1, every) if (found := look(float(now))) is not None]
+
+
+def test_a_vllm_whose_counters_move_is_left_alone(tmp_path, api):
+    watch, vllm, look = watched(tmp_path, api, stall=3)
+    api.state.update(running=4, moving=True)  # slow, but every reading moved
+    assert looks(look, 30) == [] and vllm.ended_why is None and not watch.faults
+    api.state.update(moving=False)  # the same vLLM stuck: found, so the looks above could fail
+    assert looks(lambda now: look(now + 32), 10) == [Fault.STALLED]
+
+
+def test_the_canary_waits_while_requests_run(tmp_path, api):
+    _, _, look = watched(tmp_path, api, stall=30, canary=1)
+    api.state.update(running=1, moving=True)
+    assert looks(look, 20) == [] and not api.state["asked"]
+    api.state.update(running=0)  # idle: asked at the next look
+    look(22.0)
+    assert wait_for(lambda: api.state["asked"], 5)
+
+
+def test_a_headless_rank_whose_head_went_away_is_ended_once_it_had_seen_it(tmp_path, api):
+    watch, vllm, look = watched(tmp_path, api, head=True)
+    api.state["health"] = 503  # the head not up yet: a rank waits for it
+    assert looks(look, 30) == [] and vllm.ended_why is None
+    api.state["health"] = 200
+    assert looks(lambda now: look(now + 40), 4) == []  # a rank beside its head
+    api.state["health"] = 503
+    found = looks(lambda now: look(now + 50), 30)
+    assert found == [Fault.HEAD_GONE] and "a rank whose head went away is ended" in watch.last_fault["detail"]
+    look(100.0)  # the next look ends it
+    assert vllm.ended_why.startswith(f"{FAULT_STATES[Fault.HEAD_GONE]}: its API server")
+
+
+def test_no_canary_while_the_benchmark_measures_and_a_dead_ones_file_is_removed(tmp_path, api):
     """RUN_DIR/measuring names the benchmark's pid while it runs (node_benchmark.py): the canary waits (its tokens
     would count in the load's figures); a file whose process is gone holds nothing back and is removed."""
-    node.start()
-    node.run_dir.mkdir(parents=True, exist_ok=True)
-    marker = node.run_dir / "measuring"
+    _, _, look = watched(tmp_path, api, stall=30, canary=1)
+    marker = tmp_path / "measuring"
     marker.write_text(str(os.getpid()))  # a live process: this test's
-    serve_watched(node, api, stall=30, canary=1)
-    holds_for(lambda: not api.state["asked"], 6, "no canary while the benchmark measures")
+    assert looks(look, 12) == [] and not api.state["asked"]
     gone = subprocess.Popen(["true"])
     gone.wait()
     marker.write_text(str(gone.pid))
-    assert wait_for(lambda: api.state["asked"], 20) and not marker.exists()
+    look(14.0)
+    assert wait_for(lambda: api.state["asked"], 5) and not marker.exists()
