@@ -19,6 +19,7 @@ import urllib.request
 
 from components.scripts.node_contract import BenchmarkFigures, BenchmarkParams
 from components.scripts.node_params import given
+from components.scripts.node_timing import polls
 
 P = BenchmarkParams.from_json(given())
 TOKEN_IDS = range(32, 256)  # in every tokenizer's vocabulary (byte-level BPE and SentencePiece byte tokens sit here)
@@ -264,10 +265,11 @@ def hold_the_canary():
         os.replace(P.measuring_file + ".tmp", P.measuring_file)
     except OSError:
         return
-    deadline, idle = time.monotonic() + 30, 0
-    while idle < 2 and time.monotonic() < deadline:
+    idle = 0
+    for _ in polls(30, 0.2):
         idle = idle + 1 if requests_in_vllm() == 0 else 0
-        time.sleep(0.2)
+        if idle >= 2:
+            return
 
 
 def let_the_canary_go():

@@ -8,7 +8,8 @@ import json
 import os
 import socket
 import struct
-import time
+
+from components.scripts.node_timing import polls
 
 MAGIC = b"spark-vllm-copy/1\n"
 FRAME = 4 << 20  # bytes of payload per data frame
@@ -106,20 +107,19 @@ def connect(address, port, token, source, wait_seconds=30):
     """A Channel to the depot; it may still be starting, or busy with connections that have yet to prove the token
     (it closes more than it takes at once without a greeting), so a refused or closed connection is tried again.
     `source`: the node the depot serves, for the message."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
+    error = None
+    for _ in polls(wait_seconds, 0.5):
         try:
             sock = socket.create_connection((address, port), timeout=10)
             sock.settimeout(120)
             hello = read_exact(sock, len(MAGIC) + 32)
             break
-        except (CopyError, OSError) as error:
-            if time.monotonic() > deadline:
-                raise CopyError(
-                    f"cannot reach the depot of {source} at {address}:{port} over the fabric, or it did not greet: "
-                    f"{error}"
-                ) from error
-            time.sleep(0.5)
+        except (CopyError, OSError) as caught:
+            error = caught
+    else:
+        raise CopyError(
+            f"cannot reach the depot of {source} at {address}:{port} over the fabric, or it did not greet: {error}"
+        ) from error
     if bytes(hello[: len(MAGIC)]) != MAGIC:
         raise CopyError(f"{address}:{port} is not a spark-vllm depot")
     nonce_server, nonce_client = bytes(hello[len(MAGIC) :]), os.urandom(32)

@@ -22,6 +22,7 @@ import time
 
 from components.scripts.node_contract import FabricFacts, FabricGateParams, LinkFacts, PeerPath, RdmaPort, StreamResult
 from components.scripts.node_params import given
+from components.scripts.node_timing import polls
 
 P = FabricGateParams.from_json(given())
 NET = "/sys/class/net"
@@ -197,11 +198,10 @@ class Listener:
                     self.done[sender] = True
 
     def wait(self, deadline):
-        while time.monotonic() < deadline:
+        for _ in polls(deadline - time.monotonic(), 0.1):
             with self.lock:
                 if self.expect <= set(self.done):
                     break
-            time.sleep(0.1)
         with self.lock:
             return sorted(self.done), sorted(self.expect - set(self.done))
 
@@ -210,7 +210,7 @@ def connect(address, port, source, deadline):
     """A connection from the fabric address to a peer's listener, retried until the deadline (the
     peer's gate may start a moment later)."""
     error = None
-    while time.monotonic() < deadline:
+    for _ in polls(deadline - time.monotonic(), 0.2):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.bind((source, 0))
@@ -220,7 +220,6 @@ def connect(address, port, source, deadline):
         except OSError as caught:
             error = caught
             sock.close()
-            time.sleep(0.2)
     return None, f"no listener at {address}:{port} within the wait ({error})"
 
 

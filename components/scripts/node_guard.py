@@ -35,6 +35,7 @@ import time
 
 from components.scripts.node_contract import GuardParams
 from components.scripts.node_params import given
+from components.scripts.node_timing import polls
 
 P = GuardParams.from_json(given())
 TABLE = "spark_vllm_guard"
@@ -329,13 +330,11 @@ def run():
 
 
 def ready():
-    deadline = time.monotonic() + P.timeout_seconds
-    while time.monotonic() < deadline:
+    for _ in polls(P.timeout_seconds, 0.5):
         marker = read_marker()
         if marker and marker.get("hash") == P.hash and marker.get("boot_id") == boot_id():
             say(f"in place ({marker['backend']})")
             return
-        time.sleep(0.5)
     raise GuardError(f"the guard container did not apply the rules within {P.timeout_seconds} s")
 
 
