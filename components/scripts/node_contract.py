@@ -638,6 +638,26 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class LastExit(Contract):
+    """How vLLM last exited (status.json's `last_exit`): its code, when (UTC), the reason read from its log."""
+
+    code: Optional[int]
+    at: str
+    error: str
+
+
+@dataclass(frozen=True)
+class LastFault(Contract):
+    """What the supervisor saw when it last ended a vLLM that still answered /health (status.json's `last_fault`)."""
+
+    kind: str  # a Fault
+    at: str
+    detail: str
+    metrics: Optional[dict] = None  # vLLM's counters at the last look (and the API server's load)
+    canary: Optional[dict] = None  # wrong tokens: where the canary's answer differed, and the answer
+
+
+@dataclass(frozen=True)
 class SupervisorStatus(Contract):
     """RUN_DIR/status.json, rewritten by the supervisor on every change; read by serve_spec.py, wait_ready.py,
     serve_stop.py, statusCommand and the diagnostics bundle."""
@@ -650,21 +670,21 @@ class SupervisorStatus(Contract):
     serving: bool = False  # /health answers 200 (the API server's node)
     restarts_in_window: int = 0
     restarts_total: int = 0
-    last_exit: Optional[dict] = None  # {code, at, error}
+    last_exit: Optional[LastExit] = None
     failed: Optional[str] = None  # why the supervisor gave up
     gpu_busy: Optional[str] = None
     ray_restarts: Optional[int] = None
     oom_guarded: int = 0
     turn: Optional[str] = None  # "held", or "waiting: held by …"
     faults: dict = field(default_factory=dict)  # Fault kind -> times vLLM was ended for it
-    last_fault: Optional[dict] = None  # {kind, at, detail, metrics, canary}: what was seen when it was ended
+    last_fault: Optional[LastFault] = None
     updated: Optional[str] = None
     summary: Optional[str] = None  # summarize()'s lines as the supervisor wrote them: what statusCommand prints
 
     def summarize(self):
         """What the status command prints of a node's vLLM: its state, serving, restarts and last exit, then why
         it gave up, what it waits for or the GPU turn; a second line for the last fault it ended vLLM for."""
-        exit_ = self.last_exit or {}
+        exit_ = self.last_exit
         if self.failed:
             why = "; GAVE UP: " + self.failed
         elif self.gpu_busy:
@@ -675,13 +695,12 @@ class SupervisorStatus(Contract):
             why = ""
         lines = [
             f"vLLM: {self.state}, serving: {'yes' if self.serving else 'no'}, restarts: {self.restarts_total} "
-            f"({self.restarts_in_window} in the window), last exit: {exit_.get('code', '-')} {exit_.get('error', '')}"
-            + why
+            f"({self.restarts_in_window} in the window), last exit: {exit_.code if exit_ else '-'} "
+            f"{exit_.error if exit_ else ''}" + why
         ]
         fault = self.last_fault
         if fault:
-            lines.append(f"last ended while /health answered: {fault.get('kind')} at {fault.get('at')}: "
-                         f"{fault.get('detail')}")  # fmt: skip
+            lines.append(f"last ended while /health answered: {fault.kind} at {fault.at}: {fault.detail}")
         return "\n".join(lines)
 
     @classmethod

@@ -23,7 +23,7 @@ import time
 import urllib
 
 from components.scripts.node_chat import chat
-from components.scripts.node_contract import Fault, VllmState, Watch
+from components.scripts.node_contract import Fault, LastFault, VllmState, Watch
 from components.scripts.node_log import say
 from components.scripts.node_processes import describe
 from components.scripts.node_timing import Every
@@ -205,13 +205,8 @@ class VllmWatch:
     def fault_found(self, now, kind, detail, canary, shared, pids):
         shared = shared and kind == Fault.STALLED
         self.faults[kind] = self.faults.get(kind, 0) + 1
-        self.last_fault = {
-            "kind": kind,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "detail": detail,
-            "metrics": self.last_metrics,
-            "canary": canary,
-        }
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.last_fault = LastFault(kind=kind, at=at, detail=detail, metrics=self.last_metrics, canary=canary)
         say(f"vLLM {FAULT_STATES[kind]}: {detail}; ending it" + (f" in {DRAIN_GRACE_SECONDS} s (the router takes it "
                                                                    "out)" if shared else ""))  # fmt: skip
         record_processes(self.run_dir, pids)

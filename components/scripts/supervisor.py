@@ -56,7 +56,7 @@ import urllib.error
 import urllib.request
 
 from components.scripts.node_compile_cache import redact_compile_factors
-from components.scripts.node_contract import SupervisorParams, SupervisorStatus, VllmSpec, VllmState
+from components.scripts.node_contract import LastExit, SupervisorParams, SupervisorStatus, VllmSpec, VllmState
 from components.scripts.node_log import speak_with
 from components.scripts.node_memory_waits import MemoryWaits
 from components.scripts.node_metrics import serve_node_metrics
@@ -218,7 +218,7 @@ class Supervisor:
         if self.vllm.ended_why:  # the supervisor ended it
             error = f"{self.vllm.ended_why}; its log's last error: {error_line(output) or 'none'}"
             self.vllm.ended_why = None
-        self.last_exit = {"code": code, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": error}
+        self.last_exit = LastExit(code=code, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), error=error)
         self.turn.give_back("vLLM exited")
         if GPU_BUSY_MESSAGE in output:
             # Not a crash: the GPU was not free yet (a process still releasing it). Wait and try again.

@@ -13,6 +13,8 @@ import pytest
 
 from components.scripts.node_contract import (
     Fault,
+    LastExit,
+    LastFault,
     RayReady,
     Recovery,
     SupervisorStatus,
@@ -301,8 +303,8 @@ def test_a_vllm_that_stops_answering_health_is_found_stalled_and_ended_after_the
     look = lambda now, shared=True: watch.check(now, served, vllm, False, True, "f1", shared)  # noqa: E731
     assert look(0) is None and look(20) is None  # since 0 without /health 200
     assert look(30) == Fault.STALLED
-    assert watch.faults == {Fault.STALLED: 1} and watch.last_fault["kind"] == Fault.STALLED
-    assert "has not answered /health with 200 for 30 s" in watch.last_fault["detail"]
+    assert watch.faults == {Fault.STALLED: 1} and watch.last_fault.kind == Fault.STALLED
+    assert "has not answered /health with 200 for 30 s" in watch.last_fault.detail
     assert (tmp_path / "fault.txt").exists() and watch.pending
     assert look(30 + DRAIN_GRACE_SECONDS - 1) is None and vllm.ended == []  # the router takes it out first
     look(30 + DRAIN_GRACE_SECONDS)
@@ -328,7 +330,7 @@ def test_without_watch_settings_or_settings_nothing_is_watched(tmp_path):
     [
         (
             SupervisorStatus(node="n", executor="mp", state=VllmState.RUNNING, serving=True, restarts_total=1,
-                             restarts_in_window=1, last_exit={"code": -9, "error": "killed"}),
+                             restarts_in_window=1, last_exit=LastExit(code=-9, at="2026-12-06T10:00:00Z", error="killed")),
             "vLLM: running, serving: yes, restarts: 1 (1 in the window), last exit: -9 killed",
         ),
         (
@@ -342,7 +344,7 @@ def test_without_watch_settings_or_settings_nothing_is_watched(tmp_path):
         ),
         (
             SupervisorStatus(node="n", executor="mp", state=VllmState.RUNNING,
-                             last_fault={"kind": "stalled", "at": "2026-12-06T10:00:00Z", "detail": "no progress"}),
+                             last_fault=LastFault(kind="stalled", at="2026-12-06T10:00:00Z", detail="no progress")),
             "vLLM: running, serving: no, restarts: 0 (0 in the window), last exit: - \n"
             "last ended while /health answered: stalled at 2026-12-06T10:00:00Z: no progress",
         ),
@@ -372,11 +374,23 @@ def test_a_summary_is_what_the_status_command_read_of_the_keys_before(tmp_path):
     from components.resources.serve import STATUS_SUMMARY
 
     status = SupervisorStatus(node="n", executor="mp", state=VllmState.BACKOFF, restarts_total=2, restarts_in_window=1,
-                              last_exit={"code": 1, "error": "boom"}, gpu_busy="GPU 0 has 1.0 of 80.0 GiB free",
-                              last_fault={"kind": "wrong", "at": "t", "detail": "tokens"})  # fmt: skip
+                              last_exit=LastExit(code=1, at="t", error="boom"), gpu_busy="GPU 0 has 1.0 of 80.0 GiB free",
+                              last_fault=LastFault(kind="wrong", at="t", detail="tokens"))  # fmt: skip
     path = tmp_path / "status.json"
     path.write_text(json.dumps(status.to_json()))
     printed = subprocess.run(
         [sys.executable, "-c", STATUS_SUMMARY.format(path=str(path))], capture_output=True, text=True, check=True
     )
     assert printed.stdout.rstrip("\n") == status.summarize()
+
+
+def test_the_last_exit_and_fault_a_supervisor_wrote_read_back_typed():
+    """status.json's `last_exit` and `last_fault` as every supervisor wrote them: typed by the contract on reading."""
+    written = {"node": "n", "executor": "mp", "state": "backoff",
+               "last_exit": {"code": -9, "at": "2026-12-06T10:00:00Z", "error": "SIGKILL"},
+               "last_fault": {"kind": "stalled", "at": "2026-12-06T09:59:00Z", "detail": "d", "metrics": {"a": 1},
+                              "canary": None}}  # fmt: skip
+    status = SupervisorStatus.from_json(written)
+    assert status.state is VllmState.BACKOFF and status.last_exit == LastExit(-9, "2026-12-06T10:00:00Z", "SIGKILL")
+    assert status.last_fault.kind == Fault.STALLED and status.last_fault.metrics == {"a": 1}
+    assert {k: v for k, v in status.to_json().items() if k in written} == written

@@ -333,7 +333,7 @@ def test_a_headless_rank_whose_head_went_away_is_ended_once_it_had_seen_it(tmp_p
     assert looks(lambda now: look(now + 40), 4) == []  # a rank beside its head
     api.state["health"] = 503
     found = looks(lambda now: look(now + 50), 30)
-    assert found == [Fault.HEAD_GONE] and "a rank whose head went away is ended" in watch.last_fault["detail"]
+    assert found == [Fault.HEAD_GONE] and "a rank whose head went away is ended" in watch.last_fault.detail
     look(100.0)  # the next look ends it
     assert vllm.ended_why.startswith(f"{FAULT_STATES[Fault.HEAD_GONE]}: its API server")
 
