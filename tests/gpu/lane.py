@@ -59,6 +59,7 @@ from components.scripts.node_contract import (  # noqa: E402
     AnswersResult,
     BenchmarkFigures,
     ClusterSeen,
+    Fault,  # noqa: E402
     HandoverResult,
     ImageFacts,
     KeeperResult,
@@ -686,7 +687,7 @@ def stall_and_recover(node: Node, cfg, served: str, api_key: str, ready: dict, r
         os.kill(victim, signal.SIGSTOP)
     time.sleep(2)
     at, health = stream.chunks, get(ready["base_url"] + "/health")
-    found = wait(lambda: (node.status().get("faults") or {}).get("stalled"), cfg.vllm.stall_seconds + 60)
+    found = wait(lambda: (node.status().get("faults") or {}).get(Fault.STALLED), cfg.vllm.stall_seconds + 60)
     found_seconds = round(time.monotonic() - stopped_at, 1) if found else None
     moved = stream.chunks - at
     restarted = wait(lambda: node.status().get("vllm_pid") not in (None, pid), RECOVERY_TIMEOUT)
