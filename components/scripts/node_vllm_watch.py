@@ -183,11 +183,12 @@ class VllmWatch:
         if reference is None:
             write_canary(self.run_dir, fingerprint, answer)
             say(f"the canary's reference kept: {len(answer['tokenIds'])} token(s) {answer['text'][:60]!r}")
-            self.canaries.at = now + watch.canary_seconds
+            self.canaries.by(now + watch.canary_seconds)
             return None
         difference = canary_difference(reference, answer)
         if difference is None:
-            self.canary_misses, self.canaries.at = 0, now + watch.canary_seconds
+            self.canary_misses = 0
+            self.canaries.by(now + watch.canary_seconds)
             return None
         self.canary_misses += 1
         what = (

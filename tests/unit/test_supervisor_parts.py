@@ -1,5 +1,5 @@
 """The supervisor's parts on their own, each with the clock the test gives it (components/scripts: node_timing,
-node_ray_keeper, node_turn_keeper, node_vllm_process, node_memory_waits, node_vllm_watch), and the status line
+node_ray_keeper, node_turn_keeper, node_vllm_process, node_memory_waits; the watch: test_vllm_watch.py), and the status line
 the supervisor writes for the status command. test_supervisor.py runs them together, as a node does."""
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from components.scripts.node_ray_keeper import RayKeeper
 from components.scripts.node_timing import Backoff, Every, Window
 from components.scripts.node_turn_keeper import TurnKeeper
 from components.scripts.node_vllm_process import Restarts, VllmProcess
-from components.scripts.node_vllm_watch import DRAIN_GRACE_SECONDS, VllmWatch
 from tests.unit.test_supervisor import alive
 from tests.waiting import wait_for
 
@@ -275,51 +274,6 @@ def test_the_oom_guard_ends_vllm_under_the_floor_once_a_second_at_most():
     assert not waits.oom_guard(0.5, 4096)  # looked at once a second
     node.available = 8192
     assert not waits.oom_guard(2, 4096) and waits.oom_guarded == 1
-
-
-# -- the watch -------------------------------------------------------------------------------------------------------
-
-
-class Running:
-    """A VllmProcess as the watch sees it."""
-
-    running, ended_why = True, None
-
-    def __init__(self):
-        self.ended = []
-
-    def alive(self):
-        return []
-
-    def end(self, why):
-        self.ended.append(why)
-        self.ended_why = why
-
-
-def test_a_vllm_that_stops_answering_health_is_found_stalled_and_ended_after_the_routers_grace(tmp_path):
-    (tmp_path / "watch.json").write_text(json.dumps({"stall_seconds": 30, "canary_seconds": 0}))
-    watch, vllm = VllmWatch(str(tmp_path)), Running()
-    served = spec(health_url="http://127.0.0.1:9/health")
-    look = lambda now, shared=True: watch.check(now, served, vllm, False, True, "f1", shared)  # noqa: E731
-    assert look(0) is None and look(20) is None  # since 0 without /health 200
-    assert look(30) == Fault.STALLED
-    assert watch.faults == {Fault.STALLED: 1} and watch.last_fault.kind == Fault.STALLED
-    assert "has not answered /health with 200 for 30 s" in watch.last_fault.detail
-    assert (tmp_path / "fault.txt").exists() and watch.pending
-    assert look(30 + DRAIN_GRACE_SECONDS - 1) is None and vllm.ended == []  # the router takes it out first
-    look(30 + DRAIN_GRACE_SECONDS)
-    assert len(vllm.ended) == 1 and vllm.ended[0].startswith("stalled: ") and watch.pending is None
-    assert look(100) is None  # ended: nothing more until it starts again
-    watch.reset()
-    assert watch.faults == {Fault.STALLED: 1}  # counted across starts
-
-
-def test_without_watch_settings_or_settings_nothing_is_watched(tmp_path):
-    watch, vllm = VllmWatch(str(tmp_path)), Running()
-    served = spec(health_url="http://127.0.0.1:9/health")
-    assert all(watch.check(t, served, vllm, False, True, "f1", False) is None for t in (0, 100, 200))
-    (tmp_path / "watch.json").write_text(json.dumps({"stall_seconds": 30, "canary_seconds": 0}))
-    assert watch.check(300, None, vllm, False, True, "f1", False) is None and watch.faults == {}
 
 
 # -- the status line ---------------------------------------------------------------------------------------------

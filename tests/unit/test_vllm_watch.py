@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from components.scripts.node_contract import Fault, Recovery, VllmSpec
-from components.scripts.node_vllm_watch import FAULT_STATES, WATCH_SECONDS, VllmWatch
+from components.scripts.node_vllm_watch import DRAIN_GRACE_SECONDS, FAULT_STATES, WATCH_SECONDS, VllmWatch
 from components.scripts.node_watch import StallWatch, canary_answer, canary_difference, read_load, read_metrics
 from tests.unit.test_supervisor import NodeSim, alive
 from tests.waiting import wait_for
@@ -276,14 +276,18 @@ def test_new_watch_settings_reach_the_supervisor_without_restarting_vllm(node, a
 
 
 class Started:
-    """A VllmProcess as the watch sees it: running, ended by the watch or not."""
+    """A VllmProcess as the watch sees it: running, ended by the watch (`ended`: why, each time) or not."""
 
     running, ended_why = True, None
+
+    def __init__(self):
+        self.ended = []
 
     def alive(self):
         return []
 
     def end(self, why):
+        self.ended.append(why)
         self.ended_why = why
 
 
@@ -297,8 +301,8 @@ def watched(tmp_path, api, stall=3, canary=0, head=False):
     spec = VllmSpec(recovery=recovery, gpu_memory_utilization=None, health_url=None if head else url, ray_ready=None,
                     argv=["vllm", "serve", "m", "--served-model-name=my-model"], env={}, fingerprint="f")  # fmt: skip
 
-    def look(now, serving=True):
-        return watch.check(now, spec, vllm, serving, True, "f", False)
+    def look(now, serving=True, shared=False):
+        return watch.check(now, spec, vllm, serving, True, "f", shared)
 
     return watch, vllm, look
 
@@ -350,3 +354,29 @@ def test_no_canary_while_the_benchmark_measures_and_a_dead_ones_file_is_removed(
     marker.write_text(str(gone.pid))
     look(14.0)
     assert wait_for(lambda: api.state["asked"], 5) and not marker.exists()
+
+
+def test_a_vllm_that_stops_answering_health_is_found_stalled_and_ended_after_the_routers_grace(tmp_path, api):
+    watch, vllm, look = watched(tmp_path, api, stall=30)
+    api.state["health"] = 503
+    assert look(0, False, True) is None and look(20, False, True) is None  # since 0 without /health 200
+    assert look(30, False, True) == Fault.STALLED
+    assert watch.faults == {Fault.STALLED: 1} and watch.last_fault.kind == Fault.STALLED
+    assert "has not answered /health with 200 for 30 s" in watch.last_fault.detail
+    assert (tmp_path / "fault.txt").exists() and watch.pending
+    assert look(30 + DRAIN_GRACE_SECONDS - 1, False, True) is None and vllm.ended == []  # the router takes it out first
+    look(30 + DRAIN_GRACE_SECONDS, False, True)
+    assert len(vllm.ended) == 1 and vllm.ended[0].startswith("stalled: ") and watch.pending is None
+    assert look(100, False, True) is None  # ended: nothing more until it starts again
+    watch.reset()
+    assert watch.faults == {Fault.STALLED: 1}  # counted across starts
+
+
+def test_without_watch_settings_or_settings_nothing_is_watched(tmp_path, api):
+    watch, vllm, look = watched(tmp_path, api)
+    settings = (tmp_path / "watch.json").read_text()
+    (tmp_path / "watch.json").unlink()
+    api.state["health"] = 503
+    assert all(look(t, serving=False) is None for t in (0, 100, 200))
+    (tmp_path / "watch.json").write_text(settings)
+    assert watch.check(300, None, vllm, False, True, "f1", False) is None and watch.faults == {}
