@@ -134,7 +134,8 @@ class VllmConfig(StrictModel):
         300,
         ge=30,
         description="Requests running and none of vLLM's progress counters (generated and prompt tokens, KV cache "
-        "use, requests running and waiting: vLLM updates them at every engine step) moved this long: the supervisor "
+        "use, requests running and waiting: vLLM updates them at every engine step) moved this long, counted from the "
+        "first read with requests on it (an idle pause does not count): the supervisor "
         "ends vLLM on every rank and starts it again, as a crash (docs/recovery.md). Above vLLM's longest single "
         "step: a chunked prefill moves the KV cache use at every chunk, and the last chunk of a long context on one "
         "Spark takes about 2 minutes at the most (docs/recovery.md says how that is reckoned). At least 30.",

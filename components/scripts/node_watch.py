@@ -88,18 +88,26 @@ class StallWatch:
     def __init__(self, stall_seconds):
         self.stall_seconds = stall_seconds
         self.last = None  # the progress counters as last read
-        self.moved_at = None  # when they last moved (or the first reading)
+        self.moved_at = None  # when they last moved, or the first reading with requests on it since it was idle
 
     def see(self, now, metrics, load=0):
         """None while it moves (or has nothing to do); the reason, once requests wait on it for stall_seconds
-        with nothing moving. `load`: the requests the API server holds (/load), 0 where unknown."""
+        with nothing moving. `load`: the requests the API server holds (/load), 0 where unknown.
+
+        The clock runs only while requests are on it: a replica idle for minutes keeps its counters still, and
+        the request that then arrives is counted by /load before the engine's first step moves a gauge; counted
+        from the idle minutes, that request would read as a stall (both of a model's replicas taken out of the
+        router at the first request after a pause)."""
         progress = tuple(metrics.get(name) for name in PROGRESS_METRICS)
+        engine = (metrics.get("vllm:num_requests_running") or 0) + (metrics.get("vllm:num_requests_waiting") or 0)
+        busy = max(engine, load or 0)
+        if busy <= 0:
+            self.last, self.moved_at = progress, None  # nothing waits on it: no stall is being counted
+            return None
         if progress != self.last or self.moved_at is None:
             self.last, self.moved_at = progress, now
             return None
-        engine = (metrics.get("vllm:num_requests_running") or 0) + (metrics.get("vllm:num_requests_waiting") or 0)
-        busy = max(engine, load or 0)
-        if busy <= 0 or now - self.moved_at < self.stall_seconds:
+        if now - self.moved_at < self.stall_seconds:
             return None
         return (
             f"{busy:g} request(s) running or waiting and none of vLLM's progress counters moved for "

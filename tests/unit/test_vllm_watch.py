@@ -94,6 +94,24 @@ def test_a_stall_is_counted_from_the_last_move_not_the_first_reading():
     assert watch.see(55, progress(generated=2)) is not None
 
 
+def test_an_idle_pause_does_not_count_toward_a_stall():
+    """The clean-clone CI of 3108aef: small's two replicas idle for 81 s, then the load's first requests, held by
+    the API server (/load 2) before the engine stepped, read as a stall counted from the idle minute; the router's
+    keeper took both out and small answered 404 until they came back. The clock starts with requests on it."""
+    idle = progress(running=0)
+    watch = StallWatch(30)
+    assert [watch.see(now, idle) for now in range(0, 90, 10)] == [None] * 9  # idle: nothing to count
+    assert watch.see(90, idle, load=2) is None  # requests arrived; the engine has not stepped yet
+    assert watch.see(119, idle, load=2) is None  # 29 s with requests on it
+    assert "moved for 30 s" in watch.see(120, idle, load=2)  # 30 s: stalled
+    watch.see(125, idle, load=0)  # they were answered: idle again, the clock stops
+    assert watch.see(126, idle, load=1) is None and watch.see(150, idle, load=1) is None
+    assert watch.see(156, idle, load=1) is not None
+    stuck = progress(running=2)  # the engine's own gauges say requests run, from the first reading on
+    watch = StallWatch(30)
+    assert [watch.see(now, stuck) for now in (0, 10, 29)] == [None] * 3 and watch.see(30, stuck) is not None
+
+
 def answer(ids, margins=None):
     return {"tokenIds": ids, "margins": margins, "text": ""}
 
