@@ -25,7 +25,9 @@ class FakeVllm:
             "choices": [{"message": {"role": "assistant", "content": "ready"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
         }
-        self.ready_at = time.monotonic() + ready_after
+        # Loading for `ready_after` seconds from the first request it gets, not from its own start: a script that
+        # starts slowly on a loaded machine still finds it loading (its polls, its progress lines) as the test meant.
+        self.ready_after, self.ready_at = ready_after, None
         self.requests: list[str] = []
         fake = self
 
@@ -45,6 +47,8 @@ class FakeVllm:
 
             def do_GET(self):  # noqa: N802
                 fake.requests.append(self.path)
+                if fake.ready_at is None:
+                    fake.ready_at = time.monotonic() + fake.ready_after
                 if time.monotonic() < fake.ready_at:
                     self.close_connection = True  # like a server still loading weights: nothing useful
                     return self._send(503)
