@@ -5,11 +5,15 @@
 For each node count N: simulated nodes (tests/e2e/nodes.py) pulling from one registry, a stack
 driven by the real Pulumi CLI, engine, language host and provider plugins (tests/e2e/cli_stack.py),
 `pulumi up` once (a first deployment: pull, checks, Ray, vLLM, smoke test), then `pulumi preview
---diff` with nothing changed `--previews` times, then `pulumi destroy`. Printed per N:
+--diff` with nothing changed `--previews` times, then `--ups` pairs of `pulumi up --yes` with nothing
+changed, one as the README types it (a preview first) and one with `--skip-preview` (as the Automation API
+and the rehearsal's tests run it), alternating, then `pulumi destroy`. Printed per N:
 
 * wall: the whole command as a user runs it (CLI start, plugins, program, engine; `up` previews first);
 * engine: the duration the engine itself reports (its summary event): the CLI's own breakdown of
   how much of the wall time the update took, the rest being the CLI's and plugins' start-up;
+* the two kinds of `up` with nothing changed: wall and CPU seconds (the CLI, plugins, program and SSH
+  sessions it started: this process's children), medians;
 * stages of the `up`, from the moments the engine reported each resource done (as ./rehearse
   prints them), and the slowest resource operations.
 
@@ -20,6 +24,7 @@ Needs root (namespaces, one dockerd per node) and the toolchain built by scripts
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,7 +37,21 @@ from tests.e2e.image.build import publish
 from tests.e2e.rehearsal import CACHE_DIR, make_model, rehearsal_config, stage_times
 
 
-def measure(count: int, previews: int, workdir: Path, registry) -> dict:
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (each `pulumi` command and what it started)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed_up(stack: RehearsalStack, preview_first: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds of one `pulumi up` that must change nothing."""
+    cpu = children_cpu()
+    run = stack.up(preview_first=preview_first)
+    assert run.changed == {}, f"an up with nothing changed changed {run.changed}"
+    return run.seconds, children_cpu() - cpu
+
+
+def measure(count: int, previews: int, workdir: Path, registry, ups: int = 2) -> dict:
     started = time.monotonic()
     with simnodes.simulated_nodes(count, workdir / f"nodes-{count}", registry=registry) as cluster:
         image = publish(CACHE_DIR, registry.address, cluster.nodes[0].docker_host)
@@ -42,11 +61,12 @@ def measure(count: int, previews: int, workdir: Path, registry) -> dict:
         config, secrets = rehearsal_config(cluster, image.ref, make_model(workdir), smokeTest=True)
         stack.configure(config, secrets)
         try:
-            up = stack.up()
+            up = stack.up(preview_first=True)
             runs = [stack.preview() for _ in range(previews)]
             assert all(run.changed == {} for run in runs), "a preview with nothing changed showed changes"
+            pairs = [(timed_up(stack, True), timed_up(stack, False)) for _ in range(ups)]
         finally:
-            destroyed = stack.destroy()
+            destroyed = stack.destroy(preview_first=True)
     slowest, slowest_deletes = (
         sorted(
             (
@@ -64,6 +84,7 @@ def measure(count: int, previews: int, workdir: Path, registry) -> dict:
         "bring_up": bring_up,
         "up": up,
         "previews": runs,
+        "ups": pairs,
         "destroy": destroyed,
         "slowest": slowest,
         "slowest_deletes": slowest_deletes,
@@ -86,6 +107,11 @@ def report(result: dict) -> None:
         f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)   "
         f"engine median {statistics.median(engines) if engines else float('nan'):5.1f} s"
     )
+    if result["ups"]:
+        typed, skipped = ([pair[i] for pair in result["ups"]] for i in (0, 1))
+        for label, found in (("pulumi up --yes, no change", typed), ("  … --skip-preview", skipped)):
+            wall, cpu = (statistics.median(value[i] for value in found) for i in (0, 1))
+            print(f"  {label:<30} wall median {wall:5.1f} s   CPU median {cpu:5.1f} s ({len(found)} runs)")
     destroy = result["destroy"].seconds
     ratio = destroy / up.seconds
     print(
@@ -99,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--previews", type=int, default=3)
+    parser.add_argument("--ups", type=int, default=2, help="pairs of no-change ups, with and without a preview")
     args = parser.parse_args(argv)
     problem = simnodes.skip_reason() or cli_missing()
     if problem:
@@ -108,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="spark-vllm-cli-timing-"))
     with simnodes.create_registry(workdir, CACHE_DIR / "registry") as registry:
         for count in args.nodes:
-            report(measure(count, args.previews, workdir, registry))
+            report(measure(count, args.previews, workdir, registry, args.ups))
     return 0
 
 

@@ -378,17 +378,28 @@ class RehearsalStack:
         """`pulumi preview --diff FLAGS…`."""
         return self._run("preview", "--diff", *flags)
 
-    def up(self) -> Run:
-        """`pulumi up --yes`: a preview, then the update."""
-        return self._run("up", "--yes")
+    # `up`, `refresh` and `destroy` run as the Automation API runs them (pulumi/automation/_stack.py passes
+    # `--skip-preview` with `--yes`): the engine's own preview first would run the program and every provider's
+    # diff (SSH to each node) a second time for a plan no test reads; a test that checks the plan runs `preview`.
+    # `preview_first=True`: the command as the README types it, a preview and then the change (the main job).
 
-    def refresh(self) -> Run:
-        """`pulumi refresh --yes`."""
-        return self._run("refresh", "--yes")
+    def up(self, preview_first: bool = False) -> Run:
+        """`pulumi up --yes --skip-preview` (`preview_first`: `pulumi up --yes`, a preview, then the update)."""
+        return self._run("up", "--yes", *([] if preview_first else ["--skip-preview"]))
 
-    def destroy(self, run_program: bool = False) -> Run:
-        """`pulumi destroy --yes` (`--run-program`: run the program first, which writes the SSH key file)."""
-        return self._run("destroy", "--yes", *(["--run-program"] if run_program else []))
+    def refresh(self, preview_first: bool = False) -> Run:
+        """`pulumi refresh --yes --skip-preview` (`preview_first`: without `--skip-preview`)."""
+        return self._run("refresh", "--yes", *([] if preview_first else ["--skip-preview"]))
+
+    def destroy(self, run_program: bool = False, preview_first: bool = False) -> Run:
+        """`pulumi destroy --yes --skip-preview` (`--run-program`: run the program first, which writes the SSH
+        key file; `preview_first`: without `--skip-preview`)."""
+        return self._run(
+            "destroy",
+            "--yes",
+            *(["--run-program"] if run_program else []),
+            *([] if preview_first else ["--skip-preview"]),
+        )
 
     def outputs(self, show_secrets: bool = False) -> dict[str, Any]:
         """`pulumi stack output --json` (secrets as `[secret]` unless `show_secrets`)."""

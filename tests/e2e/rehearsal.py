@@ -508,7 +508,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _say("pulumi preview --diff")
         stack.preview()
         _say("pulumi up --yes")
-        run = stack.up()
+        run = stack.up(preview_first=True)
         endpoint = run.outputs["endpoint"]
         if args.fleet:
             _say(f"the openai client through {endpoint}: models.list(), then a streamed chat and a tool call each")
@@ -542,7 +542,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("remove it with: sudo ./rehearse teardown")
             return 0
         _say("pulumi destroy --yes")
-        destroyed = stack.destroy()
+        destroyed = stack.destroy(preview_first=True)
         print(f"destroyed in {destroyed.seconds:.1f} s")
         return 0
     finally:

@@ -42,7 +42,7 @@ def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_
     stack.configure(config, secrets)
     preview = stack.preview()
     assert preview.changed and set(preview.changed.values()) == {"create"}, preview.changed
-    run = stack.up()
+    run = stack.up(preview_first=True)  # `pulumi up --yes` as the README types it
     assert set(run.changed) == set(preview.changed)
     held = rules((0, 34, 0))
     assert run.outputs["release"]["vllm"] == {"version": "0.34.0", "heldTo": "0.34.0", "rules": held.fingerprint()}
@@ -63,7 +63,7 @@ def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_
     assert counted[("alice", served)] == 2 and counted[("bob", served)] == 1, counted
     replaced_and_removed_under_load(one_node, stack, config, secrets, endpoint, served)
     assert stack.preview().changed == {}
-    stack.destroy()
+    stack.destroy(preview_first=True)
     assert no_containers(one_node) and not stack.holds_resources()
 
 
