@@ -81,12 +81,15 @@ class Recorder:
                     line = head.split(b"\r\n", 1)[0].decode("latin-1")
                     time.sleep(_delay(head))
                     answer = json.dumps({"upstream": line}).encode()
-                    conn.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                        + str(len(answer)).encode()
-                        + b"\r\n\r\n"
-                        + answer
-                    )
+                    try:
+                        conn.sendall(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                            + str(len(answer)).encode()
+                            + b"\r\n\r\n"
+                            + answer
+                        )
+                    except OSError:  # the edge closed it meanwhile (a client gone, a limit): nothing to answer
+                        return
 
     def request_lines(self) -> list[str]:
         lines = []

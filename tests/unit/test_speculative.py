@@ -373,11 +373,12 @@ def test_the_benchmark_reads_the_acceptance_from_vllms_counters_and_a_faster_tpo
     assert 2.6 < accepted["meanAcceptanceLength"] < 3.6 and 0.55 < accepted["acceptanceRate"] < 0.85
     assert accepted["draftTokens"] == 3 * accepted["drafts"] and len(accepted["acceptedPerPosition"]) == 3
     assert accepted["acceptedPerPosition"][0] >= accepted["acceptedPerPosition"][2]
-    # About 3.1 tokens a step make it about 3x faster at the stand-in's pace; on a loaded 2-core machine the two
-    # runs' overheads pull the measured ratio towards 1 (0.82 and 1.31 seen in a CI's fast lane), so the bound is
-    # what speculation ignored (a ratio of 1) would still fail, not the ideal
+    # About 3.1 tokens a step make it about 3x faster at the stand-in's pace. The time per output token, read within
+    # each request, holds that on a loaded machine; the two runs' output tokens a second do not (each request's
+    # HTTP and Python time, set by the load, pulled their ratio to 0.82 and 1.31 in CI's fast lane): the speed-up
+    # in output tokens a second is held where answers are long enough for the pace to outweigh them, the
+    # rehearsal's tests/e2e/test_speculative.py (64-token answers, speed-up > 1.3).
     assert figures["mtp"]["tpotMs"]["p50"] < 0.9 * figures["plain"]["tpotMs"]["p50"]
-    assert figures["mtp"]["outputTokensPerSecond"] > 1.1 * figures["plain"]["outputTokensPerSecond"]
 
 
 def test_flags_that_only_look_alike_stay_allowed():
