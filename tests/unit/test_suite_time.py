@@ -111,3 +111,16 @@ def test_a_test_run_with_the_cpu_file_set_writes_its_line_with_a_busy_child_coun
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [json.loads(text) for text in out.read_text().splitlines()]
     assert line["test"].endswith("test_burn.py::test_burn") and line["children"] >= 0.25
+
+
+def test_every_rehearsal_module_has_its_place_in_the_longest_first_order():
+    """tests/conftest.py hands the rehearsal's modules out longest first; a module it does not list goes last,
+    where one of 300 s (the GPU recipe's, unlisted until 2026-12-06) ends the run alone."""
+    from tests.conftest import LONGEST_FIRST
+
+    root = Path(__file__).resolve().parents[2]
+    modules = {str(path.relative_to(root)) for path in (root / "tests" / "e2e").rglob("test_*.py")}
+    modules -= {str(path.relative_to(root)) for path in (root / "tests" / "e2e" / "standin").rglob("test_*.py")}
+    modules -= {"tests/e2e/image/test_build_unit.py"}  # the fast lane's
+    assert all((root / path).is_file() for path in LONGEST_FIRST), LONGEST_FIRST
+    assert modules <= set(LONGEST_FIRST), sorted(modules - set(LONGEST_FIRST))
