@@ -102,7 +102,7 @@ class StallWatch:
         engine = (metrics.get("vllm:num_requests_running") or 0) + (metrics.get("vllm:num_requests_waiting") or 0)
         busy = max(engine, load or 0)
         if busy <= 0:
-            self.last, self.moved_at = progress, None  # nothing waits on it: no stall is being counted
+            self.reset()  # nothing waits on it: no stall is being counted
             return None
         if progress != self.last or self.moved_at is None:
             self.last, self.moved_at = progress, now

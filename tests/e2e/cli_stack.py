@@ -70,6 +70,10 @@ def _log_timing(command: str, seconds: float, resources: dict[str, ResourceEvent
         handle.write(json.dumps(line) + "\n")
 
 
+def _skip_preview(preview_first: bool) -> list[str]:
+    return [] if preview_first else ["--skip-preview"]
+
+
 class StackError(Exception):
     """A `pulumi` command failed. The message holds the engine's error diagnostics (one per failed
     resource, named `type (name): error: …` as the CLI prints them) and the tail of its output."""
@@ -385,21 +389,16 @@ class RehearsalStack:
 
     def up(self, preview_first: bool = False) -> Run:
         """`pulumi up --yes --skip-preview` (`preview_first`: `pulumi up --yes`, a preview, then the update)."""
-        return self._run("up", "--yes", *([] if preview_first else ["--skip-preview"]))
+        return self._run("up", "--yes", *_skip_preview(preview_first))
 
     def refresh(self, preview_first: bool = False) -> Run:
         """`pulumi refresh --yes --skip-preview` (`preview_first`: without `--skip-preview`)."""
-        return self._run("refresh", "--yes", *([] if preview_first else ["--skip-preview"]))
+        return self._run("refresh", "--yes", *_skip_preview(preview_first))
 
     def destroy(self, run_program: bool = False, preview_first: bool = False) -> Run:
         """`pulumi destroy --yes --skip-preview` (`--run-program`: run the program first, which writes the SSH
         key file; `preview_first`: without `--skip-preview`)."""
-        return self._run(
-            "destroy",
-            "--yes",
-            *(["--run-program"] if run_program else []),
-            *([] if preview_first else ["--skip-preview"]),
-        )
+        return self._run("destroy", "--yes", *(["--run-program"] if run_program else []), *_skip_preview(preview_first))
 
     def outputs(self, show_secrets: bool = False) -> dict[str, Any]:
         """`pulumi stack output --json` (secrets as `[secret]` unless `show_secrets`)."""

@@ -57,7 +57,7 @@ def test_the_report_prints_both_kinds_of_up(capsys):
             "ups": [((8.0, 6.0), (4.0, 3.0)), ((10.0, 7.0), (5.0, 3.5))],
             "slowest": [],
             "slowest_deletes": [],
-        }  # fmt: skip
+        }
     )
     said = capsys.readouterr().out
     assert "pulumi up --yes, no change     wall median   9.0 s   CPU median   6.5 s (2 runs)" in said
