@@ -20,6 +20,25 @@ if str(ROOT) not in sys.path:
 logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
+def pytest_configure(config):
+    """One folder a pytest session for the program runs its tests share (tests/harness.py shared_run): made by the
+    process that starts the session, before xdist starts its workers, which inherit the variable; removed at its
+    end. A worker or a caller that set it already keeps the one it has. (The name is tests/harness.py's
+    SHARED_RUNS_ENV, not imported: that would load Pulumi's SDK in every rehearsal process.)"""
+    if os.environ.get("SPARK_VLLM_SHARED_RUNS"):
+        return
+    folder = tempfile.mkdtemp(prefix="spark-vllm-runs-")
+    os.environ["SPARK_VLLM_SHARED_RUNS"] = folder
+    config._spark_vllm_shared_runs = folder
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_spark_vllm_shared_runs", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("SPARK_VLLM_SHARED_RUNS", None)
+
+
 @pytest.fixture(autouse=True)
 def _own_gpu_turn(monkeypatch):
     """Supervisors started by a test on this machine would share the node's GPU turn

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import fcntl
+import hashlib
 import json
 import os
+import pickle
 import runpy
 import tempfile
 import threading
@@ -487,6 +490,42 @@ def run_program(
 
 _SHARED: dict[str, ProgramRun] = {}
 _SHARED_HOME: list[str] = []
+SHARED_RUNS_ENV = "SPARK_VLLM_SHARED_RUNS"  # a folder the test processes of one pytest session share (conftest.py)
+
+
+def _shared_home() -> str:
+    """The one SPARK_VLLM_HOME of every shared run: the session's (each xdist worker the same), else the process's."""
+    if not _SHARED_HOME:
+        folder = os.environ.get(SHARED_RUNS_ENV)
+        if folder:
+            home = os.path.join(folder, "home")
+            os.makedirs(home, exist_ok=True)
+        else:
+            home = tempfile.mkdtemp(prefix="spark-vllm-shared-home-")
+        _SHARED_HOME.append(home)
+    return _SHARED_HOME[0]
+
+
+def _across_processes(key: str, make: Callable[[], ProgramRun]) -> ProgramRun:
+    """`make()` once a pytest session for `key`: the first process to ask runs it and leaves it pickled in the
+    session's folder; another asking meanwhile waits on the key's lock and reads it (the fast lane's six workers
+    each ran prod's config, 2026-12-07). Without the session's folder (a test run alone): `make()`."""
+    folder = os.environ.get(SHARED_RUNS_ENV)
+    if not folder:
+        return make()
+    name = os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:32])
+    with open(name + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(name + ".pickle", "rb") as handle:
+                return pickle.load(handle)
+        except FileNotFoundError:
+            pass
+        run = make()
+        with open(name + ".tmp", "wb") as handle:
+            pickle.dump(run, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(name + ".tmp", name + ".pickle")
+        return run
 
 
 def shared_run(
@@ -497,18 +536,17 @@ def shared_run(
     cloud: Optional[type[pulumi.runtime.Mocks]] = None,
     cached: bool = True,
 ) -> ProgramRun:
-    """`run_program(config, secrets, stack=stack, mocks=cloud())` once a test process for the same inputs (a copy
-    each time, so a test may change what it got); `cloud` a class of mocks made with no arguments (FakeCloud by
-    default). For tests that only read the run: one that patches the program's modules or the environment, or reads
-    what the program logs, runs the program itself. The run with prod's config was 50 of the 195 runs of
-    tests/program (21 of its 82 CPU seconds, 2026-12-06), the several-models stack's 9 (8.9 s).
+    """`run_program(config, secrets, stack=stack, mocks=cloud())` once a pytest session for the same inputs (a copy
+    each time, so a test may change what it got), across its xdist workers too; `cloud` a class of mocks made with
+    no arguments (FakeCloud by default). For tests that only read the run: one that patches the program's modules or
+    the environment, or reads what the program logs, runs the program itself. The run with prod's config was 50 of
+    the 195 runs of tests/program (21 of its 82 CPU seconds, 2026-12-06), the several-models stack's 9 (8.9 s).
 
     The program also reads SPARK_VLLM_HOME (where it writes the SSH key file, which the providers' SSH options
-    name): every shared run has the process's one folder, where each test has its own, so a run to compare with a
+    name): every shared run has the session's one folder, where each test has its own, so a run to compare with a
     shared one is made there too (`cached=False`: the program runs, and the run is not kept). Whether an ssh-agent
     is set is part of the key."""
-    if not _SHARED_HOME:
-        _SHARED_HOME.append(tempfile.mkdtemp(prefix="spark-vllm-shared-home-"))
+    home = _shared_home()
     cloud = cloud or FakeCloud
     key = json.dumps(
         [
@@ -522,9 +560,12 @@ def shared_run(
     )
     if key in _SHARED and cached:
         return copy.deepcopy(_SHARED[key])
-    with mock.patch.dict(os.environ, {"SPARK_VLLM_HOME": _SHARED_HOME[0]}):
-        run = run_program(config, secrets, stack=stack, mocks=cloud())
-    if cached:
-        _SHARED[key] = run
-        return copy.deepcopy(run)
-    return run
+
+    def make() -> ProgramRun:
+        with mock.patch.dict(os.environ, {"SPARK_VLLM_HOME": home}):
+            return run_program(config, secrets, stack=stack, mocks=cloud())
+
+    if not cached:
+        return make()
+    _SHARED[key] = _across_processes(key, make)
+    return copy.deepcopy(_SHARED[key])

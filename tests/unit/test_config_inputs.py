@@ -9,6 +9,7 @@ promoting from itself; a misspelt namespace.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import posixpath
 import re
@@ -292,8 +293,10 @@ class _Oracle(argparse.ArgumentParser):
         raise argparse.ArgumentError(None, message)
 
 
+@functools.cache
 def argparse_oracle() -> argparse.ArgumentParser:
-    """Python's own argparse with vLLM's option strings (allow_abbrev on, as FlexibleArgumentParser leaves it)."""
+    """Python's own argparse with vLLM's option strings (allow_abbrev on, as FlexibleArgumentParser leaves it).
+    Built once: a parser with every option string takes 8 ms, 600 examples read it, and reading changes nothing."""
     parser = _Oracle(add_help=False)
     for flag in [*MANAGED_FLAGS, *SECRET_FLAGS, "--config", "-h", "--help", *OTHER_VLLM_FLAGS]:
         parser.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"))

@@ -124,3 +124,32 @@ def test_every_rehearsal_module_has_its_place_in_the_longest_first_order():
     modules -= {"tests/e2e/image/test_build_unit.py"}  # the fast lane's
     assert all((root / path).is_file() for path in LONGEST_FIRST), LONGEST_FIRST
     assert modules <= set(LONGEST_FIRST), sorted(modules - set(LONGEST_FIRST))
+
+
+def test_a_shared_program_run_is_made_once_a_session_for_every_process_that_asks(tmp_path, monkeypatch):
+    """tests/harness.py shares a run across the xdist workers of a session: who asks while it is made waits for it
+    (threads here, each with its own lock file handle as a process has), who asks later reads it."""
+    import threading
+
+    from tests import harness
+
+    monkeypatch.setenv(harness.SHARED_RUNS_ENV, str(tmp_path))
+    made = []
+
+    def make():
+        made.append(1)
+        time.sleep(0.2)
+        return harness.ProgramRun(registrations=[], exports={"endpoint": "http://a:30000/v1"}, secret_exports={"x"})
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(harness._across_processes("key", make))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and len(got) == 4
+    assert all(run.exports == {"endpoint": "http://a:30000/v1"} and run.secret_exports == {"x"} for run in got)
+    assert harness._across_processes("another key", make).exports and len(made) == 2  # a key of its own
+    monkeypatch.delenv(harness.SHARED_RUNS_ENV)
+    harness._across_processes("key", make)  # no session folder: the process's own run
+    assert len(made) == 3
