@@ -4,6 +4,7 @@
 # it serves, the OOM guard's endings). Served on the node's fabric address, which only the other nodes reach
 # with network.guard. Standard library only.
 import http.server
+import socketserver
 import threading
 
 from components.scripts.node_contract import Fault, VllmState
@@ -52,6 +53,16 @@ def node_metrics_text(node, status):
     return "\n".join(lines) + "\n"
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    """http.server's, without its bind's name lookup: `HTTPServer.server_bind` asks the resolver for the address's
+    name (socket.getfqdn) and nothing here reads it; on a node whose name server does not answer that lookup held
+    the supervisor, and so vLLM's start, 10 s (two tries of 5 s; seen on the simulated nodes, 2026-12-07)."""
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
 def serve_node_metrics(address, port, node, status):
     """Serves the metrics (`status()`: the supervisor's SupervisorStatus now) from a daemon thread; a port it cannot
     take is said and left (vLLM is what matters)."""
@@ -72,7 +83,7 @@ def serve_node_metrics(address, port, node, status):
             pass
 
     try:
-        server = http.server.ThreadingHTTPServer((address, port), Handler)
+        server = QuietServer((address, port), Handler)
     except OSError as error:
         say(f"the node metrics cannot listen on {address}:{port} ({error}); serving none")
         return None

@@ -15,10 +15,12 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Optional
 from urllib.parse import unquote
+
+from components.scripts.node_metrics import QuietServer
 
 
 @dataclass
@@ -108,7 +110,7 @@ class HubStandIn:
                 if body:
                     self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server = QuietServer((self.host, self.port), Handler)  # no name lookup: no query to this machine's DNS
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

@@ -224,6 +224,10 @@ class SimNode:
         return self.state_dir / "daemon.json"
 
     @property
+    def resolv_conf(self) -> Path:
+        return self.state_dir / "resolv.conf"
+
+    @property
     def sshd_config(self) -> Path:
         return self.state_dir / "sshd_config"
 
@@ -790,6 +794,7 @@ def _write_node_config(cluster: SimCluster, node: SimNode) -> None:
     # An explicit daemon.json keeps /etc/docker/daemon.json from leaking into the nodes.
     insecure = [cluster.registry.address] if cluster.registry else []
     node.dockerd_config.write_text(json.dumps({"insecure-registries": insecure}) + "\n")
+    node.resolv_conf.write_text(NODE_RESOLV_CONF)
 
 
 def _plant_seed(seed: Path, data_root: Path) -> None:
@@ -826,6 +831,20 @@ def _wait_sshd(node: SimNode, timeout: float) -> None:
         node._sshd
     ):
         raise SimNodeError(f"sshd of {node.name} ({node.mgmt_ip}) did not come up:\n{_tail(node.sshd_log)}")
+    _bind_resolver(node, node._sshd.pid)
+
+
+# A node asks no name server but its own loopback, where none listens: a lookup fails at once. With this machine's
+# /etc/resolv.conf, a reverse lookup from a node (Python's http.server binding an address calls getfqdn) sent its
+# query out through the host, to an address no test may reach, and waited 10 s for an answer that never came
+# (two tries of 5 s): every start of the stand-in vLLM, 2026-12-07.
+NODE_RESOLV_CONF = "# a simulated node (tests/e2e/nodes.py)\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+
+
+def _bind_resolver(node: SimNode, pid: int) -> None:
+    """The node's resolv.conf over /etc/resolv.conf in the mount namespace of `pid` (its sshd's: what its SSH
+    sessions run; its dockerd's: what a container on the host network is given)."""
+    _run(["nsenter", f"--target={pid}", "--mount", "mount", "--bind", str(node.resolv_conf), "/etc/resolv.conf"])
 
 
 def _spawn_dockerd(node: SimNode) -> None:
@@ -902,6 +921,7 @@ def _bind_docker_socket(node: SimNode) -> None:
         DEFAULT_DOCKER_SOCKET.touch()  # a bind needs a target; a host dockerd starting later replaces it
     enter = ["nsenter", f"--target={node._dockerd.pid}", "--mount"]
     _run([*enter, "mount", "--bind", str(node.docker_socket), str(DEFAULT_DOCKER_SOCKET)])
+    _bind_resolver(node, node._dockerd.pid)
 
 
 def _exited(proc: subprocess.Popen | None) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .nodes import (
+    NODE_RESOLV_CONF,
     PREFIX,
     SimCluster,
     cleanup_stale,
@@ -223,6 +224,21 @@ def test_host_network_container_sees_node_interfaces(cluster: SimCluster) -> Non
         "sleep",
         "infinity",
     )
+
+
+def test_a_node_asks_no_name_server_but_its_own_and_a_lookup_fails_at_once(cluster: SimCluster) -> None:
+    """Tests send nothing beyond this machine's namespaces: a name lookup on a node (http.server's bind asks the
+    address's name) went to this machine's name server through the host and waited 10 s for no answer."""
+    n1 = cluster.nodes[0]
+    assert cluster.ssh(n1, "cat /etc/resolv.conf").stdout == NODE_RESOLV_CONF
+    started = time.monotonic()
+    out = cluster.ssh(n1, f"python3 -c 'import socket; print(socket.getfqdn(\"{n1.fabric_ip}\"))'").stdout
+    assert out.strip() == n1.fabric_ip and time.monotonic() - started < 5
+    cluster.docker_ssh(n1, "import", "-", "simtools:latest", input=_tools_image_tar().decode("latin-1"))
+    seen = cluster.docker_ssh(
+        n1, "run", "--rm", "--network", "host", "-v", "/usr:/usr:ro", "simtools:latest", "cat", "/etc/resolv.conf"
+    ).stdout
+    assert "nameserver 127.0.0.1" in seen and "nameserver" not in seen.replace("nameserver 127.0.0.1", ""), seen
 
 
 def test_fault_injection(cluster: SimCluster) -> None:

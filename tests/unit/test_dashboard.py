@@ -89,3 +89,28 @@ def test_the_supervisor_serves_the_nodes_memory_and_vllms_counts(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_the_node_metrics_listen_without_asking_the_resolver_for_their_address(monkeypatch):
+    """http.server's bind looks the address's name up (socket.getfqdn): 10 s on a node whose name server does not
+    answer, before the supervisor starts vLLM. The node's metrics server asks no resolver."""
+    import socket
+
+    from components.scripts import node_metrics
+    from components.scripts.node_contract import SupervisorStatus, VllmState
+
+    def no_lookup(*_args):
+        raise AssertionError("the resolver was asked")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    port = free_port()
+    server = node_metrics.serve_node_metrics(
+        "127.0.0.1", port, "node-1", lambda: SupervisorStatus("node-1", "mp", VllmState.NO_SETTINGS)
+    )
+    assert server is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert 'spark_vllm_vllm_restarts_total{node="node-1"} 0' in response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()

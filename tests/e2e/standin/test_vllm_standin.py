@@ -349,6 +349,22 @@ def test_models_payload():
     assert all(m["root"] == "/models/m" and m["max_model_len"] == 32768 and m["owned_by"] == "vllm" for m in p["data"])
 
 
+def test_the_server_binds_without_asking_the_resolver_as_uvicorn_does(monkeypatch):
+    """http.server's bind looks its address's name up (socket.getfqdn); vLLM's uvicorn does not. A name server that
+    never answers (the simulated nodes' until 2026-12-07) held every start of the stand-in 10 s."""
+    import socket
+
+    def no_lookup(*_args):
+        raise AssertionError("the resolver was asked")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    server = api.make_server(api.ServerState(cfg()))
+    try:
+        assert server.server_address[1] > 0
+    finally:
+        server.server_close()
+
+
 def test_http_server_end_to_end():
     state = api.ServerState(cfg(api_key="k"))
     server = api.make_server(state)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import socket
+import socketserver
 import threading
 import time
 from dataclasses import dataclass
@@ -917,6 +918,12 @@ def make_server(state: ServerState) -> ThreadingHTTPServer:
     class Server(ThreadingHTTPServer):
         allow_reuse_address = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        def server_bind(self):
+            # uvicorn binds and asks no resolver; http.server's bind looks the address's name up (socket.getfqdn),
+            # which held every start 10 s on the simulated nodes (a name server that never answered, 2026-12-07)
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = self.server_address[:2]
 
         def get_request(self):
             # TCP_NODELAY on every connection, as vLLM's server has it (uvicorn on asyncio, whose TCP transports
