@@ -29,6 +29,8 @@ RUNS = {
                                                          "--gdn-prefill-backend", "triton"],
     "2026-12-06/lane-mp-qwen3.5-35b-a3b-fp8-h100-256.json": ["--load-format", "dummy", "--language-model-only",
                                                              "--gdn-prefill-backend", "triton"],
+    # the recipe's mp call on the H100 (2026-12-07): Qwen3-8B on 80 GiB
+    "2026-12-07-h100/mp.json": ["--load-format", "dummy"],
 }  # fmt: skip
 UNSAFE_AT_MOST, SAFE_AT_MOST = 0.03, 0.06  # above vLLM's figure / below it
 
