@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e import nodes as simnodes
 from tests.e2e import seed
-from tests.e2e.cli_stack import RehearsalStack, cli_missing
+from tests.e2e.cli_stack import RehearsalStack, cli_missing, prune_stale_bytecode
 from tests.e2e.image.build import publish, publish_prometheus
 from tests.e2e.rehearsal import CACHE_DIR, make_model
 from tests.ssh_agent import ssh_agent
@@ -25,6 +25,7 @@ def registry(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     simnodes.cleanup_stale(strict=False)
+    prune_stale_bytecode(tmp_path_factory.getbasetemp())
     # each test process's registry at its own fixed address while it is free (gw0 10.76.200.1, gw1 .201, …; one
     # process .199): the image seeds it names are then found again by later runs (tests/e2e/seed.py)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

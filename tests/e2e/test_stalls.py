@@ -56,6 +56,22 @@ def container(node) -> str:
     return f"spark-vllm-{node.name}"
 
 
+def what_the_nodes_say(cluster, lines: int = 40) -> str:
+    """For a failure: each node's supervisor status and the tail of its container's log, and the edge's log
+    (its checks of the head's /health)."""
+    said = []
+    for node in cluster.nodes:
+        try:
+            status = json.dumps(supervisor_status(cluster, node), sort_keys=True)
+        except Exception as error:  # noqa: BLE001 - what there is to show
+            status = f"(no status: {error})"
+        log = cluster.docker(node, "logs", "--tail", str(lines), container(node), check=False)
+        said.append(f"--- {node.name}: {status}\n{log.stdout}{log.stderr}")
+    edge = cluster.docker(cluster.nodes[0], "logs", "--tail", str(lines), "spark-vllm.edge", check=False)
+    said.append(f"--- the edge (spark-vllm.edge on {cluster.nodes[0].name}):\n{edge.stdout}{edge.stderr}")
+    return "\n".join(said)
+
+
 def signal_vllm(cluster, node, signum: int, which: str) -> str:
     leader = supervisor_status(cluster, node)["vllm_pid"]
     args = ["exec", container(node), "python3", "-c", SIGNAL, str(signum), which, str(leader)]
@@ -190,8 +206,11 @@ def test_a_prefill_longer_than_stall_seconds_that_moves_is_not_a_stall(sim_clust
     request = urllib.request.Request(f"{outputs['endpoint']}/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})  # fmt: skip
     started = time.monotonic()
-    with urllib.request.urlopen(request, timeout=180) as response:
-        assert response.status == 200 and json.loads(response.read())["usage"]["prompt_tokens"] == 1500
+    try:
+        with urllib.request.urlopen(request, timeout=180) as response:
+            assert response.status == 200 and json.loads(response.read())["usage"]["prompt_tokens"] == 1500
+    except urllib.error.HTTPError as error:  # a 503 of the edge once, right after recovered() (CI of ef1f0a3)
+        pytest.fail(f"{error} after {time.monotonic() - started:.1f} s\n{what_the_nodes_say(sim_cluster)}")
     took = time.monotonic() - started
     print(f"\nSTALL a prefill of {took:.1f} s (stallSeconds {STALL_SECONDS}), moving chunk by chunk: not a stall")
     assert took > STALL_SECONDS + 5

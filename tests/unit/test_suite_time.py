@@ -153,3 +153,35 @@ def test_a_shared_program_run_is_made_once_a_session_for_every_process_that_asks
     monkeypatch.delenv(harness.SHARED_RUNS_ENV)
     harness._across_processes("key", make)  # no session folder: the process's own run
     assert len(made) == 3
+
+
+def test_a_stacks_project_runs_the_checkouts_venv_by_its_own_path(tmp_path):
+    """The rehearsal's project directories name the venv by its path, not through a link of their own: the bytecode
+    cache is keyed by path, and each link made every stack's first program run compile the venv again."""
+    from tests.e2e.cli_stack import ROOT, RehearsalStack
+
+    stack = RehearsalStack(tmp_path / "deployer")
+    written = (stack.project_dir / "Pulumi.yaml").read_text()
+    assert f"    virtualenv: {ROOT / 'venv'}\n" in written and "virtualenv: venv\n" not in written
+    assert written.replace(str(ROOT / "venv"), "venv") == (ROOT / "Pulumi.yaml").read_text()  # nothing else differs
+    assert not (stack.project_dir / "venv").exists()
+    assert (stack.project_dir / "components").resolve() == ROOT / "components"
+
+
+def test_bytecode_of_earlier_sessions_stacks_is_pruned_and_the_current_sessions_kept(tmp_path, monkeypatch):
+    from tests.e2e.cli_stack import prune_stale_bytecode
+
+    prefix = tmp_path / "pycache"
+    basetemp = tmp_path / "tmp" / "pytest-of-root" / "pytest-7" / "popen-gw1"
+    basetemp.mkdir(parents=True)
+    mirror = prefix / basetemp.parents[1].relative_to("/")
+    for session in ("pytest-5", "pytest-6", "pytest-7"):
+        (mirror / session / "popen-gw0" / "deployer-0").mkdir(parents=True)
+    (mirror.parent / "elsewhere").mkdir()
+    monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
+    prune_stale_bytecode(basetemp)
+    assert sorted(path.name for path in mirror.iterdir()) == ["pytest-7"]
+    assert (mirror.parent / "elsewhere").is_dir()  # only the sessions' mirrors are touched
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    prune_stale_bytecode(basetemp)  # no prefix: nothing to do
+    assert (mirror / "pytest-7").is_dir()
