@@ -4,6 +4,7 @@ question the vLLM lifecycle asks before a start: does Ray show every node and th
 forming after a reboot would otherwise use up vLLM's restarts.) Standard library only."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,12 @@ from components.scripts.node_timing import Backoff, Every
 RAY_STOP_GRACE_SECONDS = 5
 RESTART_BACKOFF = Backoff(2, 30)  # 2, 4, 8, 16, 30 s … after each exit
 CHECK_SECONDS = 2  # how often the head asks Ray whether the cluster is whole, while vLLM waits for it
+# Ray's raylet starts one idle Python worker per CPU it counts (min(cores, num_cpus): 20 on a DGX Spark) the moment the
+# first driver connects (this supervisor's check on the head, then vLLM), for tasks vLLM never sends: its Ray
+# executor's actors get workers of their own. 16 of them held 1,246 MiB here (Ray 2.60, 2026-12-07), memory a GB10
+# shares with the GPU. Ray reads its settings from the environment `ray start` hands the raylet; a container whose
+# env sets it otherwise keeps its own.
+RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
 RAY_CHECK = """
 import json, ray
 ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
@@ -48,7 +55,8 @@ class RayKeeper:
             say(f"Ray exited with code {code}; starting it again in {delay:g} s")
             return
         if now >= self.next_start:
-            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, start_new_session=True)
+            env = {**RAY_ENV, **os.environ}
+            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
             say(f"Ray started (pid {self.process.pid}): {' '.join(self.argv[:3])} …")
 
     def cluster_formed(self, now, wanted):

@@ -206,6 +206,9 @@ def test_two_node_deploy_forms_ray_on_the_fabric_and_serves_with_the_key(sim_clu
     alive = json.loads(sim_cluster.docker(head, "exec", "spark-vllm-node-1", "python3", "-c", RAY_NODES).stdout)
     assert sorted(alive) == sorted(node.fabric_ip for node in sim_cluster.nodes)
     assert not {node.mgmt_ip for node in sim_cluster.nodes} & set(alive)
+    # no idle Python worker per CPU started for the first driver (components/scripts/node_ray_keeper.py RAY_ENV):
+    # two on the head here before, twenty on a Spark's
+    assert netns_processes(sim_cluster, words=("ray::IDLE",)) == []
 
     outputs, key = deployed["run"].outputs, deployed["secrets"]["apiKey"]
     endpoint = outputs["endpoint"]

@@ -97,6 +97,25 @@ def test_ray_is_restarted_after_each_exit_with_a_doubling_delay(tmp_path):
     assert RayKeeper([]).said() is None  # mp: no Ray, nothing said of it
 
 
+def test_ray_starts_without_idle_workers_for_its_first_driver_unless_the_container_says_otherwise(
+    tmp_path, monkeypatch
+):
+    """The raylet reads RAY_* from the environment `ray start` hands it: prestarting a worker per CPU for the first
+    driver is off (20 idle processes on a Spark's head, about 80 MB each), and a value the container sets wins."""
+    said = tmp_path / "env"
+    show = f"import os; open({str(said)!r}, 'w').write(os.environ.get('RAY_prestart_worker_first_driver', '-'))"
+    monkeypatch.delenv("RAY_prestart_worker_first_driver", raising=False)
+    keeper = RayKeeper([sys.executable, "-c", show])
+    keeper.keep(0)
+    keeper.process.wait()
+    assert said.read_text() == "0"
+    monkeypatch.setenv("RAY_prestart_worker_first_driver", "1")
+    keeper = RayKeeper([sys.executable, "-c", show])
+    keeper.keep(0)
+    keeper.process.wait()
+    assert said.read_text() == "1"
+
+
 def test_the_head_asks_ray_every_few_seconds_until_it_shows_the_cluster_then_until_vllm_exits():
     answers = iter([None, {"nodes": 1, "gpus": 1}, {"nodes": 2, "gpus": 2}])
     asked = []
