@@ -20,6 +20,24 @@ class Contract:
 
     OMIT_NONE = ()
 
+    # Equality, hash and repr as a dataclass(frozen=True) has them, written once here (`contract` below): the
+    # dataclass module compiles each method it writes for a class separately, and with ~60 classes that was 20 ms
+    # of every node program's start (Python before 3.13, 2026-12-07).
+    def _values(self):
+        return tuple(getattr(self, item.name) for item in dataclasses.fields(self))
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self):
+        return hash(self._values())
+
+    def __repr__(self):
+        shown = ", ".join(f"{item.name}={getattr(self, item.name)!r}" for item in dataclasses.fields(self))
+        return f"{type(self).__qualname__}({shown})"
+
     def to_json(self):
         data = {}
         for item in dataclasses.fields(self):
@@ -33,6 +51,12 @@ class Contract:
     def from_json(cls, data):
         types = {item.name: item.type for item in dataclasses.fields(cls)}
         return cls(**{key: _typed(types.get(key), value) for key, value in dict(data).items()})
+
+
+def contract(cls):
+    """A contract class: a frozen dataclass whose equality, hash and repr are Contract's (the same as the
+    dataclass's own would be: fields in order, the same class only)."""
+    return dataclass(frozen=True, eq=False, repr=False)(cls)
 
 
 def _plain(value):
@@ -76,7 +100,7 @@ def params_of(cls, **fields) -> dict:
 # --- a node's container and its vLLM ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@contract
 class SupervisorParams(Contract):
     """What the container is (its command: a change replaces the container, so only what must)."""
 
@@ -96,7 +120,7 @@ class SupervisorParams(Contract):
     )  # only when set: turning nothing on changes no container
 
 
-@dataclass(frozen=True)
+@contract
 class Recovery(Contract):
     """The stack's `recovery` keys (their defaults are the config's: components/config/sections.py)."""
 
@@ -107,7 +131,7 @@ class Recovery(Contract):
     gpu_wait_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class RayReady(Contract):
     """The Ray head's wait before vLLM: every node alive and the GPUs TP × PP needs."""
 
@@ -116,7 +140,7 @@ class RayReady(Contract):
     gpus: int
 
 
-@dataclass(frozen=True)
+@contract
 class Tenancy(Contract):
     """A replica on a node it shares with other replicas: its name (what its neighbours are told) and how long it
     may hold the node's GPU turn (node_gpu_turn.py). Who the neighbours are is asked on the node itself, so a
@@ -126,7 +150,7 @@ class Tenancy(Contract):
     turn_hold_seconds: float  # vllm.readyTimeoutSeconds: a start that takes longer gives the turn back
 
 
-@dataclass(frozen=True)
+@contract
 class Watch(Contract):
     """RUN_DIR/watch.json: what the supervisor watches while vLLM serves (node_vllm_watch.py), handed over beside
     spec.json (HandoverParams' watch), not in it: a supervisor from before it reads spec.json as it always did,
@@ -140,7 +164,7 @@ class Watch(Contract):
     OMIT_NONE = ("head_health_url",)
 
 
-@dataclass(frozen=True)
+@contract
 class Served(Contract):
     """What vLLM is on this node besides its argv, env and fingerprint: what the serve step renders (HandoverParams'
     spec), the supervisor's recovery and waits."""
@@ -156,7 +180,7 @@ class Served(Contract):
     OMIT_NONE = ("oom_guard_mib", "tenancy")
 
 
-@dataclass(frozen=True)
+@contract
 class VllmSpec(Served):
     """RUN_DIR/spec.json: what vLLM is on this node, handed over by the serve step (serve_spec.py writes all of
     it: argv, env and fingerprint beside Served's fields; the file is mode 600, the API key is in env)."""
@@ -166,7 +190,7 @@ class VllmSpec(Served):
     fingerprint: str = ""
 
 
-@dataclass(frozen=True)
+@contract
 class HandoverParams(Contract):
     """serve_spec.py on a node: vLLM's settings for its supervisor (the API key in env: a secret)."""
 
@@ -183,7 +207,7 @@ class HandoverParams(Contract):
     OMIT_NONE = ("watch",)
 
 
-@dataclass(frozen=True)
+@contract
 class ReadyParams(Contract):
     """wait_ready.py on the API node: /health 200 and /v1/models listing `model`."""
 
@@ -198,7 +222,7 @@ class ReadyParams(Contract):
     silent_seconds: float = 60  # log silence after which the progress names vLLM's long step
 
 
-@dataclass(frozen=True)
+@contract
 class SmokeParams(Contract):
     """smoke.py on the API node: one short chat completion (to vLLM, or through the endpoint: with `tls`, its
     certificate verified with `tls_ca` for `server_name`)."""
@@ -215,7 +239,7 @@ class SmokeParams(Contract):
     OMIT_NONE = ("tls_ca", "server_name")  # only through the endpoint with tls: the smoke test's own is as it was
 
 
-@dataclass(frozen=True)
+@contract
 class AnswersParams(Contract):
     """node_answers.py on the API node: greedy answers to a fixed set of conversations (each a list of
     user turns, later turns sent with the earlier turns and answers: a cached prefix), and, with
@@ -230,7 +254,7 @@ class AnswersParams(Contract):
     baseline: Optional[list] = None  # [{"id", "tokenIds", "text"}] as an earlier run printed them
 
 
-@dataclass(frozen=True)
+@contract
 class ClusterWaitParams(Contract):
     """ray_join.py on the Ray head: every node alive in Ray and the GPUs TP × PP needs."""
 
@@ -243,7 +267,7 @@ class ClusterWaitParams(Contract):
     progress_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class BenchmarkParams(Contract):
     """node_benchmark.py on the API node: the configured load against the served model."""
 
@@ -264,7 +288,7 @@ class BenchmarkParams(Contract):
     OMIT_NONE = ("measuring_file",)
 
 
-@dataclass(frozen=True)
+@contract
 class NcclParams(Contract):
     """nccl_bandwidth.py in `docker run` on a node: its rank of the fabric gate's all-reduce."""
 
@@ -279,13 +303,13 @@ class NcclParams(Contract):
     timeout_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class FabricPeer(Contract):
     name: str
     address: str  # its fabric address
 
 
-@dataclass(frozen=True)
+@contract
 class BandwidthTest(Contract):
     """fabric.bandwidthTest on one node: streams to `targets`, a listener for the peers it `expect`s."""
 
@@ -297,7 +321,7 @@ class BandwidthTest(Contract):
     wait_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class FabricGateParams(Contract):
     """node_fabric_gate.py on a node's host: the fabric's facts, the peers, the TCP test."""
 
@@ -309,7 +333,7 @@ class FabricGateParams(Contract):
     bandwidth: Optional[BandwidthTest] = None
 
 
-@dataclass(frozen=True)
+@contract
 class LinkFacts(Contract):
     """The fabric interface as /sys/class/net and `ip addr` show it."""
 
@@ -325,7 +349,7 @@ class LinkFacts(Contract):
     OMIT_NONE = ("present",)
 
 
-@dataclass(frozen=True)
+@contract
 class RdmaPort(Contract):
     """One port of an RDMA device (/sys/class/infiniband)."""
 
@@ -337,7 +361,7 @@ class RdmaPort(Contract):
     rocev2_gid_index: Optional[int]  # the RoCE v2 GID of the node's fabric address, if the kernel listed one
 
 
-@dataclass(frozen=True)
+@contract
 class PeerPath(Contract):
     """What a node saw of the way to one peer: the route, a ping, a full-size packet."""
 
@@ -351,7 +375,7 @@ class PeerPath(Contract):
     OMIT_NONE = ("route_error", "reach", "full_size", "full_size_said")
 
 
-@dataclass(frozen=True)
+@contract
 class StreamResult(Contract):
     """The bandwidth test towards one peer: its figures, or why there are none."""
 
@@ -365,7 +389,7 @@ class StreamResult(Contract):
     OMIT_NONE = ("gbps", "bytes", "seconds", "streams", "error", "skipped")
 
 
-@dataclass(frozen=True)
+@contract
 class FabricFacts(Contract):
     """What node_fabric_gate.py prints, its last line; `error` is the program's own, when it printed nothing
     readable."""
@@ -386,7 +410,7 @@ class FabricFacts(Contract):
     OMIT_NONE = ("listen_error", "bandwidth", "served", "not_served", "error")
 
 
-@dataclass(frozen=True)
+@contract
 class NcclFacts(Contract):
     """What nccl_bandwidth.py prints (its last line): how far it got, the network NCCL chose, the timing; or
     `error` (the program's own too, when the test printed nothing readable)."""
@@ -415,7 +439,7 @@ class NcclFacts(Contract):
     )
 
 
-@dataclass(frozen=True)
+@contract
 class HfDownloadParams(Contract):
     """hf_download.py on the copy source: a Hugging Face repo id into the host's cache directory."""
 
@@ -431,7 +455,7 @@ class HfDownloadParams(Contract):
 # --- a node's host: its network guard, its image, the copies over the fabric ------------------------------
 
 
-@dataclass(frozen=True)
+@contract
 class GuardApi(Contract):
     """network.apiSources: the API port(s) on the node open only to these networks."""
 
@@ -442,7 +466,7 @@ class GuardApi(Contract):
     OMIT_NONE = ("port", "ports")
 
 
-@dataclass(frozen=True)
+@contract
 class GuardSpec(Contract):
     """What the rules on a node say (components/resources/guard.py guard_spec); its hash is the marker's."""
 
@@ -459,7 +483,7 @@ class GuardSpec(Contract):
     OMIT_NONE = ("owned",)
 
 
-@dataclass(frozen=True)
+@contract
 class GuardParams(Contract):
     """node_guard.py, in the guard container or a one-off `docker run` of the node's image."""
 
@@ -476,7 +500,7 @@ class GuardParams(Contract):
     OMIT_NONE = ("backend",)
 
 
-@dataclass(frozen=True)
+@contract
 class PullParams(Contract):
     """image_pull.py on a node's host: the image through the Docker Engine API, with progress."""
 
@@ -486,7 +510,7 @@ class PullParams(Contract):
     progress_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class CopyParams(Contract):
     """node_fabric_copy.py: who copies from whom over the fabric (the depot's address on the copy source)."""
 
@@ -497,7 +521,7 @@ class CopyParams(Contract):
     port: int
 
 
-@dataclass(frozen=True)
+@contract
 class DepotParams(CopyParams):
     """The depot on the copy source (its token from SPARK_VLLM_COPY_TOKEN, the container's environment)."""
 
@@ -505,7 +529,7 @@ class DepotParams(CopyParams):
     model_dir: Optional[str]  # the model it serves, with modelSync
 
 
-@dataclass(frozen=True)
+@contract
 class ImageCopyParams(CopyParams):
     """A node receiving the source's image (secret: the token)."""
 
@@ -515,7 +539,7 @@ class ImageCopyParams(CopyParams):
     progress_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class ModelCopyParams(CopyParams):
     """A node receiving the source's model directory (secret: the token)."""
 
@@ -527,7 +551,7 @@ class ModelCopyParams(CopyParams):
 COPY_ROLES = {"serve": DepotParams, "image": ImageCopyParams, "model": ModelCopyParams}
 
 
-@dataclass(frozen=True)
+@contract
 class RouterWorker(Contract):
     """A replica as the router's keeper declares it (components/resources/router.py worker)."""
 
@@ -541,7 +565,7 @@ class RouterWorker(Contract):
     OMIT_NONE = ("stall_seconds",)
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperParams(Contract):
     """router_keeper.py's parameters every mode has: all the router container's program (mode serve) takes. Each
     step's mode has a class of its own (KEEPER_MODES), as the copy's roles do."""
@@ -558,28 +582,28 @@ class KeeperParams(Contract):
     health_interval: float
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperStepParams(KeeperParams):
     """Mode ready: until vllm-router answers, at most `timeout` seconds (as every step's)."""
 
     timeout: float
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperWorkersParams(KeeperStepParams):
     """Mode workers: the replicas the router routes to, declared whole."""
 
     workers: List[RouterWorker]
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperWorkerParams(KeeperStepParams):
     """Modes drain and undrain: one replica out of the router (its requests finished), or back in."""
 
     worker: RouterWorker
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperSmokeParams(KeeperStepParams):
     """Mode smoke: one short chat per model through the stack's endpoint (with tls: its certificate verified with
     `tls_ca` for `server_name`, the endpoint's host)."""
@@ -637,7 +661,7 @@ class Fault:
     ALL = (STALLED, WRONG, HEAD_GONE)
 
 
-@dataclass(frozen=True)
+@contract
 class LastExit(Contract):
     """How vLLM last exited (status.json's `last_exit`): its code, when (UTC), the reason read from its log."""
 
@@ -646,7 +670,7 @@ class LastExit(Contract):
     error: str
 
 
-@dataclass(frozen=True)
+@contract
 class LastFault(Contract):
     """What the supervisor saw when it last ended a vLLM that still answered /health (status.json's `last_fault`)."""
 
@@ -657,7 +681,7 @@ class LastFault(Contract):
     canary: Optional[dict] = None  # wrong tokens: where the canary's answer differed, and the answer
 
 
-@dataclass(frozen=True)
+@contract
 class SupervisorStatus(Contract):
     """RUN_DIR/status.json, rewritten by the supervisor on every change; read by serve_spec.py, wait_ready.py,
     serve_stop.py, statusCommand and the diagnostics bundle."""
@@ -718,7 +742,7 @@ class SupervisorStatus(Contract):
 # --- what the checks read of a node: the model, the image, the memory ---------------------------------------
 
 
-@dataclass(frozen=True)
+@contract
 class ModelFingerprint(Contract):
     """What model_fingerprint.py prints of a model directory; `fingerprint` hashes files, metadata and broken."""
 
@@ -733,7 +757,7 @@ class ModelFingerprint(Contract):
     OMIT_NONE = ("fingerprint", "weights", "error")
 
 
-@dataclass(frozen=True)
+@contract
 class ImageFacts(Contract):
     """What image_probe.py prints of the node's image (run in it, no network)."""
 
@@ -755,13 +779,13 @@ class ImageFacts(Contract):
     OMIT_NONE = ("ray_dashboard_error",)
 
 
-@dataclass(frozen=True)
+@contract
 class HostGpu(Contract):
     name: str
     compute_cap: Optional[str] = None  # "12.1" on a GB10 (nvidia-smi's compute_cap)
 
 
-@dataclass(frozen=True)
+@contract
 class HostFacts(Contract):
     """What host_facts.py prints of a node's host (over SSH, not in a container); None where the host cannot say."""
 
@@ -777,7 +801,7 @@ class HostFacts(Contract):
     nic_firmware: Optional[str] = None  # the fabric interface's firmware (`ethtool -i`)
 
 
-@dataclass(frozen=True)
+@contract
 class NodeMemoryFacts(Contract):
     """The last line preflight_node.sh prints (a shell script: it writes this JSON with printf)."""
 
@@ -791,7 +815,7 @@ class NodeMemoryFacts(Contract):
 # --- what the serving steps print (their last line) -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@contract
 class HandoverResult(Contract):
     """serve_spec.py: the settings handed over, and the vLLM they run in (None: not (yet) running)."""
 
@@ -799,14 +823,14 @@ class HandoverResult(Contract):
     fingerprint: str
 
 
-@dataclass(frozen=True)
+@contract
 class ReadyResult(Contract):
     """wait_ready.py: /health answered and /v1/models listed the model after this long."""
 
     ready_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class ClusterSeen(Contract):
     """ray_join.py: the Ray nodes alive (their fabric addresses) and the GPUs they hold."""
 
@@ -814,7 +838,7 @@ class ClusterSeen(Contract):
     gpus: float
 
 
-@dataclass(frozen=True)
+@contract
 class SmokeResult(Contract):
     """smoke.py: one chat completion."""
 
@@ -828,7 +852,7 @@ class SmokeResult(Contract):
 # holds what the scripts printed, and a release made by an earlier version reads the same.
 
 
-@dataclass(frozen=True)
+@contract
 class Answer(Contract):
     """One greedy answer of node_answers.py."""
 
@@ -838,7 +862,7 @@ class Answer(Contract):
     finishReason: Optional[str]  # noqa: N815
 
 
-@dataclass(frozen=True)
+@contract
 class Agreement(Contract):
     """The answers against the baseline's (the same model and engine without speculation)."""
 
@@ -847,7 +871,7 @@ class Agreement(Contract):
     differing: list  # [{"id", "at", "what", "text", "baselineText"}], the first difference of each
 
 
-@dataclass(frozen=True)
+@contract
 class AnswersResult(Contract):
     answers: List[Answer]
     agreement: Optional[Agreement] = None  # with a baseline
@@ -855,7 +879,7 @@ class AnswersResult(Contract):
     OMIT_NONE = ("agreement",)
 
 
-@dataclass(frozen=True)
+@contract
 class BenchmarkFigures(Contract):
     """node_benchmark.py: the load's figures (latencies in ms as {"p50", "p99"})."""
 
@@ -880,7 +904,7 @@ class BenchmarkFigures(Contract):
 # --- what the copies and the router's keeper print ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@contract
 class HfDownloaded(Contract):
     """hf_download.py: the repo in the host's cache."""
 
@@ -893,7 +917,7 @@ class HfDownloaded(Contract):
     seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class ImageCopied(Contract):
     """node_fabric_copy.py as an image receiver: the image id now on this node (nothing copied: it was here)."""
 
@@ -901,7 +925,7 @@ class ImageCopied(Contract):
     copied_bytes: int
 
 
-@dataclass(frozen=True)
+@contract
 class ModelCopied(Contract):
     """node_fabric_copy.py as a model receiver: what it copied, what it removed, how long deciding took."""
 
@@ -911,7 +935,7 @@ class ModelCopied(Contract):
     decided_seconds: float
 
 
-@dataclass(frozen=True)
+@contract
 class KeeperResult(Contract):
     """router_keeper.py's steps: what the router routes to now, by mode."""
 

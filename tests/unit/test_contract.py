@@ -1,6 +1,8 @@
 """components/scripts/node_contract.py's one way between its dataclasses and JSON, both sides."""
 
+import dataclasses
 import json
+from typing import Optional
 
 import pytest
 
@@ -123,3 +125,45 @@ def test_the_supervisors_state_is_a_named_state_both_ways():
     assert f"supervisor: {status.state}" == "supervisor: waiting for the GPU turn" == f"supervisor: {str(status.state)}"
     with pytest.raises(ValueError, match="'dancing' is not a valid VllmState"):
         contract.SupervisorStatus.from_json({**written, "state": "dancing"})
+
+
+@contract.contract
+class _Pair(contract.Contract):
+    a: int
+    b: Optional[list] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _DataclassPair:
+    a: int
+    b: Optional[list] = None
+
+
+def test_a_contract_compares_hashes_shows_and_freezes_as_a_frozen_dataclass_does():
+    """`contract` leaves equality, hash and repr to Contract (written once instead of compiled per class): each as
+    the dataclass module's own would be."""
+    one, same, other = _Pair(1, None), _Pair(1), _Pair(2)
+    ref, ref_same, ref_other = _DataclassPair(1, None), _DataclassPair(1), _DataclassPair(2)
+    assert (one == same, one == other, one != other) == (ref == ref_same, ref == ref_other, ref != ref_other)
+    assert hash(one) == hash(ref) and hash(one) == hash(same)
+    assert repr(_Pair(1, ["x"])) == repr(_DataclassPair(1, ["x"])).replace("_DataclassPair", "_Pair")
+    assert one != ref and ref != one  # another class: not equal, either way round
+    for unhashable in (_Pair(1, []), _DataclassPair(1, [])):
+        with pytest.raises(TypeError):
+            hash(unhashable)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.a = 3  # type: ignore[misc]
+
+
+def test_every_contract_of_the_node_side_is_made_by_contract():
+    """A class written as @dataclass(frozen=True) would work and cost its programs' starts its own methods."""
+    made = [
+        value for value in vars(contract).values() if isinstance(value, type) and issubclass(value, contract.Contract)
+    ]
+    assert len(made) > 50
+    for cls in made:
+        if cls is contract.Contract:
+            continue
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+        assert (cls.__eq__, cls.__hash__, cls.__repr__) == (
+            contract.Contract.__eq__, contract.Contract.__hash__, contract.Contract.__repr__), cls  # fmt: skip

@@ -185,3 +185,47 @@ def test_bytecode_of_earlier_sessions_stacks_is_pruned_and_the_current_sessions_
     monkeypatch.setattr(sys, "pycache_prefix", None)
     prune_stale_bytecode(basetemp)  # no prefix: nothing to do
     assert (mirror / "pytest-7").is_dir()
+
+
+def test_a_secret_set_before_with_the_same_value_is_kept_in_the_stack_file_and_not_set_again(tmp_path, monkeypatch):
+    """Each `pulumi config set --secret` is a CLI start that derives the passphrase's key (0.3 CPU-s); a configure
+    with secrets unchanged sets none of them again, and what the stack's file holds stays encrypted and whole."""
+    import yaml
+
+    from tests.e2e.cli_stack import PROJECT, RehearsalStack
+
+    stack = RehearsalStack(tmp_path / "deployer")
+    calls: list[tuple[str, str]] = []
+
+    def config_set(*args, stdin=None, check=True):  # what the CLI does to the file, the value "encrypted"
+        assert args[:3] == ("config", "set", "--secret") and stdin is not None
+        calls.append((args[-1], stdin))
+        document = yaml.safe_load(stack.config_file.read_text())
+        head, _, sub = args[-1].partition(".")
+        entry = {"secure": f"v1:{stdin[::-1]}"}
+        if sub:
+            document["config"].setdefault(f"{PROJECT}:{head}", {})[sub] = entry
+        else:
+            document["config"][f"{PROJECT}:{head}"] = entry
+        stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    monkeypatch.setattr(stack, "cli", config_set)
+    secrets = {"apiKey": "sk-one", "apiKeys": {"alice": "sk-alice", "bob": "sk-bob"}, "hfToken": "hf_x"}
+    stack.configure({"image": "a"}, secrets)
+    assert sorted(calls) == [("apiKey", "sk-one"), ("apiKeys.alice", "sk-alice"), ("apiKeys.bob", "sk-bob"),
+                             ("hfToken", "hf_x")]  # fmt: skip
+    first = yaml.safe_load(stack.config_file.read_text())["config"]
+    calls.clear()
+    stack.configure({"image": "b"}, secrets)
+    after = yaml.safe_load(stack.config_file.read_text())["config"]
+    assert calls == [] and after == {**first, f"{PROJECT}:image": "b"}
+    stack.configure({"image": "b"}, {**secrets, "apiKeys": {"alice": "sk-alice"}, "hfToken": "hf_y"})
+    assert sorted(calls) == [("apiKeys.alice", "sk-alice"), ("hfToken", "hf_y")]  # a map that changed: set anew
+    assert yaml.safe_load(stack.config_file.read_text())["config"][f"{PROJECT}:apiKeys"] == {
+        "alice": {"secure": "v1:ecila-ks"}}  # fmt: skip
+    calls.clear()
+    document = yaml.safe_load(stack.config_file.read_text())
+    document["config"][f"{PROJECT}:hfToken"] = "hf_y"  # `config set --plaintext`: not kept as a secret
+    stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    stack.configure({"image": "b"}, {**secrets, "apiKeys": {"alice": "sk-alice"}, "hfToken": "hf_y"})
+    assert calls == [("hfToken", "hf_y")]
