@@ -10,6 +10,7 @@ left after the stop), each against its target:
 * serving again after a SIGKILL of the API server, no `pulumi up`: within 100 s (the Qwen3-8B shape);
 * the memory plan's KV room within 5 % of vLLM's available KV cache memory;
 * a stop leaves the GPU free (under 1 GiB in use);
+* with Ray, no idle worker once vLLM serves (Ray starts one per CPU for its first driver unless told not to);
 * the deploy's benchmark (--phases bench): no failed request, and the project's own load agrees with
   `vllm bench serve` on output tokens/s within 10 % (the same server, one after the other).
 
@@ -71,6 +72,10 @@ def judge(report: dict) -> list[tuple[str, str, bool | None]]:
         off = (own - theirs) / theirs
         rows.append(("benchmark: own load vs vllm bench serve, tok/s (within 10 %)", f"{off * 100:+.1f} %",
                      abs(off) <= TOOLS_AGREE))  # fmt: skip
+    ray = report.get("ray_processes")
+    if ray:  # reports since 2026-12-07: Ray's processes once vLLM served
+        idle = ray["by_name"].get("ray::IDLE", 0)
+        rows.append((f"Ray's idle workers once serving (none; {ray['cpus']} CPUs)", str(idle), idle == 0))
     reads = report.get("contract_reads")
     if reads:  # reports since 2026-12-04: each script's output read as the program reads it
         read = sum(1 for each in reads if each["read"])

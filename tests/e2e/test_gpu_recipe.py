@@ -133,6 +133,8 @@ def test_the_ray_call_stalls_a_ray_worker_and_recovers_from_a_sigkill(tmp_path, 
     the_machine_is_named(report)
     steps_ok(report, "cluster_ready", "handover", "ready", "smoke", "recovery")
     assert set(report["import_seconds"]) == {"torch", "vllm.entrypoints.cli.main"}  # timed (failing here: no torch)
+    ray = report["ray_processes"]  # real Ray: vLLM's driver connected, and Ray started no idle worker for it
+    assert ray["cpus"] == os.cpu_count() and ray["by_name"] and "ray::IDLE" not in ray["by_name"], ray
     stall = report["stall"]
     assert stall["target"] == "worker" and stall["stopped"]  # the actor's process (gone once vLLM was ended)
     assert stall["found_seconds"] is not None and 30 <= stall["found_seconds"] < 45

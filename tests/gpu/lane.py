@@ -534,6 +534,8 @@ def run_lane(args) -> dict:
             for line in node.vllm_log().splitlines()
             if "RAY_NON_CARRY_OVER_ENV_VARS" in line or "Copying the following environment variables" in line
         ][:4]
+        if cfg.executor == "ray":  # Ray's processes once vLLM serves: none idle (node_ray_keeper.py RAY_ENV)
+            report["ray_processes"] = ray_processes(node)
         report["gpu_used_mib_serving"] = gpu_used_mib()
         base = ready["base_url"]
         report["api_key_enforced"] = get(base + "/v1/models") == 401 and get(base + "/v1/models", api_key) == 200
@@ -648,6 +650,20 @@ def processes_named(prefix: str, node: Node) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def ray_processes(node: Node) -> dict:
+    """How many of each of the node's `ray::` processes there are once vLLM serves (`ray::IDLE`: a worker Ray started
+    ahead for tasks vLLM never sends, one per CPU it counts without RAY_prestart_worker_first_driver=0), and the
+    CPUs the machine has: the count Ray would have started."""
+    counts: dict = {}
+    for pid in processes_named("ray::", node):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        counts[name] = counts.get(name, 0) + 1
+    return {"cpus": os.cpu_count(), "by_name": dict(sorted(counts.items()))}
 
 
 class Stream:

@@ -223,6 +223,14 @@ def test_the_gpu_lane_counts_the_scripts_results_the_contract_could_not_read():
     assert judge({}) == []  # a report of before 2026-12-04 has no such figure
 
 
+def test_the_gpu_lane_wants_no_idle_ray_worker_once_vllm_serves():
+    from benchmarks.gpu_lane import judge
+
+    idle = {"ray_processes": {"cpus": 16, "by_name": {"ray::IDLE": 16, "ray::RayWorkerWrapper": 1}}}
+    assert judge(idle) == [("Ray's idle workers once serving (none; 16 CPUs)", "16", False)]
+    assert judge({"ray_processes": {"cpus": 16, "by_name": {"ray::RayWorkerWrapper": 1}}})[0][1:] == ("0", True)
+
+
 def test_while_it_measures_its_pid_is_in_the_measuring_file_and_a_canary_in_flight_is_waited_for(standin, tmp_path):
     """The supervisor asks no canary while the file names a live process (node_vllm_watch.py measuring): its tokens
     would count in the load's figures — MTP's mean acceptance fell under the rehearsal's floor from it (2.288 <
