@@ -263,8 +263,14 @@ class RehearsalStack:
         echo: Optional[Callable[[str], None]] = None,
         agent_socket: Optional[Path] = None,
         spark_vllm_home: Optional[Path] = None,
+        checkpoints: bool = True,
     ):
         self.workdir = Path(workdir).resolve()
+        # False: PULUMI_SKIP_CHECKPOINTS, the engine writes the stack's state once at the end of each command instead
+        # of after every step (each write serializes, backs up and checks the whole state: 2.7 MB for two nodes). The
+        # state it ends with is the same; what a crash of the CLI mid-way would keep is not, which no test asks.
+        # The CLI's CPU for a several-models stack's preview, up and destroy: 34.9 -> 10.9 s (2026-12-07).
+        self.checkpoints = checkpoints
         self.agent_socket = agent_socket
         self._spark_vllm_home = spark_vllm_home
         self.stack = stack
@@ -312,6 +318,7 @@ class RehearsalStack:
             PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
             PULUMI_SKIP_UPDATE_CHECK="true",
             PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true",
+            **({} if self.checkpoints else {"PULUMI_SKIP_CHECKPOINTS": "true"}),
             # Where the program writes the SSH key file on this machine (ssh's `~` is the account's home).
             SPARK_VLLM_HOME=str(self.spark_vllm_home),
         )
@@ -485,6 +492,7 @@ class RehearsalStack:
             echo=self.echo,
             agent_socket=agent_socket,
             spark_vllm_home=self.spark_vllm_home,
+            checkpoints=self.checkpoints,
         )
         shutil.copyfile(self.config_file, clone.config_file)
         clone._secrets_set = copy.deepcopy(self._secrets_set)

@@ -102,12 +102,15 @@ def new_stack(tmp_path_factory):
     """A factory of stacks on their own deploying machines. What a stack still holds at the end of the module is
     not destroyed: its nodes go with the module (the cluster kills their containers, then their daemons and
     namespaces), and a `pulumi destroy` there would cost 10-25 s of a loaded machine to prove nothing. The tests
-    that claim something of a destroy (a fresh clone's, the guard's, prod's) run and assert it themselves."""
+    that claim something of a destroy (a fresh clone's, the guard's, prod's) run and assert it themselves.
+    Their `pulumi` commands write the state once a command (`checkpoints=False`, cli_stack.py), except where a test
+    passes `checkpoints=True`: the README's path (test_rehearsal.py, test_one_node.py) runs as a user's CLI does."""
     reason = cli_missing()
     if reason:
         pytest.fail(reason)  # setup builds it; a rehearsal without the real CLI would prove nothing
 
     def make(stack: str = "rehearsal", **kwargs) -> RehearsalStack:
+        kwargs.setdefault("checkpoints", False)
         created = RehearsalStack(tmp_path_factory.mktemp(f"deployer-{next(_counter)}"), stack, **kwargs)
         created.init()
         return created

@@ -36,7 +36,7 @@ def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_
     base = _image(one_node)
     image = publish_played(CACHE_DIR, one_node.nodes[0].docker_host, base.ref, "0.34.0")
     node = one_node.nodes[0]
-    stack = new_stack("dev")
+    stack = new_stack("dev", checkpoints=True)  # the README's `pulumi up --yes`, as a user's CLI runs it
     config, secrets = rehearsal_config(one_node, image, model_dir, tensorParallelSize=1, tls=True)
     refused_before_anything(stack, config, secrets)
     stack.configure(config, secrets)

@@ -49,7 +49,7 @@ NODES_WITHOUT_IMAGE = True
 
 @pytest.fixture(scope="module")
 def deployed(sim_cluster, image, prometheus_image, model_dir, new_stack):
-    stack = new_stack()
+    stack = new_stack(checkpoints=True)  # the README's path: the CLI as a user's writes the state
     config, secrets = rehearsal_config(sim_cluster, image.ref, model_dir)
     config["benchmark"] = BENCHMARK
     # a real Prometheus on the worker, scraping vLLM on the head across the fabric

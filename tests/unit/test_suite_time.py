@@ -229,3 +229,12 @@ def test_a_secret_set_before_with_the_same_value_is_kept_in_the_stack_file_and_n
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
     stack.configure({"image": "b"}, {**secrets, "apiKeys": {"alice": "sk-alice"}, "hfToken": "hf_y"})
     assert calls == [("hfToken", "hf_y")]
+
+
+def test_a_stack_writes_its_state_once_a_command_only_when_asked_and_as_a_user_by_default(tmp_path):
+    """The tests' stacks skip the engine's checkpoint after every step (tests/e2e/conftest.py new_stack); a stack made
+    as a user's CLI runs, the README's path and the main job included, keeps them."""
+    from tests.e2e.cli_stack import RehearsalStack
+
+    assert "PULUMI_SKIP_CHECKPOINTS" not in RehearsalStack(tmp_path / "user").env
+    assert RehearsalStack(tmp_path / "test", checkpoints=False).env["PULUMI_SKIP_CHECKPOINTS"] == "true"
