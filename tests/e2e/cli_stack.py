@@ -374,14 +374,13 @@ class RehearsalStack:
             # A secret this stack set before with the same value stays in the file as it is, as in a user's edited
             # file: setting it again is a CLI start deriving the passphrase's key (PBKDF2, 0.3 CPU-s), 8 secrets a
             # configure, 156 such starts in a suite (2026-12-07).
-            if self._secrets_set.get(key) == value and _encrypted(encrypted.get(f"{PROJECT}:{key}"), value):
-                document["config"][f"{PROJECT}:{key}"] = encrypted[f"{PROJECT}:{key}"]
+            name = f"{PROJECT}:{key}"
+            if self._secrets_set.get(key) == value and _encrypted(encrypted.get(name), value):
+                document["config"][name] = encrypted[name]
             else:
                 to_set[key] = value
         self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
-        self._secrets_set = {
-            key: value for key, value in self._secrets_set.items() if key in secrets and key not in to_set
-        }
+        self._secrets_set = {key: copy.deepcopy(value) for key, value in secrets.items() if key not in to_set}
         for key, value in to_set.items():
             if isinstance(value, dict):  # apiKeys, tls: each value at its path, as docs/security.md shows
                 for sub, text in value.items():
