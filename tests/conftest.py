@@ -51,28 +51,27 @@ def _own_gpu_turn(monkeypatch):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-# The rehearsal's modules, longest first (seconds per file in the whole suite, 3 processes: the clean-clone CI of
-# a5678ef, 2026-12-06): ./run-tests hands out whole files in collection order (--dist loadfile
+# The rehearsal's modules, longest first (seconds per file in the rehearsal lane, 3 processes: the clean-clone CI of
+# ce4e38c, 2026-12-07): ./run-tests hands out whole files in collection order (--dist loadfile
 # --no-loadscope-reorder), so the long ones start at once and the short files fill the gaps at the end (by these
-# figures 1,174 s on three processes for 1,161 s of ideal; the order of 2026-12-04, with the several-models module
-# sixth and the GPU recipe unlisted, 1,298 s, and that run took 1,349 s). Only the order changes; a module not
-# listed goes after.
+# figures 672 s on four processes for 655 s of ideal; the order of 2026-12-04, with the several-models module
+# sixth and the GPU recipe unlisted, took 1,349 s on three). Only the order changes; a module not listed goes after.
 LONGEST_FIRST = (
-    "tests/e2e/test_deployments.py",  # 536 s
-    "tests/e2e/test_rehearsal.py",  # 422 s
-    "tests/e2e/test_three_nodes.py",  # 415 s
-    "tests/e2e/test_recovery.py",  # 407 s
-    "tests/e2e/test_refusals.py",  # 291 s
-    "tests/e2e/test_gpu_recipe.py",  # 286 s
-    "tests/e2e/test_stalls.py",  # 274 s
-    "tests/e2e/test_guard.py",  # 201 s
-    "tests/e2e/test_speculative.py",  # 176 s
-    "tests/e2e/test_fabric_copy.py",  # 171 s
-    "tests/e2e/test_one_node.py",  # 116 s
-    "tests/e2e/test_hf_sync.py",  # 98 s
+    "tests/e2e/test_deployments.py",  # 408 s
+    "tests/e2e/test_rehearsal.py",  # 380 s
+    "tests/e2e/test_three_nodes.py",  # 339 s
+    "tests/e2e/test_gpu_recipe.py",  # 310 s
+    "tests/e2e/test_recovery.py",  # 256 s
+    "tests/e2e/test_stalls.py",  # 244 s
+    "tests/e2e/test_refusals.py",  # 164 s
+    "tests/e2e/test_fabric_copy.py",  # 98 s
+    "tests/e2e/test_guard.py",  # 97 s
+    "tests/e2e/test_speculative.py",  # 95 s
     "tests/unit/test_supervisor.py",  # 85 s (the full run's)
-    "tests/e2e/image/test_image.py",  # 61 s
-    "tests/e2e/test_nodes.py",  # 29 s
+    "tests/e2e/test_hf_sync.py",  # 70 s
+    "tests/e2e/image/test_image.py",  # 69 s
+    "tests/e2e/test_one_node.py",  # 69 s
+    "tests/e2e/test_nodes.py",  # 23 s
 )
 
 
