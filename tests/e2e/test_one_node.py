@@ -44,6 +44,7 @@ def test_one_node_previews_deploys_serves_and_destroys(one_node, model_dir, new_
     assert preview.changed and set(preview.changed.values()) == {"create"}, preview.changed
     run = stack.up(preview_first=True)  # `pulumi up --yes` as the README types it
     assert set(run.changed) == set(preview.changed)
+    assert stack.outputs_read_by_cli == 0 and run.outputs == stack.outputs(show_secrets=True)  # the event log's
     held = rules((0, 34, 0))
     assert run.outputs["release"]["vllm"] == {"version": "0.34.0", "heldTo": "0.34.0", "rules": held.fingerprint()}
     # the host check passed on a host with no NVIDIA driver: what it could say, in the release (#68)

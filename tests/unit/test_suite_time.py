@@ -238,3 +238,35 @@ def test_a_stack_writes_its_state_once_a_command_only_when_asked_and_as_a_user_b
 
     assert "PULUMI_SKIP_CHECKPOINTS" not in RehearsalStack(tmp_path / "user").env
     assert RehearsalStack(tmp_path / "test", checkpoints=False).env["PULUMI_SKIP_CHECKPOINTS"] == "true"
+
+
+def test_an_ups_outputs_come_from_its_event_log_unless_a_value_there_is_not_plain(tmp_path, monkeypatch):
+    """`pulumi stack output --show-secrets` after every `up` is a CLI start deriving the passphrase's key: the
+    stack's outputs event in the up's own log holds them, except a secret (blinded there), an asset or a reference;
+    with one of those, or no such event (a phase that only previewed), the CLI is asked."""
+    from pulumi import automation as auto
+
+    from tests.e2e.cli_stack import SIGNATURE_KEY, RehearsalStack, _Events
+
+    def outputs_event(outputs):
+        urn = "urn:pulumi:dev::spark-vllm::pulumi:pulumi:Stack::spark-vllm-dev"
+        meta = {"op": "same", "urn": urn, "type": "pulumi:pulumi:Stack", "provider": "",
+                "new": {"type": "pulumi:pulumi:Stack", "urn": urn, "id": "", "parent": "", "provider": "",
+                        "custom": False, "delete": False, "protect": False, "outputs": outputs, "inputs": {}}}  # fmt: skip
+        return auto.EngineEvent.from_json({"sequence": 1, "timestamp": 1, "resOutputsEvent": {"metadata": meta}})
+
+    stack = RehearsalStack(tmp_path / "deployer")
+    asked = []
+    monkeypatch.setattr(stack, "outputs", lambda show_secrets=False: asked.append(show_secrets) or {"from": "cli"})
+    plain = {"endpoint": "http://10.0.0.1:8000/v1", "memoryPlan": {"m": {"kvCache": {"pinnedGib": 1.5}}}, "n": [1]}
+    events = _Events()
+    events(outputs_event(plain))
+    assert stack._outputs_after(events) == plain and asked == []
+    secret = {SIGNATURE_KEY: "1b47061264138c4ac30d75fd1eb44270", "ciphertext": "[secret]"}
+    for special in ({**plain, "routerSmoke": secret}, {**plain, "deep": [{"x": secret}]}):
+        events = _Events()
+        events(outputs_event(special))
+        assert stack._outputs_after(events) == {"from": "cli"}
+    events(auto.EngineEvent.from_json({"sequence": 2, "timestamp": 2, "preludeEvent": {"config": {}}}))
+    assert events.stack_outputs is None and stack._outputs_after(events) == {"from": "cli"}
+    assert asked == [True, True, True] and stack.outputs_read_by_cli == 3
