@@ -1,3 +1,4 @@
+import gc
 import json
 import logging
 import os
@@ -117,3 +118,12 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "seconds per test file")
     for module, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
+
+
+def pytest_collection_finish(session):
+    """What collection left (the test modules, pulumi, pydantic, grpc: about 10^5 objects) moved out of the garbage
+    collector's reach: each full collection walked all of it again, and the program under mocks makes enough
+    objects to run many (2026-12-07, alternating runs: tests/program in one process 99.8 -> 86.1 CPU-s, four each
+    way; the fast lane 258 -> 246 CPU-s, two each way, within this machine's noise for its wall time)."""
+    gc.collect()
+    gc.freeze()
