@@ -5,7 +5,7 @@
 
 Runs ./run-tests with a JUnit report and SPARK_VLLM_TEST_TIMINGS (one line per `pulumi` command the rehearsal
 runs: tests/e2e/cli_stack.py), then prints the wall time against the target (12 minutes for the whole suite
-warm, 90 s for --fast), the seconds of each test module (their sum is more than the wall time: 3 processes run
+warm, 90 s for --fast), the seconds of each test module (their sum is more than the wall time: 4 processes run
 side by side), and the `pulumi` commands by kind (count, seconds, the slowest). Numbers are printed, nothing is
 asserted: this machine is shared and has 2 cores. `--rounds N --hog K`: the stress run, the same command N
 times in a row beside K processes that each keep a core busy; each round's wall time and the tests that failed
