@@ -102,11 +102,12 @@ def report(result: dict) -> None:
     for stage, seconds in stage_times(up).items():
         print(f"    {stage:<48} {'-' if seconds is None else f'{seconds:6.1f} s'}")
     print("    slowest operations: " + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in result["slowest"]))
-    print(
-        f"  pulumi preview, no change      wall median {statistics.median(walls):5.1f} s "
-        f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)   "
-        f"engine median {statistics.median(engines) if engines else float('nan'):5.1f} s"
-    )
+    if walls:  # none with --previews 0
+        print(
+            f"  pulumi preview, no change      wall median {statistics.median(walls):5.1f} s "
+            f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)   "
+            f"engine median {statistics.median(engines) if engines else float('nan'):5.1f} s"
+        )
     if result["ups"]:
         typed, skipped = ([pair[i] for pair in result["ups"]] for i in (0, 1))
         for label, found in (("pulumi up --yes, no change", typed), ("  … --skip-preview", skipped)):

@@ -62,3 +62,23 @@ def test_the_report_prints_both_kinds_of_up(capsys):
     said = capsys.readouterr().out
     assert "pulumi up --yes, no change     wall median   9.0 s   CPU median   6.5 s (2 runs)" in said
     assert "… --skip-preview             wall median   4.5 s   CPU median   3.2 s (2 runs)" in said
+
+
+def test_the_report_of_a_run_without_previews_leaves_their_line_out(capsys):
+    """`--previews 0` (the ups alone): nothing to take a median of, so no preview line, the rest as always."""
+    run = Run("up", {}, "", {}, 30.0, [], engine_seconds=20.0)
+    cli_timing.report(
+        {
+            "nodes": 2,
+            "resources": 40,
+            "bring_up": 12.0,
+            "up": run,
+            "previews": [],
+            "destroy": Run("destroy", {}, "", {}, 9.0, []),
+            "ups": [],
+            "slowest": [],
+            "slowest_deletes": [],
+        }
+    )
+    said = capsys.readouterr().out
+    assert "pulumi preview" not in said and "pulumi destroy                 wall    9.0 s" in said
