@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import yaml
 from pulumi import automation as auto
+from pulumi.runtime import rpc
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "spark-vllm"
@@ -44,8 +45,8 @@ COMMAND_TIMEOUT_S = 1800
 PASSPHRASE = "rehearsal-only-passphrase"  # encrypts this stack's secrets in its config and state
 REPLACE_OPS = {"replace", "create-replacement", "delete-replaced", "discard-replaced"}
 # The key under which the engine writes a value that is not plain JSON (a secret, an asset, a resource reference):
-# pulumi/sdk/go/common/resource/sig/sig.go `Key` (the Python SDK's `_special_sig_key`)
-SIGNATURE_KEY = "4dabf18193072939515e22adb298388d"
+# pulumi/sdk/go/common/resource/sig/sig.go `Key`, as the Python SDK has it (tests/harness.py takes it from there too)
+SIGNATURE_KEY = rpc._special_sig_key
 
 
 def prune_stale_bytecode(basetemp: Path) -> None:
