@@ -196,6 +196,11 @@ end)
 # after one answer.
 CHECK = "check inter 5s fastinter 1s downinter 1s fall 2 rise 1"
 CHECK_HOST = "spark-vllm-edge-check"  # the Host its checks carry (the tests' upstream tells them apart by it)
+# How long a step that asks through the edge (the endpoint's and the router's smoke tests) first waits for the edge's
+# /health to say 200: it answers from its last check, which lags a vLLM that just became ready (or an edge just
+# reloaded) by up to an interval, a check itself taking up to `inter` (no `timeout check`); four intervals leave room
+# for a busy node. A request sent at once could meet the edge's 503 (CI of af08edc: test_stalls' first up).
+SEES_UPSTREAM_SECONDS = 20
 # The edge's own port: Prometheus' scrapes from the nodes; a few connections, short timeouts.
 OWN_CONNECTIONS, OWN_PER_SOURCE = 64, 8
 ALIVE_CONNECTIONS = 16  # the watchdog's listener (loopback): one check every few seconds

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from components.config import ClusterConfig, NodeConfig
 from components.plan.container import node_rank, supervisor_spec, watch_spec
+from components.plan.edge import SEES_UPSTREAM_SECONDS
 from components.plan.endpoint import edge_listen, edge_node, vllm_host, vllm_port, vllm_url
 from components.plan.engine import EngineSettings
 from components.plan.names import (
@@ -174,13 +175,15 @@ def ready_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[s
 
 def endpoint_smoke_params(cfg: ClusterConfig, served: str, api_key: str | None) -> dict[str, Any]:
     """smoke.py on the head through the endpoint (without the router: the edge on this node), as a client sends it:
-    with `tls` over HTTPS, the certificate verified with tls.ca for the endpoint's host; the program's own key."""
+    with `tls` over HTTPS, the certificate verified with tls.ca for the endpoint's host; the program's own key; once
+    the edge's /health says 200 (its checks have seen vLLM ready)."""
     host, port = edge_listen(cfg)
     reach = "127.0.0.1" if host == "0.0.0.0" else host
     tls = {"tls_ca": cfg.tls.ca, "server_name": edge_node(cfg).host} if cfg.tls is not None else {}
     return params_of(
         SmokeParams, base_url=f"{'https' if tls else 'http'}://{reach}:{port}", model=served, api_key=api_key,
-        prompt=SMOKE_PROMPT, max_tokens=SMOKE_MAX_TOKENS, timeout_seconds=SMOKE_TIMEOUT_SECONDS, **tls,
+        prompt=SMOKE_PROMPT, max_tokens=SMOKE_MAX_TOKENS, timeout_seconds=SMOKE_TIMEOUT_SECONDS,
+        wait_served_seconds=SEES_UPSTREAM_SECONDS, **tls,
     )  # fmt: skip
 
 

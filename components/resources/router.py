@@ -22,6 +22,7 @@ import pulumi_docker as docker
 
 from components.config import ClusterConfig
 from components.plan.container import log_options
+from components.plan.edge import SEES_UPSTREAM_SECONDS
 from components.plan.endpoint import edge_node, vllm_url
 from components.plan.engine import EngineSettings
 from components.plan.names import (
@@ -180,4 +181,5 @@ class Router(pulumi.ComponentResource):
             prompt=SMOKE_PROMPT,
             max_tokens=SMOKE_MAX_TOKENS,
             timeout=SMOKE_TIMEOUT_SECONDS,
+            wait_served_seconds=SEES_UPSTREAM_SECONDS,
         )

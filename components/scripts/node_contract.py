@@ -235,8 +235,11 @@ class SmokeParams(Contract):
     api_key: Optional[str] = None
     tls_ca: Optional[str] = None
     server_name: Optional[str] = None
+    # through the endpoint: first, at most this long, until the edge's /health says 200 (it answers from its checks)
+    wait_served_seconds: Optional[float] = None
 
-    OMIT_NONE = ("tls_ca", "server_name")  # only through the endpoint with tls: the smoke test's own is as it was
+    # only through the endpoint: the smoke test's own is as it was
+    OMIT_NONE = ("tls_ca", "server_name", "wait_served_seconds")
 
 
 @contract
@@ -611,6 +614,7 @@ class KeeperSmokeParams(KeeperStepParams):
     models: List[str]
     prompt: str
     max_tokens: int
+    wait_served_seconds: float  # first, at most this long, until the edge's /health says 200
     api_key: Optional[str] = None  # secret
     tls_ca: Optional[str] = None
     server_name: Optional[str] = None

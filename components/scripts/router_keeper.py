@@ -31,6 +31,7 @@ import urllib.parse
 import urllib.request
 
 from components.scripts.node_chat import chat
+from components.scripts.node_served import wait_served
 from components.scripts.node_contract import KEEPER_MODES, KeeperResult
 from components.scripts.node_params import given
 from components.scripts.node_timing import Backoff, Every, polls
@@ -272,11 +273,19 @@ def smoke():
     tls (its certificate verified for P.server_name)."""
     results = {}
     front = f"{'https' if P.tls_ca else 'http'}://{ENDPOINT}"
+    tls = (P.server_name, P.tls_ca) if P.tls_ca else None
+    try:  # once the edge's checks have seen the router answer (node_served.wait_served)
+        unserved = wait_served(front, P.wait_served_seconds, tls)
+    except OSError as error:
+        raise SystemExit(f"router: {front}/health: {error}") from None
+    if unserved is not None:
+        raise SystemExit(f"router: the endpoint's /health ({front}) still answered {unserved} after "
+                         f"{P.wait_served_seconds:g} s: the edge's checks of the router did not pass")  # fmt: skip
     for model in P.models:
         body = {"model": model, "messages": [{"role": "user", "content": P.prompt}], "max_tokens": P.max_tokens}
         started = time.monotonic()
         try:
-            answer = chat(front, body, P.api_key, P.timeout, (P.server_name, P.tls_ca) if P.tls_ca else None)
+            answer = chat(front, body, P.api_key, P.timeout, tls)
         except urllib.error.HTTPError as error:
             said = error.read().decode(errors="replace")[:500] if error.fp else error.reason
             raise SystemExit(f"router: {model} answered {error.code}: {said}") from None

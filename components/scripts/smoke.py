@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 from components.scripts.node_chat import chat
+from components.scripts.node_served import wait_served
 from components.scripts.node_contract import SmokeParams, SmokeResult
 from components.scripts.node_params import given
 
@@ -20,9 +21,20 @@ body = {
     "max_tokens": P.max_tokens,
     "temperature": 0,
 }
+tls = (P.server_name, P.tls_ca) if P.tls_ca else None
+if P.wait_served_seconds:  # through the endpoint: once the edge's checks have seen vLLM serve
+    try:
+        unserved = wait_served(P.base_url, P.wait_served_seconds, tls)
+    except OSError as error:
+        print(f"smoke test failed: {P.base_url}/health: {error}")
+        sys.exit(1)
+    if unserved is not None:
+        print(f"smoke test failed: the endpoint's /health ({P.base_url}) still answered {unserved} after "
+              f"{P.wait_served_seconds:g} s: the edge's checks of vLLM's /health did not pass")  # fmt: skip
+        sys.exit(1)
 start = time.monotonic()
 try:
-    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds, (P.server_name, P.tls_ca) if P.tls_ca else None)
+    answer = chat(P.base_url, body, P.api_key, P.timeout_seconds, tls)
 except urllib.error.HTTPError as error:
     print(f"smoke test failed: HTTP {error.code}: {error.read()[:500]!r}")
     sys.exit(1)

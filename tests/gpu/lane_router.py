@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.config import load_cluster_config  # noqa: E402
+from components.plan.edge import SEES_UPSTREAM_SECONDS  # noqa: E402
 from components.plan.endpoint import edge_spec, vllm_url  # noqa: E402
 from components.plan.names import SMOKE_MAX_TOKENS, SMOKE_PROMPT  # noqa: E402
 from components.plan.programs import script_program  # noqa: E402
@@ -116,7 +117,8 @@ def router_phase(raw: dict, node: Any, served: str, api_key: str, report: dict, 
         if not step("router_workers", *keeper("workers", 120, workers=[worker])):
             return
         code, output, seconds = keeper("smoke", 180, models=[served], prompt=SMOKE_PROMPT,
-                                       max_tokens=SMOKE_MAX_TOKENS, api_key=api_key)  # fmt: skip
+                                       max_tokens=SMOKE_MAX_TOKENS, api_key=api_key,
+                                       wait_served_seconds=SEES_UPSTREAM_SECONDS)  # fmt: skip
         step("router_smoke", code, output, seconds)
         if code == 0:
             result["smoke"] = json.loads(output.strip().splitlines()[-1])

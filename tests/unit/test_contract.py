@@ -56,7 +56,8 @@ WORKER = {"url": "http://10.0.0.1:8000", "model": "m", "replica": "spark-vllm-a"
         ("workers", {"timeout": 30, "workers": [WORKER]}, KeeperWorkersParams),
         ("drain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
         ("undrain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
-        ("smoke", {"timeout": 30, "models": ["m"], "prompt": "Hi", "max_tokens": 4}, KeeperSmokeParams),
+        ("smoke", {"timeout": 30, "models": ["m"], "prompt": "Hi", "max_tokens": 4, "wait_served_seconds": 20},
+         KeeperSmokeParams),
     ],
 )
 def test_each_keeper_mode_has_its_type_and_takes_its_own_keys_only(mode, own, cls):
@@ -67,7 +68,8 @@ def test_each_keeper_mode_has_its_type_and_takes_its_own_keys_only(mode, own, cl
     for key in own:  # each of its own keys is needed
         with pytest.raises(TypeError):
             cls.from_json({**KEEPER, "mode": mode, **{k: v for k, v in own.items() if k != key}})
-    others = {"timeout": 1, "workers": [], "worker": WORKER, "models": [], "prompt": "x", "max_tokens": 1}
+    others = {"timeout": 1, "workers": [], "worker": WORKER, "models": [], "prompt": "x", "max_tokens": 1,
+              "wait_served_seconds": 1}  # fmt: skip
     for key, value in others.items():  # another mode's key is refused, not carried
         if key not in own:
             with pytest.raises(TypeError):
@@ -76,7 +78,7 @@ def test_each_keeper_mode_has_its_type_and_takes_its_own_keys_only(mode, own, cl
 
 def test_the_keepers_smoke_leaves_out_what_is_not_set():
     smoke = KeeperSmokeParams.from_json({**KEEPER, "mode": "smoke", "timeout": 3, "models": ["m"], "prompt": "Hi",
-                                         "max_tokens": 4})  # fmt: skip
+                                         "max_tokens": 4, "wait_served_seconds": 1})  # fmt: skip
     assert {"api_key", "tls_ca", "server_name"}.isdisjoint(smoke.to_json())
     with_key = KeeperSmokeParams.from_json({**smoke.to_json(), "api_key": "sk-1"})
     assert with_key.to_json()["api_key"] == "sk-1"

@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,9 @@ from components.plan.edge import KEYED_ROUTES, ROUTES, EdgeSpec, Timeouts, key_d
 from tests.attacks import FORBIDDEN, HIDDEN, refusals, smuggling, spellings
 from tests.attacks import request as attack_request
 from tests.edge_harness import Edge, Recorder, edge_spec, exchange, statuses
+from tests.fake_vllm_http import FakeVllm
 from tests.tls_ca import TestCa
+from tests.unit.test_scripts import run_script
 from tests.waiting import wait_until
 
 KEY = "sk-edge-test-key"
@@ -428,6 +431,33 @@ def test_over_tls_a_client_that_verifies_gets_through_and_nothing_plain_does(ups
         assert len(upstream.request_lines()) == before
     finally:
         edge.close()
+
+
+def test_a_smoke_through_the_edge_waits_until_the_edges_checks_have_seen_vllm_serve(tmp_path):
+    """CI of af08edc: vLLM had just become ready, the edge still answered from its last check of it (503), and the
+    endpoint's smoke test, sent at once, failed the `up`. smoke.py through the edge (wait_served_seconds) first waits
+    for the edge's /health; a vLLM that does not serve in that time still fails it, naming the endpoint's /health."""
+    from components.scripts.node_served import health
+
+    with FakeVllm() as vllm:
+        vllm.health = 503
+        spec = edge_spec(vllm)
+        edge = Edge(spec, tmp_path).start()
+        try:
+            base = f"http://127.0.0.1:{spec.port}"
+            wait_until(lambda: health(base, 2) == 503, 15, "the edge has seen vLLM not serving")
+            params = {"base_url": base, "model": "m", "api_key": None, "prompt": "hi", "max_tokens": 4,
+                      "timeout_seconds": 10}  # fmt: skip
+            never = run_script("smoke.py", {**params, "wait_served_seconds": 1.5})
+            assert never.returncode == 1, never.stdout + never.stderr
+            assert f"the endpoint's /health ({base}) still answered HTTP 503 after 1.5 s" in never.stdout
+            assert "/v1/chat/completions" not in vllm.requests  # nothing sent while the edge says it is not serving
+            threading.Timer(1.0, setattr, (vllm, "health", 200)).start()  # ready while the smoke test runs
+            served = run_script("smoke.py", {**params, "wait_served_seconds": 20})
+            assert served.returncode == 0, served.stdout + served.stderr
+            assert json.loads(served.stdout.strip().splitlines()[-1])["completion_tokens"] == 1
+        finally:
+            edge.close()
 
 
 def test_the_programs_own_chat_verifies_the_endpoint_for_its_name_while_it_reaches_an_address(upstream, tmp_path):

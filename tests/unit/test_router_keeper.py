@@ -284,11 +284,13 @@ def test_the_router_smoke_test_asks_each_model_with_the_key_and_names_a_missing_
     keeper(
         "workers", timeout=20, workers=[worker("http://10.9.0.1:8000", "big"), worker("http://10.9.0.3:8001", "small")]
     )
-    smoke = keeper("smoke", models=["big", "small"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10)
+    smoke = keeper("smoke", models=["big", "small"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10,
+                   wait_served_seconds=5)
     assert smoke.returncode == 0, smoke.stderr
     found = json.loads(smoke.stdout.strip().splitlines()[-1])["models"]
     assert set(found) == {"big", "small"} and found["big"]["completionTokens"] == 2
-    missing = keeper("smoke", models=["nope"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10)
+    missing = keeper("smoke", models=["nope"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10,
+                   wait_served_seconds=5)
     assert missing.returncode != 0 and "router: nope answered 404" in missing.stderr
 
 
