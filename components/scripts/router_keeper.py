@@ -31,9 +31,9 @@ import urllib.parse
 import urllib.request
 
 from components.scripts.node_chat import chat
-from components.scripts.node_served import wait_served
 from components.scripts.node_contract import KEEPER_MODES, KeeperResult
 from components.scripts.node_params import given
+from components.scripts.node_served import wait_served
 from components.scripts.node_timing import Backoff, Every, polls
 from components.scripts.node_watch import HealthWatch, StallWatch, http_get, read_load, read_metrics
 

@@ -56,8 +56,11 @@ WORKER = {"url": "http://10.0.0.1:8000", "model": "m", "replica": "spark-vllm-a"
         ("workers", {"timeout": 30, "workers": [WORKER]}, KeeperWorkersParams),
         ("drain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
         ("undrain", {"timeout": 30, "worker": WORKER}, KeeperWorkerParams),
-        ("smoke", {"timeout": 30, "models": ["m"], "prompt": "Hi", "max_tokens": 4, "wait_served_seconds": 20},
-         KeeperSmokeParams),
+        (
+            "smoke",
+            {"timeout": 30, "models": ["m"], "prompt": "Hi", "max_tokens": 4, "wait_served_seconds": 20},
+            KeeperSmokeParams,
+        ),
     ],
 )
 def test_each_keeper_mode_has_its_type_and_takes_its_own_keys_only(mode, own, cls):

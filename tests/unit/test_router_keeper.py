@@ -23,6 +23,7 @@ from components.plan.edge import EdgeSpec, key_digest
 from components.plan.programs import script_program
 from components.scripts.node_watch import HealthWatch
 from tests.edge_harness import Edge
+from tests.fake_vllm_http import FakeVllm
 from tests.waiting import free_port, wait_for
 
 FAKE_ROUTER = """
@@ -284,14 +285,22 @@ def test_the_router_smoke_test_asks_each_model_with_the_key_and_names_a_missing_
     keeper(
         "workers", timeout=20, workers=[worker("http://10.9.0.1:8000", "big"), worker("http://10.9.0.3:8001", "small")]
     )
-    smoke = keeper("smoke", models=["big", "small"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10,
-                   wait_served_seconds=5)
+    smoke = keeper(
+        "smoke", models=["big", "small"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10, wait_served_seconds=5
+    )
     assert smoke.returncode == 0, smoke.stderr
     found = json.loads(smoke.stdout.strip().splitlines()[-1])["models"]
     assert set(found) == {"big", "small"} and found["big"]["completionTokens"] == 2
-    missing = keeper("smoke", models=["nope"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10,
-                   wait_served_seconds=5)
+    missing = keeper(
+        "smoke", models=["nope"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10, wait_served_seconds=5
+    )
     assert missing.returncode != 0 and "router: nope answered 404" in missing.stderr
+    with FakeVllm(health=503) as endpoint:  # an endpoint whose /health is not 200: no model is asked
+        unserved = keeper("smoke", models=["big"], api_key=KEY, prompt="hi", max_tokens=4, timeout=10,
+                          wait_served_seconds=1, port=endpoint.port)  # fmt: skip
+    assert unserved.returncode != 0 and endpoint.requests == ["/health"] * len(endpoint.requests)
+    said = f"router: the endpoint's /health (http://127.0.0.1:{endpoint.port}) still answered HTTP 503 after 1 s"
+    assert said in unserved.stderr, unserved.stderr
 
 
 def test_without_the_version_in_the_image_it_installs_it_into_the_volume_once(tmp_path):
