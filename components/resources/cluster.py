@@ -139,7 +139,8 @@ class VllmCluster(pulumi.ComponentResource):
         if self.router is None:
             self.edge = create_edge(self, self.edge_config, self.hosts, transfer, first.gate, api_key, served,
                                     after=[first.server.serve])  # fmt: skip
-            # a chat through the endpoint as a client sends it (over TLS, verified), after the edge took its config
+            # a chat through the endpoint as a client sends it (over TLS, verified), after the edge took its config,
+            # and again after every start of vLLM (the head's smoke runs again): `up` ends once the edge serves it
             self.endpoint_smoke = first.server.through_endpoint(
                 [self.edge.container.id, first.server.serve.id], after=[self.edge.config]
             )

@@ -142,17 +142,20 @@ class VllmServer(pulumi.ComponentResource):
     ) -> Optional[command.remote.Command]:
         """Without the router: one short chat completion through the endpoint (the edge on the head), as a client
         sends it, after `after` (the edge's configuration): over TLS with `tls`, the certificate verified with
-        tls.ca for the endpoint's host, never unverified. What the router's smoke is to several models. None with
-        smokeTest off."""
+        tls.ca for the endpoint's host, never unverified; once the edge's /health says its checks see vLLM serve.
+        Runs again on `triggers` and whenever the head's own smoke test (or benchmark) did, after every start of
+        vLLM: the edge's checks saw that vLLM go, and a request sent the moment `up` ends would meet the edge's 503
+        until they see it back. What the router's smoke is to several models. None with smokeTest off."""
         if self.smoke is None:
             return None
+        last = self.benchmark or self.smoke
         return self._head_command(
             f"{self._name}-endpoint-smoke",
             SMOKE_TIMEOUT_SECONDS + 60,
             self._served_program("smoke.py", endpoint_smoke_params),
-            triggers=list(triggers),
+            triggers=[*triggers, last.id],
             # after the benchmark too: a request of its own inside the benchmark's window would count in its figures
-            depends_on=[*after, self.benchmark or self.smoke],
+            depends_on=[*after, last],
             secret_outputs=SECRET_IO,
         )
 

@@ -378,6 +378,7 @@ def test_a_max_model_len_edit_previews_exactly_the_serve_steps_and_keeps_every_r
         "spark-vllm-ready": "replace",
         "spark-vllm-smoke": "replace",
         "spark-vllm-benchmark": "replace",
+        "spark-vllm-endpoint-smoke": "replace",  # `up` ends once the edge serves the new vLLM: no 503 after it
     }  # no container, and not the Prometheus either
     run = stack.up()
     assert run.changed == preview.changed

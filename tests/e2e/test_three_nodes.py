@@ -96,6 +96,7 @@ def test_a_rotated_ssh_credential_re_runs_the_commands_and_changes_nothing(sim_c
         "spark-vllm-ready",
         "spark-vllm-smoke",
         "spark-vllm-benchmark",
+        "spark-vllm-endpoint-smoke",  # runs again after the benchmark does
     }
     assert not {op for name, op in run.changed.items() if name.endswith(("-container", "-image"))}
     assert container_ids(sim_cluster3) == before

@@ -187,6 +187,20 @@ def test_one_model_a_chat_goes_through_the_endpoint_verified_for_the_heads_name_
     assert "tls_ca" not in smoke_params_of(run, "spark-vllm-smoke")
 
 
+@pytest.mark.parametrize("benchmark", [True, False], ids=["after-the-benchmark", "after-the-smoke-test"])
+def test_one_model_the_chat_through_the_endpoint_runs_again_after_every_start_of_vllm(benchmark):
+    """Its triggers hold the head's last step after vLLM's start (the benchmark, else the smoke test), which runs
+    anew whenever vLLM started anew: the edge's checks saw that vLLM go, and `up` ends once the edge serves the new
+    one, not while a client's request would meet its 503."""
+    config = prod() if benchmark else prod(benchmark={"enabled": False})
+    run = shared_run(config, SECRETS, stack="prod")
+    step = run.named("spark-vllm-endpoint-smoke")
+    last = run.named("spark-vllm-benchmark" if benchmark else "spark-vllm-smoke")
+    assert (last.name == "spark-vllm-benchmark") == benchmark and last.id in step.inputs["triggers"]
+    sources = {run.by_urn()[urn].name for urn in step.property_dependencies["triggers"]}
+    assert {last.name, "spark-vllm-serve"} <= sources, sources
+
+
 def test_the_routers_smoke_goes_through_the_edge_over_tls_verified_for_the_endpoints_name():
     tls = tls_for("spark-01.lan")  # the router's node
     run = run_fleet(secrets={**KEYS, "tls": tls})
