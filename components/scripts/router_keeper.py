@@ -30,10 +30,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from components.scripts.node_chat import chat
+from components.scripts.node_chat import chat, wait_served
 from components.scripts.node_contract import KEEPER_MODES, KeeperResult
 from components.scripts.node_params import given
-from components.scripts.node_served import wait_served
 from components.scripts.node_timing import Backoff, Every, polls
 from components.scripts.node_watch import HealthWatch, StallWatch, http_get, read_load, read_metrics
 
@@ -274,7 +273,7 @@ def smoke():
     results = {}
     front = f"{'https' if P.tls_ca else 'http'}://{ENDPOINT}"
     tls = (P.server_name, P.tls_ca) if P.tls_ca else None
-    try:  # once the edge's checks have seen the router answer (node_served.wait_served)
+    try:  # once the edge's checks have seen the router answer (node_chat.wait_served)
         unserved = wait_served(front, P.wait_served_seconds, tls)
     except OSError as error:
         raise SystemExit(f"router: {front}/health: {error}") from None

@@ -8,10 +8,9 @@ import time
 import urllib.error
 import urllib.request
 
-from components.scripts.node_chat import chat
+from components.scripts.node_chat import chat, wait_served
 from components.scripts.node_contract import SmokeParams, SmokeResult
 from components.scripts.node_params import given
-from components.scripts.node_served import wait_served
 
 P = SmokeParams.from_json(given())
 

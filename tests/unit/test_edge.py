@@ -437,7 +437,7 @@ def test_a_smoke_through_the_edge_waits_until_the_edges_checks_have_seen_vllm_se
     """CI of af08edc: vLLM had just become ready, the edge still answered from its last check of it (503), and the
     endpoint's smoke test, sent at once, failed the `up`. smoke.py through the edge (wait_served_seconds) first waits
     for the edge's /health; a vLLM that does not serve in that time still fails it, naming the endpoint's /health."""
-    from components.scripts.node_served import health
+    from components.scripts.node_chat import health
 
     with FakeVllm() as vllm:
         vllm.health = 503
