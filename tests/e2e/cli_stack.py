@@ -16,7 +16,9 @@ to each resource: `run.ops` maps resource name → operation (`create`, `update`
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pulumi import automation as auto
 from pulumi.runtime import rpc
 
@@ -43,6 +47,12 @@ PROGRAM_FILES = ("__main__.py", "components")  # linked into each stack's projec
 VENV_OPTION = "    virtualenv: venv\n"  # Pulumi.yaml's runtime option, as the README's checkout uses it
 COMMAND_TIMEOUT_S = 1800
 PASSPHRASE = "rehearsal-only-passphrase"  # encrypts this stack's secrets in its config and state
+# Pulumi's passphrase secrets, as the CLI writes them (v3.276.0: pkg/secrets/passphrase/manager.go,
+# sdk/go/common/resource/config/crypt.go): the stack file's `encryptionsalt` is "v1:<salt>:<'pulumi' encrypted>" and a
+# secret "v1:<nonce>:<ciphertext>", base64, AES-256-GCM under PBKDF2-SHA256(passphrase, salt, 1,000,000 rounds).
+PBKDF2_ROUNDS = 1_000_000
+_KEYS: dict[str, bytes] = {}  # an encryptionsalt's key, derived once a process
+_SALT: list[str] = []  # the encryptionsalt this process gives the stacks whose secrets it writes
 REPLACE_OPS = {"replace", "create-replacement", "delete-replaced", "discard-replaced"}
 # The key under which the engine writes a value that is not plain JSON (a secret, an asset, a resource reference):
 # pulumi/sdk/go/common/resource/sig/sig.go `Key`, as the Python SDK has it (tests/harness.py takes it from there too)
@@ -235,6 +245,52 @@ def _encrypted(entry: Any, value: Any) -> bool:
     return isinstance(entry, dict) and list(entry) == ["secure"]
 
 
+def _passphrase_key(salt_state: str) -> bytes:
+    """The AES key of a stack file's `encryptionsalt`, checked against the "pulumi" it encrypts, as the CLI does."""
+    if salt_state not in _KEYS:
+        version, salt, check = salt_state.split(":", 2)
+        assert version == "v1", f"encryptionsalt {salt_state!r}: not Pulumi's v1"
+        key = hashlib.pbkdf2_hmac("sha256", PASSPHRASE.encode(), base64.b64decode(salt), PBKDF2_ROUNDS, 32)
+        try:
+            known = _decrypt(key, check) == "pulumi"
+        except InvalidTag:
+            known = False
+        assert known, "encryptionsalt: not this passphrase's"
+        _KEYS[salt_state] = key
+    return _KEYS[salt_state]
+
+
+def _encrypt(key: bytes, value: str) -> str:
+    nonce = os.urandom(12)
+    sealed = AESGCM(key).encrypt(nonce, value.encode(), None)
+    return f"v1:{base64.b64encode(nonce).decode()}:{base64.b64encode(sealed).decode()}"
+
+
+def _decrypt(key: bytes, secret: str) -> str:
+    version, nonce, sealed = secret.split(":", 2)
+    assert version == "v1", f"a secret not in Pulumi's v1: {version!r}"
+    return AESGCM(key).decrypt(base64.b64decode(nonce), base64.b64decode(sealed), None).decode()
+
+
+def process_salt() -> str:
+    """An `encryptionsalt` for this process's stacks (a new salt, its check value), so that one key derivation serves
+    every secret they hold."""
+    if not _SALT:
+        salt = base64.b64encode(os.urandom(8)).decode()
+        key = hashlib.pbkdf2_hmac("sha256", PASSPHRASE.encode(), base64.b64decode(salt), PBKDF2_ROUNDS, 32)
+        _SALT.append(f"v1:{salt}:{_encrypt(key, 'pulumi')}")
+        _KEYS[_SALT[0]] = key
+    return _SALT[0]
+
+
+def _secure(key: bytes, value: Any) -> Any:
+    """`value` as `pulumi config set --secret` leaves it in the stack file: `{secure: …}`, a map of those for a map
+    (what `--path KEY.SUB` sets one at a time)."""
+    if isinstance(value, dict):
+        return {sub: _secure(key, item) for sub, item in value.items()}
+    return {"secure": _encrypt(key, value)}
+
+
 def _own_resources(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     """A deployment's (or checkpoint's) resources, the stack's own `pulumi:pulumi:Stack` aside."""
     return [r for r in deployment.get("resources") or [] if r.get("type") != "pulumi:pulumi:Stack"]
@@ -281,6 +337,7 @@ class RehearsalStack:
         agent_socket: Optional[Path] = None,
         spark_vllm_home: Optional[Path] = None,
         checkpoints: bool = True,
+        typed: bool = True,
     ):
         self.workdir = Path(workdir).resolve()
         # False: PULUMI_SKIP_CHECKPOINTS, the engine writes the stack's state once at the end of each command instead
@@ -288,6 +345,12 @@ class RehearsalStack:
         # state it ends with is the same; what a crash of the CLI mid-way would keep is not, which no test asks.
         # The CLI's CPU for a several-models stack's preview, up and destroy: 34.9 -> 10.9 s (2026-12-07).
         self.checkpoints = checkpoints
+        # True: the stack is set up as the README types it (`pulumi login`, `stack init`, each secret with `pulumi
+        # config set --secret` from stdin). False: its backend from PULUMI_BACKEND_URL (no `login`), and its secrets
+        # written into the stack file encrypted as that command writes them, under one salt a process: each such
+        # command is a CLI start deriving the passphrase's key (PBKDF2, 0.3-0.5 CPU-s), 3 to 8 secrets a stack, about
+        # 150 starts a suite (2026-12-07). The CLI reads them back in every command (a wrong one fails it).
+        self.typed = typed
         self.agent_socket = agent_socket
         self._spark_vllm_home = spark_vllm_home
         self.stack = stack
@@ -336,6 +399,7 @@ class RehearsalStack:
             PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
             PULUMI_SKIP_UPDATE_CHECK="true",
             PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true",
+            **({} if self.typed else {"PULUMI_BACKEND_URL": f"file://{self.backend}"}),
             **({} if self.checkpoints else {"PULUMI_SKIP_CHECKPOINTS": "true"}),
             # Where the program writes the SSH key file on this machine (ssh's `~` is the account's home).
             SPARK_VLLM_HOME=str(self.spark_vllm_home),
@@ -374,15 +438,27 @@ class RehearsalStack:
         return result
 
     def init(self) -> None:
-        """`pulumi login file://…` and `pulumi stack init` (or select, when it exists)."""
-        self.cli("login", f"file://{self.backend}")
-        if self.cli("stack", "select", self.stack, check=False).returncode != 0:
-            self.cli("stack", "init", self.stack)
+        """`pulumi login file://…` and `pulumi stack init` (or select, when it exists). Not `typed`: no `login`, the
+        stack file given this process's salt first (`stack init` keeps a salt it finds), and a select only where the
+        backend holds the stack."""
+        if self.typed:
+            self.cli("login", f"file://{self.backend}")
+            if self.cli("stack", "select", self.stack, check=False).returncode != 0:
+                self.cli("stack", "init", self.stack)
+            return
+        document = yaml.safe_load(self.config_file.read_text()) if self.config_file.exists() else None
+        document = document or {}
+        if "encryptionsalt" not in document:
+            document["encryptionsalt"] = process_salt()
+            self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+        exists = (self.backend / ".pulumi" / "stacks" / PROJECT / f"{self.stack}.json").exists()
+        self.cli("stack", "select" if exists else "init", self.stack)
 
     def configure(self, config: dict[str, Any], secrets: dict[str, str]) -> None:
         """The stack file with `config` (as a user edits Pulumi.<stack>.yaml), then each secret with
         `pulumi config set --secret KEY` reading the value from stdin (nothing on a command line); a secret this
-        stack set before with the same value, still encrypted in the file, is kept as it is."""
+        stack set before with the same value, still encrypted in the file, is kept as it is. Not `typed`: each secret
+        written into the file encrypted as that command writes it (`init` gave the file its salt)."""
         existing = yaml.safe_load(self.config_file.read_text()) if self.config_file.exists() else None
         document = existing or {}
         encrypted = document.get("config") or {}
@@ -397,6 +473,13 @@ class RehearsalStack:
                 document["config"][name] = encrypted[name]
             else:
                 to_set[key] = value
+        if not self.typed:
+            salt = document.get("encryptionsalt")
+            assert salt, f"{self.config_file} has no encryptionsalt: init() first"
+            aes = _passphrase_key(salt)
+            for key, value in to_set.items():
+                document["config"][f"{PROJECT}:{key}"] = _secure(aes, value)
+            to_set = {}
         self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
         self._secrets_set = {key: copy.deepcopy(value) for key, value in secrets.items() if key not in to_set}
         for key, value in to_set.items():
@@ -520,10 +603,12 @@ class RehearsalStack:
             agent_socket=agent_socket,
             spark_vllm_home=self.spark_vllm_home,
             checkpoints=self.checkpoints,
+            typed=self.typed,
         )
         shutil.copyfile(self.config_file, clone.config_file)
         clone._secrets_set = copy.deepcopy(self._secrets_set)
-        clone.cli("login", f"file://{self.backend}")
+        if self.typed:
+            clone.cli("login", f"file://{self.backend}")
         clone.cli("stack", "select", self.stack)
         return clone
 

@@ -103,14 +103,16 @@ def new_stack(tmp_path_factory):
     not destroyed: its nodes go with the module (the cluster kills their containers, then their daemons and
     namespaces), and a `pulumi destroy` there would cost 10-25 s of a loaded machine to prove nothing. The tests
     that claim something of a destroy (a fresh clone's, the guard's, prod's) run and assert it themselves.
-    Their `pulumi` commands write the state once a command (`checkpoints=False`, cli_stack.py), except where a test
-    passes `checkpoints=True`: the README's path (test_rehearsal.py, test_one_node.py) runs as a user's CLI does."""
+    Their `pulumi` commands write the state once a command (`checkpoints=False`, cli_stack.py) and their secrets are
+    written into the stack file encrypted (`typed=False`), except where a test passes `checkpoints=True`: the README's
+    path (test_rehearsal.py, test_one_node.py) runs as a user's CLI does, `pulumi config set --secret` included."""
     reason = cli_missing()
     if reason:
         pytest.fail(reason)  # setup builds it; a rehearsal without the real CLI would prove nothing
 
     def make(stack: str = "rehearsal", **kwargs) -> RehearsalStack:
         kwargs.setdefault("checkpoints", False)
+        kwargs.setdefault("typed", kwargs["checkpoints"])  # secrets as the README sets them, where its path is run
         created = RehearsalStack(tmp_path_factory.mktemp(f"deployer-{next(_counter)}"), stack, **kwargs)
         created.init()
         return created

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.suite_time import (
     CpuSampler,
     _kind,
@@ -270,3 +272,62 @@ def test_an_ups_outputs_come_from_its_event_log_unless_a_value_there_is_not_plai
     events(auto.EngineEvent.from_json({"sequence": 2, "timestamp": 2, "preludeEvent": {"config": {}}}))
     assert events.stack_outputs is None and stack._outputs_after(events) == {"from": "cli"}
     assert asked == [True, True, True] and stack.outputs_read_by_cli == 3
+
+
+# What Pulumi v3.276.0's CLI wrote (2026-12-07): `pulumi stack init vec`, then `printf 'sk-written-by-the-cli' |
+# pulumi config set --secret apiKey` and `printf 'line one\nline two' | pulumi config set --secret --path tls.key`,
+# with the rehearsal's passphrase.
+CLI_WRITTEN = {
+    "encryptionsalt": "v1:+aStHrkBkCM=:v1:tt5xQHUa913ZB/Lw:GvY/1gBRNeSGBowhTjig1Ct+KsIwmw==",
+    "apiKey": "v1:5tMrJIerxaIZzhhj:wKOmImCAGtg8m+PeAplKwk8WiK6aaWYbhpwtHCY0DF8FndIF+Q==",
+    "tls.key": "v1:qSWRA1lCI8j9g+2H:9qjDoe8RYc9fyZYG5ZtokGpasT9LYjx6QrArGsm9Mu4Q",
+}
+
+
+def test_the_tests_stacks_write_their_secrets_as_the_cli_does_and_start_no_cli_for_them(tmp_path, monkeypatch):
+    """A test's stack (not the README's path) writes each secret into its stack file encrypted as `pulumi config set
+    --secret` does, under one salt a process: each such command was a CLI start deriving the passphrase's key. The
+    key and format are the CLI's: what it wrote decrypts, and what is written here decrypts under its salt (the
+    rehearsal's every `up` then reads them with the real CLI)."""
+    import yaml
+
+    from tests.e2e import cli_stack
+    from tests.e2e.cli_stack import PROJECT, RehearsalStack
+
+    written_by_cli = cli_stack._passphrase_key(CLI_WRITTEN["encryptionsalt"])
+    assert cli_stack._decrypt(written_by_cli, CLI_WRITTEN["apiKey"]) == "sk-written-by-the-cli"
+    assert cli_stack._decrypt(written_by_cli, CLI_WRITTEN["tls.key"]) == "line one\nline two"
+    monkeypatch.setattr(cli_stack, "_KEYS", {})
+    monkeypatch.setattr(cli_stack, "PASSPHRASE", "another")
+    with pytest.raises(AssertionError, match="not this passphrase's"):
+        cli_stack._passphrase_key(CLI_WRITTEN["encryptionsalt"])
+    monkeypatch.undo()
+
+    stack = RehearsalStack(tmp_path / "deployer", typed=False)
+    assert stack.env["PULUMI_BACKEND_URL"] == f"file://{stack.backend}"  # no `pulumi login`
+    assert "PULUMI_BACKEND_URL" not in RehearsalStack(tmp_path / "user").env
+    calls = []
+    monkeypatch.setattr(stack, "cli", lambda *args, **kwargs: calls.append(args))
+    stack.init()
+    assert calls == [("stack", "init", "rehearsal")]  # a stack the backend does not hold yet
+    salt = yaml.safe_load(stack.config_file.read_text())["encryptionsalt"]
+    assert salt == cli_stack.process_salt()  # `stack init` keeps a salt it finds (manager.go)
+    secrets = {"apiKey": "sk-one", "apiKeys": {"alice": "sk-alice"}, "sshPrivateKey": "-----BEGIN…\nkey\n"}
+    stack.configure({"image": "a"}, secrets)
+    document = yaml.safe_load(stack.config_file.read_text())
+    aes = cli_stack._passphrase_key(document["encryptionsalt"])
+    found = document["config"]
+    assert found[f"{PROJECT}:image"] == "a" and calls == [("stack", "init", "rehearsal")]
+    assert cli_stack._decrypt(aes, found[f"{PROJECT}:apiKey"]["secure"]) == "sk-one"
+    assert cli_stack._decrypt(aes, found[f"{PROJECT}:apiKeys"]["alice"]["secure"]) == "sk-alice"
+    assert cli_stack._decrypt(aes, found[f"{PROJECT}:sshPrivateKey"]["secure"]) == "-----BEGIN…\nkey\n"
+    assert "sk-one" not in stack.config_file.read_text()
+    stack.configure({"image": "b"}, {**secrets, "apiKey": "sk-two"})  # one changed: written anew, the rest kept
+    again = yaml.safe_load(stack.config_file.read_text())["config"]
+    assert cli_stack._decrypt(aes, again[f"{PROJECT}:apiKey"]["secure"]) == "sk-two"
+    assert again[f"{PROJECT}:apiKeys"] == found[f"{PROJECT}:apiKeys"]
+    (stack.backend / ".pulumi" / "stacks" / PROJECT).mkdir(parents=True)
+    (stack.backend / ".pulumi" / "stacks" / PROJECT / "rehearsal.json").write_text("{}")
+    stack.init()  # the backend holds it now: selected, and the salt the file has is kept
+    assert calls[-1] == ("stack", "select", "rehearsal")
+    assert yaml.safe_load(stack.config_file.read_text())["encryptionsalt"] == salt
