@@ -5,7 +5,6 @@ imports, carried by a small loader: components/scripts/node_loader.py), and its 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import json
 from importlib import resources
@@ -14,6 +13,7 @@ from typing import Any
 from components.plan.names import (
     SUPERVISOR_IN_CONTAINER,
 )
+from components.scripts.node_contract import fields as contract_fields
 
 PACKAGE = "components.scripts"
 ENTRY = "__entry__"  # the entry script's key among a program's sources (it runs as __main__, never imported)
@@ -154,4 +154,4 @@ def as_configured(contract: type, section: Any) -> dict[str, Any]:
     section's value: what a script takes exactly as the stack sets it (the benchmark's load, the recovery's
     limits). A field the section lacks is the caller's to give."""
     known = type(section).model_fields
-    return {field.name: getattr(section, field.name) for field in dataclasses.fields(contract) if field.name in known}
+    return {field.name: getattr(section, field.name) for field in contract_fields(contract) if field.name in known}

@@ -1,30 +1,111 @@
 # What the program hands a node's scripts and what they hand back, typed once for both sides: components/plan/
 # and components/resources/ build these (they import this file as a module) and the scripts read them (they
 # import it too, and it travels with them: components/plan/programs.py). `Contract` is the one
-# way between a dataclass and its JSON, both sides: a field added here is a field both sides know, and a key
+# way between a contract class and its JSON, both sides: a field added here is a field both sides know, and a key
 # one side does not know fails loudly (TypeError) instead of being read as missing. Standard library only
 # (Python 3.7+, whatever the host or the image has), no side effects.
-import dataclasses
+#
+# A contract class is what `@dataclass(frozen=True)` makes of it (fields from the annotations, base classes' first,
+# defaults and `field(default_factory=…)`, the same __init__, equality, hash, repr and frozenness), made here without
+# the dataclasses module: every node program imports this file, and `dataclasses` (which imports `inspect`, 15 ms)
+# and the ~60 classes' generated methods (each compiled on its own, 23 ms) were 32-43 ms of every start (Debian's
+# Python 3.11, 2026-12-07). tests/unit/test_contract.py holds the behaviour to a frozen dataclass's.
 import enum
 import typing
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+_MISSING = object()
+
+
+class FrozenInstanceError(AttributeError):
+    """A contract's field assigned or deleted (as dataclasses.FrozenInstanceError)."""
+
+
+class Field:
+    """One field of a contract class: `name`, `type`, and its default or default factory (None: none)."""
+
+    __slots__ = ("name", "type", "default", "default_factory")
+
+    def __init__(self, name, kind, default=_MISSING, default_factory=None):
+        self.name, self.type, self.default, self.default_factory = name, kind, default, default_factory
+
+    def __repr__(self):
+        return f"Field(name={self.name!r}, type={self.type!r})"
+
+
+class _Spec:
+    __slots__ = ("default", "default_factory")
+
+    def __init__(self, default, default_factory):
+        self.default, self.default_factory = default, default_factory
+
+
+def field(default=_MISSING, default_factory=None):
+    """A field's default (as dataclasses.field): a value, or a factory called for each instance."""
+    if default is not _MISSING and default_factory is not None:
+        raise ValueError("cannot specify both default and default_factory")
+    return _Spec(default, default_factory)
+
+
+def fields(class_or_instance):
+    """The fields of a contract class or instance, in order (as dataclasses.fields)."""
+    return class_or_instance.__contract_fields__
 
 
 class Contract:
     """`to_json()`: the fields as JSON-ready data, nested contracts as theirs; a field named in the class's
     OMIT_NONE is left out while None (turning nothing on changes no program that carries it).
-    `from_json(data)`: the dataclass back, a field typed as a contract, an Optional one, a list of them or a dict
+    `from_json(data)`: the contract back, a field typed as a contract, an Optional one, a list of them or a dict
     of them built from its type, an enum from its value; a key the class does not know, or one it needs missing:
-    TypeError."""
+    TypeError. `replace(**changes)`: a copy with those fields changed (as dataclasses.replace)."""
 
     OMIT_NONE = ()
+    __contract_fields__ = ()
 
-    # Equality, hash and repr as a dataclass(frozen=True) has them, written once here (`contract` below): the
-    # dataclass module compiles each method it writes for a class separately, and with ~60 classes that was 20 ms
-    # of every node program's start (Python before 3.13, 2026-12-07).
+    def __init__(self, *args, **kwargs):
+        own = self.__contract_fields__
+        name = type(self).__qualname__
+        if len(args) > len(own):
+            required = sum(1 for item in own if item.default is _MISSING and item.default_factory is None)
+            takes = f"from {required + 1} to {len(own) + 1}" if required < len(own) else str(len(own) + 1)
+            raise TypeError(f"{name}.__init__() takes {takes} positional arguments but {len(args) + 1} were given")
+        values = {item.name: value for item, value in zip(own, args)}
+        known = {item.name for item in own}
+        for key, value in kwargs.items():
+            if key not in known:
+                raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}")
+            if key in values:
+                raise TypeError(f"{name}.__init__() got multiple values for argument {key!r}")
+            values[key] = value
+        missing = []
+        for item in own:
+            if item.name in values:
+                value = values[item.name]
+            elif item.default_factory is not None:
+                value = item.default_factory()
+            elif item.default is not _MISSING:
+                value = item.default
+            else:
+                missing.append(item.name)
+                continue
+            object.__setattr__(self, item.name, value)
+        if missing:
+            said = [repr(key) for key in missing]
+            listed = " and ".join(said) if len(said) < 3 else ", ".join(said[:-1]) + ", and " + said[-1]
+            raise TypeError(
+                "{}.__init__() missing {} required positional argument{}: {}".format(
+                    name, len(missing), "s" if len(missing) > 1 else "", listed
+                )
+            )
+
+    def __setattr__(self, key, value):
+        raise FrozenInstanceError(f"cannot assign to field {key!r}")
+
+    def __delattr__(self, key):
+        raise FrozenInstanceError(f"cannot delete field {key!r}")
+
     def _values(self):
-        return tuple(getattr(self, item.name) for item in dataclasses.fields(self))
+        return tuple(getattr(self, item.name) for item in self.__contract_fields__)
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -35,12 +116,17 @@ class Contract:
         return hash(self._values())
 
     def __repr__(self):
-        shown = ", ".join(f"{item.name}={getattr(self, item.name)!r}" for item in dataclasses.fields(self))
+        shown = ", ".join(f"{item.name}={getattr(self, item.name)!r}" for item in self.__contract_fields__)
         return f"{type(self).__qualname__}({shown})"
+
+    def replace(self, **changes):
+        values = {item.name: getattr(self, item.name) for item in self.__contract_fields__}
+        values.update(changes)
+        return type(self)(**values)
 
     def to_json(self):
         data = {}
-        for item in dataclasses.fields(self):
+        for item in self.__contract_fields__:
             value = getattr(self, item.name)
             if value is None and item.name in self.OMIT_NONE:
                 continue
@@ -49,14 +135,36 @@ class Contract:
 
     @classmethod
     def from_json(cls, data):
-        types = {item.name: item.type for item in dataclasses.fields(cls)}
+        types = {item.name: item.type for item in cls.__contract_fields__}
         return cls(**{key: _typed(types.get(key), value) for key, value in dict(data).items()})
 
 
 def contract(cls):
-    """A contract class: a frozen dataclass whose equality, hash and repr are Contract's (the same as the
-    dataclass's own would be: fields in order, the same class only)."""
-    return dataclass(frozen=True, eq=False, repr=False)(cls)
+    """A contract class: its fields those of its contract bases, in order, then its own annotations (one named again
+    keeps its place), each with its default; a field without one after a field with one: TypeError, as
+    `@dataclass` says."""
+    found = {}
+    for base in reversed(cls.__mro__[1:]):
+        for item in base.__dict__.get("__contract_fields__", ()):
+            found[item.name] = item
+    for key, kind in cls.__dict__.get("__annotations__", {}).items():
+        default = cls.__dict__.get(key, _MISSING)
+        if isinstance(default, _Spec):
+            found[key] = Field(key, kind, default.default, default.default_factory)
+            if default.default is _MISSING:
+                delattr(cls, key)
+            else:
+                setattr(cls, key, default.default)
+        else:
+            found[key] = Field(key, kind, default)
+    seen_default = None
+    for item in found.values():
+        if item.default is not _MISSING or item.default_factory is not None:
+            seen_default = item.name
+        elif seen_default is not None:
+            raise TypeError(f"non-default argument {item.name!r} follows default argument")
+    cls.__contract_fields__ = tuple(found.values())
+    return cls
 
 
 def _plain(value):

@@ -46,7 +46,6 @@
 # core failed at start, its workers hung in CUDA's abort, and the API server waited on them for good).
 # SIGTERM (docker stop) stops vLLM (SIGTERM to all of it, stop_grace_seconds, SIGKILL), then Ray,
 # and exits 0.
-import dataclasses
 import json
 import os
 import signal
@@ -454,7 +453,7 @@ class Supervisor:
             faults=dict(self.watch.faults),
             last_fault=self.watch.last_fault,
         )
-        return dataclasses.replace(status, summary=status.summarize())
+        return status.replace(summary=status.summarize())
 
     def write_status(self):
         status = self.status()
@@ -462,7 +461,7 @@ class Supervisor:
             return
         tmp = f"{STATUS}.tmp"
         with open(tmp, "w") as handle:
-            stamped = dataclasses.replace(status, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            stamped = status.replace(updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             json.dump(stamped.to_json(), handle)
         os.replace(tmp, STATUS)
         self.written = status

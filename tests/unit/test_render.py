@@ -234,11 +234,9 @@ def _p_reads(text: str) -> tuple[set[str], list[str]]:
 
 @pytest.mark.parametrize("script_name, contract, source", SCRIPT_CONTRACTS)
 def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(script_name, contract, source):
-    """node_contract.py travels with the script (it imports it), P is its dataclass (`from_json`, the one way back
+    """node_contract.py travels with the script (it imports it), P is its contract class (`from_json`, the one way back
     from JSON), and every `P.<field>` the script and the modules it carries read is a field of it: a renamed field
     fails here, not on a node. The fabric copy's P is its role's (the depot's, an image's or a model's receiver)."""
-    import dataclasses
-
     from components.plan.programs import ENTRY, node_modules
     from components.scripts import node_contract
 
@@ -253,7 +251,7 @@ def test_each_node_step_reads_only_fields_of_its_contract_which_travels_with_it(
         source for name, source in carried.items() if name not in (ENTRY, "components.scripts.node_contract")
     )
     read, as_dict = _p_reads(text + helpers)
-    fields = {field.name for kind in kinds for field in dataclasses.fields(kind)}
+    fields = {field.name for kind in kinds for field in node_contract.fields(kind)}
     assert read and read <= fields, read - fields
     assert as_dict == [], f"{script_name} reads its parameters as a dict: {as_dict}"
 
