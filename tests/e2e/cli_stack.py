@@ -245,12 +245,17 @@ def _encrypted(entry: Any, value: Any) -> bool:
     return isinstance(entry, dict) and list(entry) == ["secure"]
 
 
+def _derive(salt: str) -> bytes:
+    """The passphrase's AES key under a base64 salt."""
+    return hashlib.pbkdf2_hmac("sha256", PASSPHRASE.encode(), base64.b64decode(salt), PBKDF2_ROUNDS, 32)
+
+
 def _passphrase_key(salt_state: str) -> bytes:
     """The AES key of a stack file's `encryptionsalt`, checked against the "pulumi" it encrypts, as the CLI does."""
     if salt_state not in _KEYS:
         version, salt, check = salt_state.split(":", 2)
         assert version == "v1", f"encryptionsalt {salt_state!r}: not Pulumi's v1"
-        key = hashlib.pbkdf2_hmac("sha256", PASSPHRASE.encode(), base64.b64decode(salt), PBKDF2_ROUNDS, 32)
+        key = _derive(salt)
         try:
             known = _decrypt(key, check) == "pulumi"
         except InvalidTag:
@@ -277,7 +282,7 @@ def process_salt() -> str:
     every secret they hold."""
     if not _SALT:
         salt = base64.b64encode(os.urandom(8)).decode()
-        key = hashlib.pbkdf2_hmac("sha256", PASSPHRASE.encode(), base64.b64decode(salt), PBKDF2_ROUNDS, 32)
+        key = _derive(salt)
         _SALT.append(f"v1:{salt}:{_encrypt(key, 'pulumi')}")
         _KEYS[_SALT[0]] = key
     return _SALT[0]
