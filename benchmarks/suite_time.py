@@ -96,6 +96,23 @@ def failed_tests(junit: Path) -> list[str]:
     return found
 
 
+def worker_spans(cpu: Path) -> dict[str, dict]:
+    """Each test process's span from SPARK_VLLM_TEST_CPU's lines: its first test's start and last test's end
+    (seconds since the first test anywhere), the seconds its tests took, and the file it ended with. The processes
+    that end early leave the cores to the others: the tail the run waits on."""
+    lines = [json.loads(line) for line in cpu.read_text().splitlines()] if cpu.exists() else []
+    lines = [line for line in lines if "worker" in line]
+    if not lines:
+        return {}
+    zero = min(line["start"] for line in lines)
+    spans: dict[str, dict] = {}
+    for line in sorted(lines, key=lambda line: line["end"]):
+        span = spans.setdefault(line["worker"], {"start": line["start"] - zero, "tests": 0.0})
+        span["tests"] += line["end"] - line["start"]
+        span["end"], span["last"] = line["end"] - zero, line["test"].split("::", 1)[0]
+    return spans
+
+
 # Kinds of process, first match wins: (kind, words looked for in the command line or the name).
 CPU_KINDS = (
     ("provider plugins (command, docker)", ("pulumi-resource-",)),
@@ -138,6 +155,7 @@ class CpuSampler(threading.Thread):
         self.before = {key: seconds for key, (_, seconds) in self.seen.items()}  # what ran before the start
         self.busy_start = _machine_busy_seconds()
         self.busy = 0.0
+        self.idle_by_minute: list[float] = []  # the cores' idle CPU-s in each minute of the run
 
     def sample(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
@@ -162,8 +180,16 @@ class CpuSampler(threading.Thread):
                 continue  # gone meanwhile
 
     def run(self) -> None:
+        started = last = time.monotonic()
+        last_busy = self.busy_start
         while not self.done.wait(self.interval):
             self.sample()
+            now, busy = time.monotonic(), _machine_busy_seconds()
+            minute = int((now - started) // 60)
+            while len(self.idle_by_minute) <= minute:
+                self.idle_by_minute.append(0.0)
+            self.idle_by_minute[minute] += max(0.0, (now - last) * os.cpu_count() - (busy - last_busy))
+            last, last_busy = now, busy
 
     def stop(self) -> dict[str, float]:
         self.done.set()
@@ -209,6 +235,8 @@ def run_once(args, work: Path) -> dict:
         "cpu_busy": sampler.busy if sampler else 0.0,
         "busiest": sampler.busiest() if sampler else [],
         "file_cpu": file_cpu(cpu_lines),
+        "spans": worker_spans(cpu_lines),
+        "idle_by_minute": sampler.idle_by_minute if sampler else [],
         "wall": wall,
         "exit": result.returncode,
         "modules": module_seconds(junit) if junit.exists() else {},
@@ -245,6 +273,13 @@ def report(args, run: dict) -> None:
         print("  the busiest command lines (CPU seconds, processes):")
         for seconds, count, command in run["busiest"]:
             print(f"    {seconds:8.1f} s {count:5d}  {command}")
+    if run.get("spans"):
+        print("  test processes (seconds from the first test: start, end, in tests; the file each ended with):")
+        for worker, span in sorted(run["spans"].items(), key=lambda item: item[1]["end"]):
+            print(f"    {worker:<5} {span['start']:6.0f} {span['end']:6.0f} {span['tests']:7.0f}  {span['last']}")
+    if run.get("idle_by_minute"):
+        idle = " ".join(f"{seconds:.0f}" for seconds in run["idle_by_minute"])
+        print(f"  the cores' idle CPU-s, minute by minute: {idle}")
     if run.get("file_cpu"):
         files = sorted(run["file_cpu"].items(), key=lambda item: -sum(item[1]))
         own, children = sum(o for _, (o, _) in files), sum(c for _, (_, c) in files)

@@ -87,13 +87,15 @@ def pytest_runtest_protocol(item, nextitem):
     """SPARK_VLLM_TEST_CPU=FILE (benchmarks/suite_time.py --cpu sets it): each test's CPU seconds, setup and
     teardown included, appended to FILE as a JSON line: its own process's and its reaped children's. What the
     suite burns on a machine whose cores are the limit, test by test (a daemon a test leaves running counts where
-    it is reaped, or nowhere)."""
+    it is reaped, or nowhere); with the test process and when it ran, for the run's timeline."""
     path = os.environ.get("SPARK_VLLM_TEST_CPU")
     before = _cpu_seconds() if path else None
+    started = time.time()
     yield
     if path:
         after = _cpu_seconds()
-        line = {"test": item.nodeid, "own": round(after[0] - before[0], 3), "children": round(after[1] - before[1], 3)}
+        line = {"test": item.nodeid, "own": round(after[0] - before[0], 3), "children": round(after[1] - before[1], 3),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": started, "end": time.time()}  # fmt: skip
         with open(path, "a") as handle:  # one short write a line, appended: the workers' lines do not mix
             handle.write(json.dumps(line) + "\n")
 

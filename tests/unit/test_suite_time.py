@@ -17,6 +17,7 @@ from benchmarks.suite_time import (
     file_cpu,
     module_seconds,
     slowest_tests,
+    worker_spans,
 )
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -113,6 +114,31 @@ def test_a_test_run_with_the_cpu_file_set_writes_its_line_with_a_busy_child_coun
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [json.loads(text) for text in out.read_text().splitlines()]
     assert line["test"].endswith("test_burn.py::test_burn") and line["children"] >= 0.25
+    assert line["worker"] == "main" and line["end"] - line["start"] >= 0.25  # one process, no xdist
+
+
+def test_each_test_process_is_shown_from_its_first_test_to_its_last_with_the_file_it_ended_with(tmp_path):
+    path = tmp_path / "cpu.jsonl"
+    lines = [{"test": "tests/e2e/test_a.py::test_x", "own": 1, "children": 2, "worker": "gw0", "start": 1000.0, "end": 1300.0},
+             {"test": "tests/unit/test_b.py::test_y", "own": 1, "children": 0, "worker": "gw1", "start": 1002.0, "end": 1010.0},
+             {"test": "tests/unit/test_c.py::test_z", "own": 1, "children": 0, "worker": "gw1", "start": 1010.0, "end": 1100.0},
+             {"test": "tests/unit/test_old.py::test_w", "own": 1, "children": 0}]  # fmt: skip
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    spans = worker_spans(path)
+    assert spans == {"gw0": {"start": 0.0, "end": 300.0, "tests": 300.0, "last": "tests/e2e/test_a.py"},
+                     "gw1": {"start": 2.0, "end": 100.0, "tests": 98.0, "last": "tests/unit/test_c.py"}}  # fmt: skip
+    assert worker_spans(tmp_path / "none") == {}
+
+
+def test_the_sampler_counts_the_cores_idle_time_minute_by_minute():
+    """Two cores, nothing of this test's own busy: close to all of the sampled time idle on a quiet machine, never
+    more than the cores had."""
+    sampler = CpuSampler(interval=0.1)
+    sampler.start()
+    time.sleep(0.6)
+    sampler.stop()
+    (idle,) = sampler.idle_by_minute
+    assert 0 <= idle <= 0.8 * os.cpu_count()
 
 
 def test_every_rehearsal_module_has_its_place_in_the_longest_first_order():
