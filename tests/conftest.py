@@ -52,27 +52,40 @@ def _own_gpu_turn(monkeypatch):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-# The rehearsal's modules, longest first (seconds per file in the rehearsal lane, 3 processes: the clean-clone CI of
-# ce4e38c, 2026-12-07): ./run-tests hands out whole files in collection order (--dist loadfile
-# --no-loadscope-reorder), so the long ones start at once and the short files fill the gaps at the end (by these
-# figures 672 s on four processes for 655 s of ideal; the order of 2026-12-04, with the several-models module
-# sixth and the GPU recipe unlisted, took 1,349 s on three). Only the order changes; a module not listed goes after.
+# Every file of 15 s or more, longest first (seconds per file in the full run, 4 processes, 2026-12-07 at 849148e:
+# 877 s): ./run-tests hands out whole files in this order (--dist loadfile --no-loadscope-reorder), so the long ones
+# start at once and the short files fill the gaps at the end. The rehearsal's modules come first; then the fast
+# lane's files that wait on timers and processes more than they compute. Unlisted, those went out last in
+# collection order (tests/unit/test_vllm_watch.py, 50 s, ended the run) and the cores sat half idle for its last two
+# minutes (123 idle CPU-s of 240, `benchmarks.suite_time --cpu`). Only the order changes; a file not listed goes
+# after, in collection order.
 LONGEST_FIRST = (
-    "tests/e2e/test_deployments.py",  # 408 s
-    "tests/e2e/test_rehearsal.py",  # 380 s
-    "tests/e2e/test_three_nodes.py",  # 339 s
-    "tests/e2e/test_gpu_recipe.py",  # 310 s
-    "tests/e2e/test_recovery.py",  # 256 s
-    "tests/e2e/test_stalls.py",  # 244 s
-    "tests/e2e/test_refusals.py",  # 164 s
-    "tests/e2e/test_fabric_copy.py",  # 98 s
-    "tests/e2e/test_guard.py",  # 97 s
-    "tests/e2e/test_speculative.py",  # 95 s
-    "tests/unit/test_supervisor.py",  # 85 s (the full run's)
-    "tests/e2e/test_hf_sync.py",  # 70 s
-    "tests/e2e/image/test_image.py",  # 69 s
+    "tests/e2e/test_deployments.py",  # 388 s
+    "tests/e2e/test_gpu_recipe.py",  # 360 s
+    "tests/e2e/test_rehearsal.py",  # 357 s
+    "tests/e2e/test_three_nodes.py",  # 315 s
+    "tests/e2e/test_recovery.py",  # 268 s
+    "tests/e2e/test_stalls.py",  # 254 s
+    "tests/e2e/test_refusals.py",  # 156 s
+    "tests/e2e/test_speculative.py",  # 121 s
+    "tests/e2e/test_fabric_copy.py",  # 119 s
+    "tests/e2e/test_guard.py",  # 107 s
+    "tests/unit/test_supervisor.py",  # 97 s
+    "tests/e2e/standin/test_vllm_standin.py",  # 80 s
     "tests/e2e/test_one_node.py",  # 69 s
-    "tests/e2e/test_nodes.py",  # 23 s
+    "tests/e2e/test_hf_sync.py",  # 64 s
+    "tests/e2e/image/test_image.py",  # 53 s
+    "tests/unit/test_edge_load.py",  # 52 s
+    "tests/unit/test_vllm_watch.py",  # 50 s
+    "tests/unit/test_router_keeper.py",  # 44 s
+    "tests/unit/test_edge.py",  # 43 s
+    "tests/unit/test_gpu_turn.py",  # 41 s
+    "tests/unit/test_scripts.py",  # 37 s
+    "tests/unit/test_fabric_copy.py",  # 36 s
+    "tests/e2e/test_nodes.py",  # 32 s
+    "tests/unit/test_guard.py",  # 27 s
+    "tests/unit/test_edge_scripts.py",  # 27 s
+    "tests/unit/test_preflight.py",  # 15 s
 )
 
 

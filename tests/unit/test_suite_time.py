@@ -106,15 +106,17 @@ def test_a_test_run_with_the_cpu_file_set_writes_its_line_with_a_busy_child_coun
     )
     out = tmp_path / "cpu.jsonl"
     conftest_dir = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}  # one process
+    env["SPARK_VLLM_TEST_CPU"] = str(out)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
          "--confcutdir", str(conftest_dir.parent), "-c", "/dev/null", "-p", "tests.conftest", str(test)],
-        capture_output=True, text=True, cwd=conftest_dir.parent, env={**os.environ, "SPARK_VLLM_TEST_CPU": str(out)},
+        capture_output=True, text=True, cwd=conftest_dir.parent, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [json.loads(text) for text in out.read_text().splitlines()]
     assert line["test"].endswith("test_burn.py::test_burn") and line["children"] >= 0.25
-    assert line["worker"] == "main" and line["end"] - line["start"] >= 0.25  # one process, no xdist
+    assert line["worker"] == "main" and line["end"] - line["start"] >= 0.25
 
 
 def test_each_test_process_is_shown_from_its_first_test_to_its_last_with_the_file_it_ended_with(tmp_path):
