@@ -53,6 +53,7 @@ def stack(sim_cluster, image, cache_views, new_stack, tmp_path_factory):
         image.ref,
         Path("/unused"),
         modelSync={"enabled": True, "progressSeconds": 1},
+        executor="mp",  # the subject is the model's way to the nodes, not the executor (Ray's: test_rehearsal.py)
     )
     source = make_model(tmp_path_factory.mktemp("hub-repos"), "tiny-chat")
     with open(source / "model-00001-of-00001.safetensors", "wb") as handle:

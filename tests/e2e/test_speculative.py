@@ -32,7 +32,8 @@ def mtp_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dev(sim_cluster3, image3, mtp_model, new_stack):
     stack = new_stack("dev")
-    config, secrets = rehearsal_config(sim_cluster3, image3.ref, mtp_model, benchmark=SPEC_BENCHMARK)
+    # executor mp: the subject is speculation, not the executor (Ray's: test_rehearsal.py, test_recovery.py)
+    config, secrets = rehearsal_config(sim_cluster3, image3.ref, mtp_model, benchmark=SPEC_BENCHMARK, executor="mp")
     config["nodes"], config["tensorParallelSize"] = config["nodes"][:2], 2
     config["vllm"] = {**config["vllm"], "speculative": MTP}
     stack.configure(config, secrets)
@@ -89,7 +90,7 @@ def test_staging_promotes_the_mtp_release_past_its_floors_and_holds_it_to_the_an
     if "release" not in dev:
         pytest.fail("dev's deployment above did not run")
     staging = new_stack("staging", backend=dev["stack"].backend)
-    config, secrets = rehearsal_config(sim_cluster3, image3.ref, mtp_model, benchmark=SPEC_BENCHMARK)
+    config, secrets = rehearsal_config(sim_cluster3, image3.ref, mtp_model, benchmark=SPEC_BENCHMARK, executor="mp")
     del config["image"], config["model"]
     config["nodes"], config["tensorParallelSize"] = config["nodes"][2:], 1
     config["promoteFrom"] = DEV
