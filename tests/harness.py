@@ -508,7 +508,7 @@ def _shared_home() -> str:
 
 def _across_processes(key: str, make: Callable[[], ProgramRun]) -> ProgramRun:
     """`make()` once a pytest session for `key`: the first process to ask runs it and leaves it pickled in the
-    session's folder; another asking meanwhile waits on the key's lock and reads it (the fast lane's six workers
+    session's folder; another asking meanwhile waits on the key's lock and reads it (the fast lane's workers
     each ran prod's config, 2026-12-07). Without the session's folder (a test run alone): `make()`."""
     folder = os.environ.get(SHARED_RUNS_ENV)
     if not folder:
