@@ -774,6 +774,44 @@ def test_the_image_probe_reads_each_releases_flags_where_that_release_keeps_them
     assert support(facts["vllm"]).verdict == "read"
 
 
+def fake_ray(root: Path, optional_deps: Optional[str]) -> Path:
+    """A site-packages with `ray` 2.60.0 as pip installs it, whose package import leaves a mark (RAY_IMPORTED_MARK);
+    `optional_deps`: ray/dashboard/optional_deps.py's text, None for a Ray without that file."""
+    site = root / "site"
+    (site / "ray-2.60.0.dist-info").mkdir(parents=True)
+    (site / "ray-2.60.0.dist-info" / "METADATA").write_text("Name: ray\nVersion: 2.60.0\n")
+    (site / "ray" / "dashboard").mkdir(parents=True)
+    (site / "ray" / "__init__.py").write_text(
+        "import os\nopen(os.environ['RAY_IMPORTED_MARK'], 'w').close()\n"  # what `import ray` costs, marked
+    )
+    (site / "ray" / "dashboard" / "__init__.py").write_text("")
+    if optional_deps is not None:
+        (site / "ray" / "dashboard" / "optional_deps.py").write_text(optional_deps)
+    return site
+
+
+@pytest.mark.parametrize(
+    "optional_deps, dashboard, error, imports_ray",
+    [("import json\nfrom json import decoder\n", True, None, False),
+     ("import json\nimport aiohttp_cors_not_here\n", False, "No module named 'aiohttp_cors_not_here'", False),
+     (None, False, "No module named 'ray.dashboard.optional_deps'", True)],
+    ids=["deps-there", "a-dep-missing", "no-such-file"],
+)  # fmt: skip
+def test_the_image_probe_asks_rays_dashboard_deps_without_importing_ray(
+    tmp_path, optional_deps, dashboard, error, imports_ray
+):
+    """What `ray start --include-dashboard=true` would fail to import, as Ray's own check says it, read from
+    ray/dashboard/optional_deps.py without the `ray` package's import (1.3-1.5 CPU-s of every image check in the
+    rehearsal's image); a Ray without that file is asked as Ray asks, by importing it."""
+    site, mark = fake_ray(tmp_path, optional_deps), tmp_path / "ray-imported"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "RAY_IMPORTED_MARK": str(mark)}
+    result = subprocess.run([sys.executable, "-"], input=script("image_probe.py"), env=env, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    facts = json.loads(result.stdout)
+    assert (facts["ray"], facts["ray_dashboard"], facts.get("ray_dashboard_error")) == ("2.60.0", dashboard, error)
+    assert mark.exists() is imports_ray
+
+
 def test_the_probes_flag_files_are_every_release_s_the_version_table_names():
     import ast
 
