@@ -208,6 +208,7 @@ def test_two_sigkills_in_one_run_each_recover_with_a_timeline(tmp_path):
     assert report["kv"]["kv_cache_tokens"] == 32768 * 4  # what the stand-in says, parsed as vLLM's lines
     assert report["memory_plan"]["maxModelLen"] == 32768
     assert report["image_probe"]["vllm"] == "0.25.0" and report["image_probe"]["vllm_nnodes"] is True
+    assert report["gpu_turn"].startswith("/tmp/svturn-") and not os.path.exists(report["gpu_turn"])  # gone with it
     reads = report["contract_reads"]
     assert [read["script"] for read in reads][:3] == ["serve_spec.py", "wait_ready.py", "smoke.py"]
     assert all(read["read"] for read in reads), reads
@@ -234,6 +235,7 @@ def test_cotenants_of_two_shapes_start_in_turn_and_one_recovers_while_the_other_
     kill = report["kill"]
     assert kill["others_health"]["qwen3-30b-a3b"]["failed"] == 0 and kill["others_health"]["qwen3-30b-a3b"]["ok"] > 0
     assert "lane cotenants (pinned)" in result.stdout
+    assert report["gpu_turn"].startswith("/tmp/svturn-") and not os.path.exists(report["gpu_turn"])  # gone with it
 
 
 def test_device_sh_takes_its_parts_installs_once_and_makes_a_call(tmp_path):

@@ -20,6 +20,7 @@ same steps, so the lane itself is tested where there is no GPU.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -215,6 +216,14 @@ def machine_facts() -> dict:
     }
 
 
+def turn_folder() -> str:
+    """A node's GPU turn: a folder of the lane's own (the container's volume on a node), short, as a Unix socket's
+    path must be, and removed when the lane exits (they were left behind, one or more a run)."""
+    folder = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 class Node:
     """The node's container, played by a process session with the container's environment."""
 
@@ -229,9 +238,7 @@ class Node:
             env[key] = value
         if cfg.executor == "ray" and cfg.ray.auth == "token":
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # the program's ray-auth-token, in the secret env
-        # the node's GPU turn: a directory of the lane's own (the container's volume on a node); short, as a Unix
-        # socket's path must be
-        env["SPARK_VLLM_GPU_TURN"] = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
+        env["SPARK_VLLM_GPU_TURN"] = turn_folder()
         env.update(extra_env)
         env[NODE_MARK] = secrets.token_hex(8)  # what tells this node's processes from another lane's
         self.env = env
@@ -479,6 +486,7 @@ def run_lane(args) -> dict:
     if forgotten is not None:
         report["caches_forgotten"] = forgotten
     report["api_key_stable"] = bool(args.stable_key)
+    report["gpu_turn"] = node.env["SPARK_VLLM_GPU_TURN"]  # removed when the lane exits
     try:
         report["vllm_version"] = subprocess.run(
             ["vllm", "--version"], env=node.env, capture_output=True, text=True, timeout=120

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import urllib.request
@@ -133,7 +132,8 @@ def run_cotenants(args, lane) -> dict:
     work = Path(args.run_dir).parent / "cotenants"
     shutil.rmtree(work, ignore_errors=True)
     nodes, handovers, readies = {}, {}, {}
-    shared_turn = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")  # the node's GPU turn, one for its replicas
+    shared_turn = lane.turn_folder()  # the node's GPU turn, one for its replicas
+    report["gpu_turn"] = shared_turn  # removed when the lane exits
     for replica in replicas_of(cfg):
         view, name = replica.config, replica.name
         others = co_tenants(cfg, replica)[view.head_node.name] if not args.cotenants_unpinned else []
@@ -144,7 +144,7 @@ def run_cotenants(args, lane) -> dict:
         env = dict(item.split("=", 1) for item in args.env)
         env["SPARK_VLLM_GPU_TURN"] = shared_turn
         if args.cotenants_unpinned:  # as before: no turn to share (each supervisor a turn of its own)
-            env["SPARK_VLLM_GPU_TURN"] = tempfile.mkdtemp(prefix="svturn-", dir="/tmp")
+            env["SPARK_VLLM_GPU_TURN"] = lane.turn_folder()
         (work / name).mkdir(parents=True, exist_ok=True)
         nodes[name] = lane.Node(view, work / name / "run", work / name, env)
         handovers[name] = handover_params(view, view.head_node, argv, key, tenancy(view, others))
