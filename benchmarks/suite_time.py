@@ -47,14 +47,16 @@ def module_seconds(junit: Path) -> dict[str, float]:
     return dict(totals)
 
 
+def cpu_lines(cpu: Path) -> list[dict]:
+    """SPARK_VLLM_TEST_CPU's lines (tests/conftest.py), a test each; none where the file is not there."""
+    return [json.loads(line) for line in cpu.read_text().splitlines()] if cpu.exists() else []
+
+
 def file_cpu(cpu: Path) -> dict[str, tuple[float, float]]:
-    """CPU seconds per test file from SPARK_VLLM_TEST_CPU's lines (tests/conftest.py): (the tests' own, the
-    processes they started and reaped)."""
+    """CPU seconds per test file from SPARK_VLLM_TEST_CPU's lines: (the tests' own, the processes they started
+    and reaped)."""
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    if not cpu.exists():
-        return {}
-    for line in cpu.read_text().splitlines():
-        entry = json.loads(line)
+    for entry in cpu_lines(cpu):
         found = totals[entry["test"].split("::", 1)[0]]
         found[0] += entry["own"]
         found[1] += entry["children"]
@@ -100,8 +102,7 @@ def worker_spans(cpu: Path) -> dict[str, dict]:
     """Each test process's span from SPARK_VLLM_TEST_CPU's lines: its first test's start and last test's end
     (seconds since the first test anywhere), the seconds its tests took, and the file it ended with. The processes
     that end early leave the cores to the others: the tail the run waits on."""
-    lines = [json.loads(line) for line in cpu.read_text().splitlines()] if cpu.exists() else []
-    lines = [line for line in lines if "worker" in line]
+    lines = [line for line in cpu_lines(cpu) if "worker" in line]
     if not lines:
         return {}
     zero = min(line["start"] for line in lines)

@@ -133,8 +133,7 @@ def test_each_test_process_is_shown_from_its_first_test_to_its_last_with_the_fil
 
 
 def test_the_sampler_counts_the_cores_idle_time_minute_by_minute():
-    """Two cores, nothing of this test's own busy: close to all of the sampled time idle on a quiet machine, never
-    more than the cores had."""
+    """One minute's entry for a run of under a minute, never negative and never more than the cores had."""
     sampler = CpuSampler(interval=0.1)
     sampler.start()
     time.sleep(0.6)
