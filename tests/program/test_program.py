@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import gc
 import json
 import os
 import stat
@@ -82,6 +83,27 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
         "spark-vllm-fabric-passed",
         "spark-vllm-checks-passed",
     }
+
+
+def test_the_program_runs_with_the_garbage_collector_off_and_leaves_it_as_it_found_it():
+    """tests/harness.py's run_program turns the collector off for the run (a test process's heap made each full
+    collection cost more than the run's own work) and on again only where it was on."""
+
+    class Watching(FakeCloud):
+        def new_resource(self, args):
+            seen.append(gc.isenabled())
+            return super().new_resource(args)
+
+    seen: list[bool] = []
+    assert gc.isenabled()
+    run_program(prod(), SECRETS, stack="prod", mocks=Watching())
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        run_program(prod(), SECRETS, stack="prod", mocks=Watching())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_without_spark_vllm_home_the_key_file_is_named_from_home_as_ssh_expands_it(monkeypatch, tmp_path):
