@@ -24,7 +24,7 @@ from tests.waiting import free_port
 class Recorder:
     """An upstream on loopback that answers every request with 200 and its own request line (after X-Delay
     seconds), and keeps each connection's bytes as they came; the edge's own checks of its /health are only
-    counted (`checks`)."""
+    counted (`checks`). `reset()` starts a test afresh on the same upstream."""
 
     port: int = field(default_factory=free_port)
     received: list[bytes] = field(default_factory=list)
@@ -46,8 +46,16 @@ class Recorder:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def reset(self) -> None:
+        """What was received is forgotten and the checks counted from 0; bytes that come later on a connection opened
+        before (HAProxy keeps its connections to the upstream alive) are kept as a new entry: none is lost to a test
+        that asks what reached the upstream."""
+        self.received = []
+        self.checks = 0
+
     def _serve(self, conn: socket.socket) -> None:
         index = None  # where this connection's bytes are kept: none for the edge's own checks of /health
+        kept: list[bytes] = self.received  # the list index is in: the one of the test the bytes came in
         buf = b""
         with conn:
             while True:
@@ -62,10 +70,13 @@ class Recorder:
                     if b"\r\n\r\n" in buf and CHECK_HOST.encode() in buf.split(b"\r\n\r\n", 1)[0].lower():
                         self.checks += 1
                     else:
-                        index = len(self.received)
-                        self.received.append(buf)
+                        kept, index = self.received, len(self.received)
+                        kept.append(buf)
+                elif kept is not self.received:  # reset since: these bytes belong to the test now running
+                    kept, index = self.received, len(self.received)
+                    kept.append(data)
                 else:
-                    self.received[index] += data
+                    kept[index] += data
                 while b"\r\n\r\n" in buf:
                     head, _, rest = buf.partition(b"\r\n\r\n")
                     body_len = _content_length(head)
