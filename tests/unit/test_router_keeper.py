@@ -137,7 +137,10 @@ def router(tmp_path):
         [sys.executable, "-c", script_program("router_keeper.py", {**base, "mode": "serve"})],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    spec = EdgeSpec("127.0.0.1", port, "127.0.0.1", inner, clients=(("client", key_digest(KEY)),), models=CATALOGUE)
+    # its own port off the default (29003, a node's): two processes' edges both took it, and a port handed out here
+    # could be it (a fake vllm-router on 29003 failed to bind, 2026-12-07)
+    spec = EdgeSpec("127.0.0.1", port, "127.0.0.1", inner, metrics_port=free_port(), clients=(("client", key_digest(KEY)),),
+                    models=CATALOGUE)  # fmt: skip
     edge = Edge(spec, tmp_path).start()
     try:
         assert keeper("ready", timeout=20).returncode == 0, (tmp_path / "keeper.log").read_text()
