@@ -89,6 +89,55 @@ LONGEST_FIRST = (
 )
 
 
+# The fast lane's tests that wait 5 s or more on timers and processes, longest first (seconds each in the fast lane,
+# 10 processes, 2026-12-07 at 43b8e93): its processes are handed these before anything else, one each in turn
+# (tests/scheduling.py). A name without parameters stands for each of its parameters. Only where a test starts
+# changes; one not listed starts where work stealing puts it.
+LONG_WAITS = (
+    "tests/unit/test_vllm_watch.py::test_the_canary_keeps_its_first_answer_and_ends_a_vllm_that_answers_other_tokens_twice",  # 22 s
+    "tests/unit/test_edge_scripts.py::test_a_listener_that_accepts_and_never_answers_ends_the_container_for_docker_to_restart",  # 15 s
+    "tests/unit/test_router_keeper.py::test_a_replica_that_serves_no_more_is_taken_out_until_it_serves_again",  # 14 s
+    "tests/unit/test_guard.py::test_only_the_fabric_peer_reaches_the_guarded_ports",  # 13 s each of 2
+    "tests/e2e/standin/test_vllm_standin.py::test_mp_a_stopped_rank_holds_every_step_of_rank_0_without_killing_it",  # 12 s
+    "tests/unit/test_config_inputs.py::test_any_path_accepted_is_normalised_and_stays_below_where_it_starts",  # 12 s
+    "tests/unit/test_edge.py::test_health_is_answered_by_the_edge_from_its_checks_and_nothing_of_it_reaches_the_upstream",  # 11 s each of 2
+    "tests/e2e/standin/test_vllm_standin.py::test_two_vllms_profiling_at_once_on_one_gpu_count_each_others_memory",  # 11 s
+    "tests/unit/test_vllm_watch.py::test_a_stalled_vllm_is_ended_and_started_again_as_a_crash_saying_why",  # 10 s
+    "tests/unit/test_vllm_watch.py::test_a_vllm_that_served_and_stopped_answering_health_is_ended_after_stall_seconds",  # 10 s
+    "tests/program/test_edge_program.py::test_adding_removing_or_replacing_a_key_changes_the_edges_configuration_step_alone[several models]",  # 9 s
+    "tests/unit/test_edge_scripts.py::test_the_watchdog_cannot_be_turned_on_the_edge_by_crowding_its_ports",  # 9 s
+    "tests/unit/test_supervisor.py::test_ray_is_kept_running_and_the_head_waits_for_the_cluster",  # 8 s
+    "tests/e2e/standin/test_vllm_standin.py::test_a_stopped_engine_core_stalls_generation_mid_stream_while_health_stays_200",  # 8 s
+    "tests/unit/test_vllm_watch.py::test_new_watch_settings_reach_the_supervisor_without_restarting_vllm",  # 7 s
+    "tests/unit/test_fabric_copy.py::test_a_slow_handshake_is_dropped_in_seconds_and_idle_peers_cannot_shut_a_receiver_out",  # 7 s
+    "tests/unit/test_supervisor.py::test_a_start_vllm_refuses_for_lack_of_gpu_memory_is_not_a_crash",  # 7 s
+    "tests/unit/test_supervisor.py::test_a_gpu_that_stays_busy_is_given_up_on_with_what_holds_it",  # 7 s
+    "tests/unit/test_gpu_turn.py::test_a_memory_refusal_while_a_neighbour_is_starting_is_never_called_a_refusal_of_its_settings",  # 7 s
+    "tests/unit/test_supervisor.py::test_on_unified_memory_a_start_waits_for_memavailable_and_gives_up_saying_why",  # 7 s
+    "tests/unit/test_gpu_turn.py::test_a_memory_refusal_while_a_neighbour_changed_its_memory_is_started_again_not_counted",  # 6 s
+    "tests/unit/test_supervisor.py::test_a_start_waits_until_the_gpu_has_what_vllm_asks_for_and_names_what_holds_it",  # 6 s
+    "tests/unit/test_supervisor.py::test_a_crash_loop_stops_after_max_restarts_and_says_why",  # 6 s
+    "tests/unit/test_supervisor.py::test_an_engine_core_gone_while_the_api_server_waits_on_is_vllms_exit",  # 6 s
+    "tests/unit/test_gpu_turn.py::test_new_settings_start_the_count_of_quiet_refusals_again",  # 6 s
+    "tests/unit/test_supervisor.py::test_a_stop_gives_ray_a_short_grace_not_vllms",  # 6 s
+    "tests/e2e/standin/test_vllm_standin.py::test_the_fault_file_hangs_the_engine_or_makes_it_answer_other_tokens",  # 6 s
+    "tests/unit/test_gpu_turn.py::test_a_holder_that_keeps_the_turn_past_its_limit_is_waited_for_no_longer",  # 5 s
+    "tests/unit/test_edge_load.py::test_an_idle_connection_that_sent_nothing_writes_no_log_line",  # 5 s
+    "tests/unit/test_supervisor.py::test_a_live_engine_core_is_left_alone",  # 5 s
+    "tests/unit/test_benchmark.py::test_a_tiny_run_reports_every_target",  # 5 s
+)  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    """--dist worksteal (the fast lane): LONG_WAITS handed out first, one to each process in turn."""
+    if config.getvalue("dist") != "worksteal":
+        return None
+    from tests.scheduling import LongWaitsFirst
+
+    return LongWaitsFirst(config, log, first=LONG_WAITS)
+
+
 def _cpu_seconds() -> tuple[float, float]:
     """This process's CPU seconds, and those of the children it reaped (and theirs, when they reaped them)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

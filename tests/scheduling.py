@@ -1,0 +1,67 @@
+"""How the fast lane hands its tests to its processes (./run-tests --fast: pytest-xdist, --dist worksteal).
+
+Work stealing splits the collection into one run of consecutive tests a process, and a process that runs out takes
+the second half of the longest queue left. A test that waits 15 s on timers then starts wherever the split put it:
+the three longest of the fast lane started 79 to 83 s into a 96 s run, and the other processes had ended at 85 s
+(2026-12-07, `benchmarks.suite_time --fast --cpu`). `LongWaitsFirst` hands the tests named `first` out before
+the split, one to each process in turn, longest first; the rest is split and stolen as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from xdist.scheduler.worksteal import WorkStealingScheduling
+
+
+def is_listed(nodeid: str, names: Iterable[str]) -> bool:
+    """A test's id is listed as itself, or by its function's id for every one of its parameters."""
+    return any(nodeid == name or nodeid.startswith(name + "[") for name in names)
+
+
+def first_then_split(collection: Sequence[str], first: Sequence[str], processes: int) -> list[list[int]]:
+    """Per process, the indices of the tests it is handed at the start: the listed ones dealt in turn in the list's
+    order (longest first), then an even share of the rest as consecutive runs in collection order."""
+    plan: list[list[int]] = [[] for _ in range(processes)]
+    rank = {}  # a listed test's index: its place in `first`
+    for index, nodeid in enumerate(collection):
+        places = [place for place, name in enumerate(first) if is_listed(nodeid, (name,))]
+        if places:
+            rank[index] = places[0]
+    listed = sorted(rank, key=lambda index: (rank[index], index))
+    for turn, index in enumerate(listed):
+        plan[turn % processes].append(index)
+    taken = set(listed)
+    rest = [index for index in range(len(collection)) if index not in taken]
+    for position, share in enumerate(plan):
+        size = len(rest) // (processes - position)
+        share.extend(rest[:size])
+        rest = rest[size:]
+    return plan
+
+
+class LongWaitsFirst(WorkStealingScheduling):
+    """Work stealing whose first hand-out is `first_then_split`'s."""
+
+    def __init__(self, config, log=None, *, first: Sequence[str] = ()) -> None:
+        super().__init__(config, log)
+        self.first = tuple(first)
+
+    def schedule(self) -> None:
+        if self.collection is not None or not self.first:
+            super().schedule()  # a later call (a process added), or nothing listed: as work stealing does
+            return
+        if not self._check_nodes_have_same_collection():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = next(iter(self.node2collection.values()))
+        nodes = [node for node in self.node2pending if not node.shutting_down]
+        if not self.collection or not nodes:
+            super().schedule()
+            return
+        for node, indices in zip(nodes, first_then_split(self.collection, self.first, len(nodes)), strict=True):
+            if indices:
+                self.node2pending[node].extend(indices)
+                node.send_runtest_some(indices)
+        self.pending[:] = []
+        self.check_schedule()  # a process handed fewer than two tests is idle: it steals, or ends
