@@ -23,14 +23,11 @@ def test_a_listed_name_stands_for_itself_and_each_of_its_parameters():
     assert not is_listed("tests/unit/test_b.py::test_slow[y]", ["tests/unit/test_b.py::test_slow[x]"])
 
 
-def test_listed_tests_are_dealt_one_a_process_in_the_lists_order_then_the_rest_in_even_runs():
+def test_listed_tests_are_dealt_in_the_lists_order_and_spread_through_even_runs_of_the_rest():
     first = ["tests/unit/test_b.py::test_slower", "tests/unit/test_b.py::test_slow", "tests/unit/test_a.py::test_3"]
     plan = first_then_split(COLLECTION, first, 3)
-    assert [share[0] for share in plan] == [12, 10, 11]  # the longest first, each to a process of its own
-    assert plan[0][1] == 3  # the fourth goes round to the first again
-    assert sorted(index for share in plan for index in share) == list(range(len(COLLECTION)))
-    rest = [share[2:] if not process else share[1:] for process, share in enumerate(plan)]
-    assert rest == [[0, 1, 2], [4, 5, 6], [7, 8, 9]]  # consecutive, as work stealing splits
+    # the longest first, one to each process; the fourth goes round to the first again, half way through its run
+    assert plan == [[12, 0, 3, 1, 2], [10, 4, 5, 6], [11, 7, 8, 9]]
 
 
 def test_with_nothing_listed_the_split_is_work_stealings():
