@@ -5,6 +5,7 @@ A proxy between them cuts or corrupts the stream."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -475,20 +476,25 @@ def dockers(tmp_path):
         server.server_close()
 
 
-ARCHIVE = legacy(config_for("vllm"), os.urandom(9 << 20))
+@functools.cache
+def archive() -> bytes:
+    """The image's archive: made when a test first asks, not when each test process imports the module (0.05 CPU-s)."""
+    return legacy(config_for("vllm"), os.urandom(9 << 20))
+
+
 IMAGE_ID = image_id(config_for("vllm"))
 
 
 def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
-    source, receiver = dockers({IMAGE_ID: ARCHIVE}), dockers({})
+    source, receiver = dockers({IMAGE_ID: archive()}), dockers({})
     port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
     result, summary = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID,
                              reference="registry.lan:5000/vllm:gb10")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     [body] = receiver.loads  # the archive to its end (two empty blocks); tar's padding after it is not sent
-    assert ARCHIVE.startswith(body) and not ARCHIVE[len(body) :].strip(b"\0") and IMAGE_ID in receiver.images
+    assert archive().startswith(body) and not archive()[len(body) :].strip(b"\0") and IMAGE_ID in receiver.images
     assert receiver.tags == [{"image": IMAGE_ID, "repo": "registry.lan:5000/vllm", "tag": "gb10"}]
-    assert summary == {"image_id": IMAGE_ID, "copied_bytes": len(ARCHIVE)}
+    assert summary == {"image_id": IMAGE_ID, "copied_bytes": len(archive())}
     assert (
         f"[node-2] copying image {IMAGE_ID[:19]} from node-1 over the fabric (9.5 MB unpacked; Docker 20.10.24, Engine API 1.41)"
         in result.stdout
@@ -497,7 +503,7 @@ def test_the_image_arrives_whole_is_checked_by_id_and_tagged(depot, dockers):
 
 
 def test_a_node_that_has_the_image_copies_nothing(depot, dockers):
-    receiver = dockers({IMAGE_ID: ARCHIVE})
+    receiver = dockers({IMAGE_ID: archive()})
     result, summary = client("image", 1, docker_socket=receiver.server_address, image_id=IMAGE_ID, reference="")
     assert result.returncode == 0 and summary["copied_bytes"] == 0 and receiver.loads == []
     assert "is already on this node: nothing to copy" in result.stdout
@@ -505,7 +511,7 @@ def test_a_node_that_has_the_image_copies_nothing(depot, dockers):
 
 def test_a_depot_serving_another_image_is_refused(depot, dockers):
     other = b"other bytes"
-    source, receiver = dockers({IMAGE_ID: ARCHIVE}), dockers({})
+    source, receiver = dockers({IMAGE_ID: archive()}), dockers({})
     port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
     wanted = "sha256:" + hashlib.sha256(other).hexdigest()
     result, _ = client("image", port, docker_socket=receiver.server_address, image_id=wanted, reference="")
@@ -515,14 +521,14 @@ def test_a_depot_serving_another_image_is_refused(depot, dockers):
 
 @pytest.mark.parametrize("mode", ["cut", "flip"])
 def test_a_cut_or_corrupted_image_stream_loads_nothing_and_names_the_node(depot, dockers, mode):
-    source, receiver = dockers({IMAGE_ID: ARCHIVE}), dockers({})
+    source, receiver = dockers({IMAGE_ID: archive()}), dockers({})
     port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
     proxy = Proxy(port, after=4 << 20, mode=mode)
     result, _ = client("image", proxy.port, docker_socket=receiver.server_address, image_id=IMAGE_ID, reference="")
     assert result.returncode == 1
     assert "[node-2] image copy from node-1 failed: the copy was cut after " in result.stdout
     assert "nothing was loaded" in result.stdout and IMAGE_ID not in receiver.images
-    assert all(load != ARCHIVE for load in receiver.loads)
+    assert all(load != archive() for load in receiver.loads)
 
 
 def test_an_archive_that_loads_another_image_is_refused(depot, dockers):
@@ -537,7 +543,7 @@ def test_an_archive_that_loads_another_image_is_refused(depot, dockers):
 
 
 def test_a_docker_29_source_and_receiver_are_spoken_to_in_their_api_version(depot, dockers):
-    source, receiver = dockers({IMAGE_ID: ARCHIVE}, api=DOCKER_29), dockers({}, api=DOCKER_29)
+    source, receiver = dockers({IMAGE_ID: archive()}, api=DOCKER_29), dockers({}, api=DOCKER_29)
     port = depot(image_id=IMAGE_ID, docker_socket=source.server_address)
     result, summary = client("image", port, docker_socket=receiver.server_address, image_id=IMAGE_ID,
                              reference="registry.example:5000/vllm:v1")  # fmt: skip
