@@ -3,7 +3,8 @@
     venv/bin/python -m benchmarks.program_scale [--nodes 2 16 128] [--repeats 3] [--unit-count 200]
 
 For each node count N, in one process, interleaved repeat by repeat, all through the same
-`tests.harness.run_program` (FakeCloud mocks, RecordingMonitor, runpy); only the program differs:
+`tests.harness.run_program` (FakeCloud mocks, RecordingMonitor, runpy; `quick=False`: the collector on and the
+monitor's calls in the SDK's thread pool, as `pulumi up` runs them); only the program differs:
 
 * program: the real `__main__.py` with a valid N-node stack config (TP = N, one GPU a node,
   pinned host keys, `apiKey` and `sshPrivateKey` secrets);
@@ -104,13 +105,13 @@ def cluster_config(n: int) -> dict:
 
 
 def run_real(n: int) -> ProgramRun:
-    return run_program(cluster_config(n), SECRETS, stack=f"bench-{n}", mocks=FakeCloud())
+    return run_program(cluster_config(n), SECRETS, stack=f"bench-{n}", mocks=FakeCloud(), quick=False)
 
 
 def _run_other(program_dir: Path, config: dict, stack: str) -> ProgramRun:
     # Same harness, same monitor and mocks: only the program file it executes is swapped.
     with mock.patch.object(harness, "ROOT", program_dir):
-        return run_program(config, stack=stack, mocks=FakeCloud())
+        return run_program(config, stack=stack, mocks=FakeCloud(), quick=False)
 
 
 def run_floor(components: int, customs: int) -> ProgramRun:

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pulumi
@@ -85,25 +86,33 @@ def test_one_docker_provider_per_node_over_ssh_trusting_only_the_pinned_host_key
     }
 
 
-def test_the_program_runs_with_the_garbage_collector_off_and_leaves_it_as_it_found_it():
-    """tests/harness.py's run_program turns the collector off for the run (a test process's heap made each full
-    collection cost more than the run's own work) and on again only where it was on."""
+def test_the_program_runs_in_this_thread_with_the_garbage_collector_off_and_leaves_both_as_it_found_them():
+    """tests/harness.py's run_program answers the SDK's monitor calls in the calling thread, not a pool's, and turns
+    the collector off for the run (a test process's heap made each full collection cost more than the run's own work);
+    after it, the loop's executor is the one it had and the collector on again only where it was on. quick=False leaves
+    both as they are."""
 
     class Watching(FakeCloud):
         def new_resource(self, args):
-            seen.append(gc.isenabled())
+            seen.append((gc.isenabled(), threading.get_ident() == here))
             return super().new_resource(args)
 
-    seen: list[bool] = []
+    seen: list[tuple[bool, bool]] = []
+    here = threading.get_ident()
+    loop = asyncio.get_event_loop()
+    pool = loop._default_executor
     assert gc.isenabled()
     run_program(prod(), SECRETS, stack="prod", mocks=Watching())
-    assert seen and not any(seen) and gc.isenabled()
+    assert seen and set(seen) == {(False, True)} and gc.isenabled() and loop._default_executor is pool
     gc.disable()
     try:
         run_program(prod(), SECRETS, stack="prod", mocks=Watching())
         assert not gc.isenabled()
     finally:
         gc.enable()
+    seen.clear()  # quick=False (benchmarks/program_scale.py): as `pulumi up` runs the SDK, the pool's threads and all
+    run_program(prod(), SECRETS, stack="prod", mocks=Watching(), quick=False)
+    assert seen and set(seen) == {(True, False)} and loop._default_executor is pool
 
 
 def test_without_spark_vllm_home_the_key_file_is_named_from_home_as_ssh_expands_it(monkeypatch, tmp_path):
