@@ -1,4 +1,5 @@
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -21,11 +22,37 @@ if str(ROOT) not in sys.path:
 logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
+def python3_past_a_shim(path: str, interpreter: str) -> str | None:
+    """A folder to put first on PATH, whose python3 is `interpreter`, where PATH's python3 is a script (pyenv's shim:
+    each start ran about 35 bash processes to find the interpreter, 0.1 CPU-s, before the node program or fake the
+    test started with python3 ran; 2026-12-07); None where it is the interpreter itself or absent."""
+    found = shutil.which("python3", path=path)
+    if not found:
+        return None
+    with open(found, "rb") as handle:
+        if handle.read(2) != b"#!":
+            return None
+    folder = os.path.join(
+        tempfile.gettempdir(), "spark-vllm-python3-" + hashlib.sha256(interpreter.encode()).hexdigest()[:12]
+    )
+    os.makedirs(folder, exist_ok=True)
+    try:
+        os.symlink(interpreter, os.path.join(folder, "python3"))
+    except FileExistsError:  # another session's, to the same interpreter
+        pass
+    return folder
+
+
 def pytest_configure(config):
     """One folder a pytest session for the program runs its tests share (tests/harness.py shared_run): made by the
     process that starts the session, before xdist starts its workers, which inherit the variable; removed at its
     end. A worker or a caller that set it already keeps the one it has. (The name is tests/harness.py's
-    SHARED_RUNS_ENV, not imported: that would load Pulumi's SDK in every rehearsal process.)"""
+    SHARED_RUNS_ENV, not imported: that would load Pulumi's SDK in every rehearsal process.) And python3 for the
+    tests' processes past a version manager's shim: the interpreter this venv was made from, which PATH's python3
+    runs (scripts/setup.sh makes the venv with it)."""
+    folder = python3_past_a_shim(os.environ.get("PATH", ""), os.path.realpath(sys._base_executable))
+    if folder and not os.environ["PATH"].startswith(folder + os.pathsep):
+        os.environ["PATH"] = folder + os.pathsep + os.environ["PATH"]
     if os.environ.get("SPARK_VLLM_SHARED_RUNS"):
         return
     folder = tempfile.mkdtemp(prefix="spark-vllm-runs-")
