@@ -79,51 +79,40 @@ def _own_gpu_turn(monkeypatch):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-# The order the full run hands its files out in (--dist loadfile --no-loadscope-reorder; seconds of each file in the
-# full run and its CPU-s, 5 processes, 2026-12-07 at 94568bf: 760 s). The rehearsal's modules first, longest first, so
-# the long ones start at once and the short files fill the gaps at the end (unlisted, test_vllm_watch.py went out last
-# in collection order and ended the run, 2026-12-07); but test_stalls.py, which waits on vLLM's faults for 258 s with
-# 13.5 CPU-s, ahead of them: after test_three_nodes.py it ran beside the fast lane's files that wait on timers, and
-# the cores were a fifth idle for four minutes (11 21 30 13 idle CPU-s a minute). Then those waiting files, each
-# followed by a file of the program under mocks or the config that only computes. Only the order changes; a file
-# not listed goes after, in collection order.
+# Every file of 15 s or more, longest first (seconds per file in the full run, 4 processes, 2026-12-07 at 849148e:
+# 877 s): ./run-tests hands out whole files in this order (--dist loadfile --no-loadscope-reorder), so the long ones
+# start at once and the short files fill the gaps at the end. The rehearsal's modules come first; then the fast
+# lane's files that wait on timers and processes more than they compute. Unlisted, those went out last in
+# collection order (tests/unit/test_vllm_watch.py, 50 s, ended the run) and the cores sat half idle for its last two
+# minutes (123 idle CPU-s of 240, `benchmarks.suite_time --cpu`). Only the order changes; a file not listed goes
+# after, in collection order.
 LONGEST_FIRST = (
-    "tests/e2e/test_stalls.py",  # 258 s, 13.5 CPU-s
-    "tests/e2e/test_deployments.py",  # 469 s, 126 CPU-s
-    "tests/e2e/test_rehearsal.py",  # 462 s, 128
-    "tests/e2e/test_recovery.py",  # 400 s, 67
-    "tests/e2e/test_gpu_recipe.py",  # 396 s, 50
-    "tests/e2e/test_three_nodes.py",  # 358 s, 84
-    "tests/e2e/test_refusals.py",  # 133 s, 91
-    "tests/e2e/test_speculative.py",  # 115 s, 34
-    "tests/e2e/test_guard.py",  # 113 s, 22
-    "tests/e2e/test_fabric_copy.py",  # 86 s, 50
-    "tests/e2e/test_one_node.py",  # 82 s, 44
-    "tests/e2e/image/test_image.py",  # 50 s, 17
-    "tests/e2e/test_hf_sync.py",  # 46 s, 19
-    "tests/e2e/test_nodes.py",  # 29 s, 9
-    "tests/unit/test_supervisor.py",  # 106 s, 11.6
-    "tests/program/test_deployments_program.py",  # 13 s, 8.3
-    "tests/e2e/standin/test_vllm_standin.py",  # 86 s, 6.9
-    "tests/program/test_program.py",  # 20 s, 7.5
-    "tests/unit/test_vllm_watch.py",  # 53 s, 2.9
-    "tests/unit/test_preflight.py",  # 10 s, 5.4
-    "tests/unit/test_router_keeper.py",  # 47 s, 8.6
-    "tests/program/test_vllm_versions_program.py",  # 14 s, 5.2
-    "tests/unit/test_gpu_turn.py",  # 42 s, 7.4
-    "tests/program/test_edge_program.py",  # 8 s, 5.1
-    "tests/unit/test_scripts.py",  # 41 s, 3.7
-    "tests/program/test_preflight_program.py",  # 11 s, 4.3
-    "tests/unit/test_edge.py",  # 35 s, 3.5
-    "tests/program/test_speculative_program.py",  # 9 s, 3.8
-    "tests/unit/test_edge_load.py",  # 34 s, 8.2
-    "tests/unit/test_config_inputs.py",  # 9 s, 3.8
-    "tests/unit/test_guard.py",  # 31 s, 6.9
-    "tests/program/test_fabric_copy_program.py",  # 10 s, 3.1
-    "tests/unit/test_edge_scripts.py",  # 27 s, 1.2
-    "tests/program/test_host_program.py",  # 10 s, 3.0
-    "tests/unit/test_fabric_copy.py",  # 25 s, 7.6
-    "tests/program/test_promotion.py",  # 7 s, 3.0
+    "tests/e2e/test_deployments.py",  # 388 s
+    "tests/e2e/test_gpu_recipe.py",  # 360 s
+    "tests/e2e/test_rehearsal.py",  # 357 s
+    "tests/e2e/test_three_nodes.py",  # 315 s
+    "tests/e2e/test_recovery.py",  # 268 s
+    "tests/e2e/test_stalls.py",  # 254 s
+    "tests/e2e/test_refusals.py",  # 156 s
+    "tests/e2e/test_speculative.py",  # 121 s
+    "tests/e2e/test_fabric_copy.py",  # 119 s
+    "tests/e2e/test_guard.py",  # 107 s
+    "tests/unit/test_supervisor.py",  # 97 s
+    "tests/e2e/standin/test_vllm_standin.py",  # 80 s
+    "tests/e2e/test_one_node.py",  # 69 s
+    "tests/e2e/test_hf_sync.py",  # 64 s
+    "tests/e2e/image/test_image.py",  # 53 s
+    "tests/unit/test_edge_load.py",  # 52 s
+    "tests/unit/test_vllm_watch.py",  # 50 s
+    "tests/unit/test_router_keeper.py",  # 44 s
+    "tests/unit/test_edge.py",  # 43 s
+    "tests/unit/test_gpu_turn.py",  # 41 s
+    "tests/unit/test_scripts.py",  # 37 s
+    "tests/unit/test_fabric_copy.py",  # 36 s
+    "tests/e2e/test_nodes.py",  # 32 s
+    "tests/unit/test_guard.py",  # 27 s
+    "tests/unit/test_edge_scripts.py",  # 27 s
+    "tests/unit/test_preflight.py",  # 15 s
 )
 
 
