@@ -499,18 +499,17 @@ def run_program(
 
     # Where in the program each resource was declared (a stack trace per registration, each frame's file made a
     # URI): the engine shows it, mocks never read it, and it took 15 % of a program run's time under them.
-    # The garbage collector off while the program runs: a test process keeps what earlier tests left (runs shared
-    # and compared, hundreds of MB), and each full collection the SDK's many short-lived objects set off walked all
-    # of it (a program run alone in a fresh process: 0.29 -> 0.25 CPU-s; the fast lane's tests/program: 71.8 ->
-    # 53.1 CPU-s, 2026-12-07). What the run leaves in cycles is collected once the collector is on again.
-    collecting = gc.isenabled()
-    # The SDK hands each call of the monitor to a thread pool (a gRPC call under the engine); here the monitor is the
-    # mocks, Python that answers at once, and each hand-off was thread switches for nothing: the mocks answer in this
-    # thread (tests/program in one process, 74 -> 54 CPU-s, 2026-12-07).
-    loop = sync_await._ensure_event_loop()
+    collecting, loop = gc.isenabled(), sync_await._ensure_event_loop()
     pool = loop._default_executor
     if quick:
+        # The garbage collector off while the program runs: a test process keeps what earlier tests left (runs shared
+        # and compared, hundreds of MB), and each full collection the SDK's many short-lived objects set off walked
+        # all of it (a program run alone in a fresh process: 0.29 -> 0.25 CPU-s; the fast lane's tests/program: 71.8
+        # -> 53.1 CPU-s, 2026-12-07). What the run leaves in cycles is collected once the collector is on again.
         gc.disable()
+        # The SDK hands each call of the monitor to a thread pool (a gRPC call under the engine); here the monitor is
+        # the mocks, Python that answers at once, and each hand-off was thread switches for nothing: the mocks answer
+        # in this thread (tests/program in one process, 74 -> 54 CPU-s, 2026-12-07).
         loop.set_default_executor(InThisThread())
     try:
         with mock.patch.object(pulumi_resource, "_get_stack_trace", source_pb2.StackTrace):

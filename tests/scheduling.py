@@ -3,8 +3,9 @@
 Work stealing splits the collection into one run of consecutive tests a process, and a process that runs out takes
 the second half of the longest queue left. A test that waits 15 s on timers then starts wherever the split put it:
 the three longest of the fast lane started 79 to 83 s into a 96 s run, and the other processes had ended at 85 s
-(2026-12-07, `benchmarks.suite_time --fast --cpu`). `LongWaitsFirst` hands the tests named `first` out before
-the split, one to each process in turn, longest first; the rest is split and stolen as before.
+(2026-12-07, `benchmarks.suite_time --fast --cpu`). `LongWaitsFirst` deals the tests named `first` to the processes
+in turn, longest first, and spreads each process's through its share of the rest; the rest is split and stolen as
+before.
 """
 
 from __future__ import annotations
@@ -27,14 +28,12 @@ def first_then_split(collection: Sequence[str], first: Sequence[str], processes:
     dealt: list[list[int]] = [[] for _ in range(processes)]
     rank = {}  # a listed test's index: its place in `first`
     for index, nodeid in enumerate(collection):
-        places = [place for place, name in enumerate(first) if is_listed(nodeid, (name,))]
-        if places:
-            rank[index] = places[0]
-    listed = sorted(rank, key=lambda index: (rank[index], index))
-    for turn, index in enumerate(listed):
+        place = next((place for place, name in enumerate(first) if is_listed(nodeid, (name,))), None)
+        if place is not None:
+            rank[index] = place
+    for turn, index in enumerate(sorted(rank, key=lambda index: (rank[index], index))):
         dealt[turn % processes].append(index)
-    taken = set(listed)
-    rest = [index for index in range(len(collection)) if index not in taken]
+    rest = [index for index in range(len(collection)) if index not in rank]
     plan = []
     for position, mine in enumerate(dealt):
         size = len(rest) // (processes - position)
@@ -60,12 +59,13 @@ class LongWaitsFirst(WorkStealingScheduling):
         if not self._check_nodes_have_same_collection():
             self.log("**Different tests collected, aborting run**")
             return
-        self.collection = next(iter(self.node2collection.values()))
+        collection = next(iter(self.node2collection.values()))
         nodes = [node for node in self.node2pending if not node.shutting_down]
-        if not self.collection or not nodes:
-            super().schedule()
+        if not collection or not nodes:
+            super().schedule()  # nothing to deal: work stealing's own first hand-out
             return
-        for node, indices in zip(nodes, first_then_split(self.collection, self.first, len(nodes)), strict=True):
+        self.collection = collection
+        for node, indices in zip(nodes, first_then_split(collection, self.first, len(nodes)), strict=True):
             if indices:
                 self.node2pending[node].extend(indices)
                 node.send_runtest_some(indices)

@@ -1,10 +1,7 @@
 """tests/scheduling.py: the fast lane's long waiting tests go out first, one to each process in turn, and the rest
-is split as work stealing splits it; and tests/conftest.py's python3 past a version manager's shim."""
+is split as work stealing splits it."""
 
 import ast
-import os
-import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -86,21 +83,3 @@ def test_each_long_wait_names_a_test_that_exists():
         tree = ast.parse((ROOT / path).read_text())
         defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
         assert function in defined, name
-
-
-def test_python3_goes_past_a_shim_to_the_interpreter_and_is_left_alone_where_it_is_one(tmp_path):
-    from tests.conftest import python3_past_a_shim
-
-    shims, plain, interpreter = tmp_path / "shims", tmp_path / "plain", os.path.realpath(sys._base_executable)
-    shims.mkdir()
-    plain.mkdir()
-    (shims / "python3").write_text('#!/usr/bin/env bash\nexec pyenv exec "$0" "$@"\n')
-    (shims / "python3").chmod(0o755)
-    os.symlink(interpreter, plain / "python3")
-    folder = python3_past_a_shim(f"{shims}:{plain}", interpreter)
-    assert folder and os.path.realpath(os.path.join(folder, "python3")) == interpreter
-    assert python3_past_a_shim(f"{shims}:{plain}", interpreter) == folder  # made once
-    assert python3_past_a_shim(f"{plain}:{shims}", interpreter) is None
-    assert python3_past_a_shim(str(tmp_path / "nothing"), interpreter) is None
-    # this session's PATH, as pytest_configure left it: python3 is the venv's interpreter, shim or none before it
-    assert os.path.realpath(shutil.which("python3")) == interpreter

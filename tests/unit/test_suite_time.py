@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -358,3 +359,21 @@ def test_the_tests_stacks_write_their_secrets_as_the_cli_does_and_start_no_cli_f
     stack.init()  # the backend holds it now: selected, and the salt the file has is kept
     assert calls[-1] == ("stack", "select", "rehearsal")
     assert yaml.safe_load(stack.config_file.read_text())["encryptionsalt"] == salt
+
+
+def test_python3_goes_past_a_shim_to_the_interpreter_and_is_left_alone_where_it_is_one(tmp_path):
+    from tests.conftest import python3_past_a_shim
+
+    shims, plain, interpreter = tmp_path / "shims", tmp_path / "plain", os.path.realpath(sys._base_executable)
+    shims.mkdir()
+    plain.mkdir()
+    (shims / "python3").write_text('#!/usr/bin/env bash\nexec pyenv exec "$0" "$@"\n')
+    (shims / "python3").chmod(0o755)
+    os.symlink(interpreter, plain / "python3")
+    folder = python3_past_a_shim(f"{shims}:{plain}", interpreter)
+    assert folder and os.path.realpath(os.path.join(folder, "python3")) == interpreter
+    assert python3_past_a_shim(f"{shims}:{plain}", interpreter) == folder  # made once
+    assert python3_past_a_shim(f"{plain}:{shims}", interpreter) is None
+    assert python3_past_a_shim(str(tmp_path / "nothing"), interpreter) is None
+    # this session's PATH, as pytest_configure left it: python3 is the venv's interpreter, shim or none before it
+    assert os.path.realpath(shutil.which("python3")) == interpreter
