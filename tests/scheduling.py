@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from xdist.scheduler.worksteal import WorkStealingScheduling
 
+WAITS_WITHIN = 0.6  # the part of a process's share its long waits start in
+
 
 def is_listed(nodeid: str, names: Iterable[str]) -> bool:
     """A test's id is listed as itself, or by its function's id for every one of its parameters."""
@@ -23,8 +25,12 @@ def is_listed(nodeid: str, names: Iterable[str]) -> bool:
 def first_then_split(collection: Sequence[str], first: Sequence[str], processes: int) -> list[list[int]]:
     """Per process, the indices of the tests it is handed at the start: an even share of the rest as a consecutive
     run in collection order, with the listed ones dealt to the processes in turn in the list's order (longest first)
-    and spread through each share: one at its start, the next a half or a third of the way in. All at the start, they
-    left the cores a fifth idle in the first minute: ten processes waiting at once (2026-12-07)."""
+    and spread through the first WAITS_WITHIN of each share, a process's later in its gaps than the one's before it
+    (the first process's first at its start, the second's a tenth of a gap in with ten processes, and so on): so that
+    a few processes wait while the others keep the cores busy. All at the start, they left the cores a fifth idle in
+    the first minute: ten processes waiting at once (2026-12-07); each process's first at its start, a third to
+    four fifths idle in the ten seconds after the collection (2026-12-08). The end of a share is the part stolen last:
+    tests that use the CPU, so that the last seconds of the run are not one process waiting on a timer."""
     dealt: list[list[int]] = [[] for _ in range(processes)]
     rank = {}  # a listed test's index: its place in `first`
     for index, nodeid in enumerate(collection):
@@ -38,7 +44,8 @@ def first_then_split(collection: Sequence[str], first: Sequence[str], processes:
     for position, mine in enumerate(dealt):
         size = len(rest) // (processes - position)
         share, rest = rest[:size], rest[size:]
-        places = [len(share) * turn // len(mine) for turn in range(len(mine))]
+        phase = position / processes
+        places = [int(len(share) * WAITS_WITHIN * (turn + phase) / len(mine)) for turn in range(len(mine))]
         for index, place in reversed(list(zip(mine, places, strict=True))):
             share.insert(place, index)
         plan.append(share)

@@ -26,8 +26,21 @@ def test_a_listed_name_stands_for_itself_and_each_of_its_parameters():
 def test_listed_tests_are_dealt_in_the_lists_order_and_spread_through_even_runs_of_the_rest():
     first = ["tests/unit/test_b.py::test_slower", "tests/unit/test_b.py::test_slow", "tests/unit/test_a.py::test_3"]
     plan = first_then_split(COLLECTION, first, 3)
-    # the longest first, one to each process; the fourth goes round to the first again, half way through its run
-    assert plan == [[12, 0, 3, 1, 2], [10, 4, 5, 6], [11, 7, 8, 9]]
+    # the longest first, one to each process; the fourth goes round to the first again (a run this short has no gap)
+    assert plan == [[12, 3, 0, 1, 2], [10, 4, 5, 6], [7, 11, 8, 9]]
+
+
+def test_each_process_starts_its_waits_later_in_its_gaps_than_the_one_before_and_within_the_first_part_of_its_run():
+    collection = [f"tests/unit/test_a.py::test_{n}" for n in range(60)] + [
+        f"tests/unit/test_w.py::test_{n}" for n in range(6)
+    ]
+    first = [f"tests/unit/test_w.py::test_{n}" for n in range(6)]
+    plan = first_then_split(collection, first, 3)
+    waits = [[place for place, index in enumerate(share) if index >= 60] for share in plan]
+    # 20 other tests a process, two waits each: their gap is 20 * WAITS_WITHIN / 2 = 6, the phase a third of it more
+    assert waits == [[0, 7], [2, 9], [4, 11]]
+    assert [[plan[p][place] for place in places] for p, places in enumerate(waits)] == [[60, 63], [61, 64], [62, 65]]
+    assert sorted(index for share in plan for index in share) == list(range(len(collection)))
 
 
 def test_with_nothing_listed_the_split_is_work_stealings():
