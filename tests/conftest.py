@@ -85,7 +85,8 @@ def _own_gpu_turn(monkeypatch):
 # lane's files that wait on timers and processes more than they compute. Unlisted, those went out last in
 # collection order (tests/unit/test_vllm_watch.py, 50 s, ended the run) and the cores sat half idle for its last two
 # minutes (123 idle CPU-s of 240, `benchmarks.suite_time --cpu`). Only the order changes; a file not listed goes
-# after, in collection order.
+# after, in collection order. The fast lane hands its files of this list out alternating with its others, as the
+# files that wait (tests/scheduling.py).
 LONGEST_FIRST = (
     "tests/e2e/test_deployments.py",  # 388 s
     "tests/e2e/test_gpu_recipe.py",  # 360 s
@@ -117,9 +118,9 @@ LONGEST_FIRST = (
 
 
 # The fast lane's tests that wait 5 s or more on timers and processes, longest first (seconds each in the fast lane,
-# 10 processes, 2026-12-07 at 43b8e93): its processes are handed these before anything else, one each in turn
-# (tests/scheduling.py). A name without parameters stands for each of its parameters. Only where a test starts
-# changes; one not listed starts where work stealing puts it.
+# 10 processes, 2026-12-07 at 43b8e93): they go out before anything else, to at most two fifths of its processes at
+# once (tests/scheduling.py). A name without parameters stands for each of its parameters. Only where a test starts
+# changes; one not listed goes out with its file's tests.
 LONG_WAITS = (
     "tests/unit/test_vllm_watch.py::test_the_canary_keeps_its_first_answer_and_ends_a_vllm_that_answers_other_tokens_twice",  # 22 s
     "tests/unit/test_edge_scripts.py::test_a_listener_that_accepts_and_never_answers_ends_the_container_for_docker_to_restart",  # 15 s
@@ -155,12 +156,13 @@ LONG_WAITS = (
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
-    """--dist worksteal (the fast lane): LONG_WAITS handed out first, one to each process in turn."""
-    if config.getvalue("dist") != "worksteal":
+    """--dist load (the fast lane): LONG_WAITS first to a few processes at once, the files of LONGEST_FIRST (those
+    that wait more than they compute) alternating with the others (tests/scheduling.py)."""
+    if config.getvalue("dist") != "load":
         return None
-    from tests.scheduling import LongWaitsFirst
+    from tests.scheduling import CappedWaits
 
-    return LongWaitsFirst(config, log, first=LONG_WAITS)
+    return CappedWaits(config, log, waits=LONG_WAITS, waiting_files=LONGEST_FIRST)
 
 
 def _cpu_seconds() -> tuple[float, float]:

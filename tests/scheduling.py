@@ -1,20 +1,28 @@
-"""How the fast lane hands its tests to its processes (./run-tests --fast: pytest-xdist, --dist worksteal).
+"""How the fast lane hands its tests to its processes (./run-tests --fast: pytest-xdist, --dist load).
 
-Work stealing splits the collection into one run of consecutive tests a process, and a process that runs out takes
-the second half of the longest queue left. A test that waits 15 s on timers then starts wherever the split put it:
-the three longest of the fast lane started 79 to 83 s into a 96 s run, and the other processes had ended at 85 s
-(2026-12-07, `benchmarks.suite_time --fast --cpu`). `LongWaitsFirst` deals the tests named `first` to the processes
-in turn, longest first, and spreads each process's through its share of the rest; the rest is split and stolen as
-before.
+Ten processes share two cores because most of the lane's long tests wait on timers and processes; the run is quick
+only while a few processes compute as the others wait. Handed out in advance, the waits bunched: work stealing's
+runs of consecutive tests put the files that wait on half the processes and the program's tests on the others; with
+the long waits dealt first, all ten processes started with a wait and the cores sat a third to four fifths idle for
+ten seconds after the collection, and the run ended on one process's last waits (2026-12-07/08). `CappedWaits` hands
+tests out as processes free up, from one queue (xdist's load scheduling: a process holds the test it runs and the
+next one):
+
+- the long waits (`LONG_WAITS`, longest first) go out before anything else, but to at most two fifths of the
+  processes at once and never two to one process, so the rest keep the cores busy;
+- the files that wait more than they compute alternate with the others in proportion, so that both run out together
+  and the last minutes are not all waiting;
+- a hand-out is a run of consecutive tests of one file (a module's fixtures set up once for it), at most `chunk`
+  and smaller as the queue empties, so that the processes end within a few seconds of each other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from xdist.scheduler.worksteal import WorkStealingScheduling
+from xdist.scheduler.load import LoadScheduling
 
-WAITS_WITHIN = 0.6  # the part of a process's share its long waits start in
+WAITING_SHARE = 0.4  # at most this share of the processes in a long wait at once (4 of 10)
 
 
 def is_listed(nodeid: str, names: Iterable[str]) -> bool:
@@ -22,59 +30,91 @@ def is_listed(nodeid: str, names: Iterable[str]) -> bool:
     return any(nodeid == name or nodeid.startswith(name + "[") for name in names)
 
 
-def first_then_split(collection: Sequence[str], first: Sequence[str], processes: int) -> list[list[int]]:
-    """Per process, the indices of the tests it is handed at the start: an even share of the rest as a consecutive
-    run in collection order, with the listed ones dealt to the processes in turn in the list's order (longest first)
-    and spread through the first WAITS_WITHIN of each share, a process's later in its gaps than the one's before it
-    (the first process's first at its start, the second's a tenth of a gap in with ten processes, and so on): so that
-    a few processes wait while the others keep the cores busy. All at the start, they left the cores a fifth idle in
-    the first minute: ten processes waiting at once (2026-12-07); each process's first at its start, a third to
-    four fifths idle in the ten seconds after the collection (2026-12-08). The end of a share is the part stolen last:
-    tests that use the CPU, so that the last seconds of the run are not one process waiting on a timer."""
-    dealt: list[list[int]] = [[] for _ in range(processes)]
-    rank = {}  # a listed test's index: its place in `first`
-    for index, nodeid in enumerate(collection):
-        place = next((place for place, name in enumerate(first) if is_listed(nodeid, (name,))), None)
-        if place is not None:
-            rank[index] = place
-    for turn, index in enumerate(sorted(rank, key=lambda index: (rank[index], index))):
-        dealt[turn % processes].append(index)
-    rest = [index for index in range(len(collection)) if index not in rank]
-    plan = []
-    for position, mine in enumerate(dealt):
-        size = len(rest) // (processes - position)
-        share, rest = rest[:size], rest[size:]
-        phase = position / processes
-        places = [int(len(share) * WAITS_WITHIN * (turn + phase) / len(mine)) for turn in range(len(mine))]
-        for index, place in reversed(list(zip(mine, places, strict=True))):
-            share.insert(place, index)
-        plan.append(share)
-    return plan
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
-class LongWaitsFirst(WorkStealingScheduling):
-    """Work stealing whose first hand-out is `first_then_split`'s."""
+class CappedWaits(LoadScheduling):
+    """xdist's load scheduling with the queue in three parts: `waits` (their names, longest first), the tests of
+    `waiting_files`, and the rest (module docstring)."""
 
-    def __init__(self, config, log=None, *, first: Sequence[str] = ()) -> None:
+    def __init__(self, config, log=None, *, waits: Sequence[str] = (), waiting_files: Iterable[str] = (),
+                 chunk: int = 16) -> None:  # fmt: skip
         super().__init__(config, log)
-        self.first = tuple(first)
+        self.listed = tuple(waits)
+        self.waiting_files = frozenset(waiting_files)
+        self.chunk = chunk
+        self.waits: list[int] = []  # the long waits not handed out, longest first
+        self.slow: list[int] = []  # the waiting files' other tests, in collection order
+        self.totals = (1, 1)  # how many tests self.slow and self.pending began with
+        self.in_wait: dict = {}  # a process: the long wait it holds, while it holds one
+
+    @property
+    def tests_finished(self) -> bool:
+        return not self.waits and not self.slow and super().tests_finished
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.waits or self.slow) or super().has_pending
 
     def schedule(self) -> None:
-        if self.collection is not None or not self.first:
-            super().schedule()  # a later call (a process added), or nothing listed: as work stealing does
+        if self.collection is not None:  # a later call (a process added): as load scheduling does
+            super().schedule()
             return
         if not self._check_nodes_have_same_collection():
             self.log("**Different tests collected, aborting run**")
             return
-        collection = next(iter(self.node2collection.values()))
-        nodes = [node for node in self.node2pending if not node.shutting_down]
-        if not collection or not nodes:
-            super().schedule()  # nothing to deal: work stealing's own first hand-out
+        self.collection = next(iter(self.node2collection.values()))
+        rank = {}  # a listed test's index: its place in `waits`
+        for index, nodeid in enumerate(self.collection):
+            place = next((place for place, name in enumerate(self.listed) if is_listed(nodeid, (name,))), None)
+            if place is not None:
+                rank[index] = place
+        self.waits = sorted(rank, key=lambda index: (rank[index], index))
+        rest = [index for index in range(len(self.collection)) if index not in rank]
+        self.slow = [index for index in rest if file_of(self.collection[index]) in self.waiting_files]
+        slow = set(self.slow)
+        self.pending[:] = [index for index in rest if index not in slow]
+        self.totals = (max(1, len(self.slow)), max(1, len(self.pending)))
+        for node in self.nodes:
+            self.check_schedule(node)
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        if self.in_wait.get(node) == item_index:
+            del self.in_wait[node]
+        super().mark_test_complete(node, item_index, duration)
+
+    def remove_node(self, node):
+        self.in_wait.pop(node, None)  # a process gone: what it held goes back to the queue (load scheduling's)
+        return super().remove_node(node)
+
+    def check_schedule(self, node, duration: float = 0) -> None:
+        if node.shutting_down:
             return
-        self.collection = collection
-        for node, indices in zip(nodes, first_then_split(collection, self.first, len(nodes)), strict=True):
-            if indices:
-                self.node2pending[node].extend(indices)
-                node.send_runtest_some(indices)
-        self.pending[:] = []
-        self.check_schedule()  # a process handed fewer than two tests is idle: it steals, or ends
+        if not (self.waits or self.slow or self.pending):
+            node.shutdown()  # it runs what it holds, then ends
+            return
+        while len(self.node2pending[node]) < 2 and (self.waits or self.slow or self.pending):
+            sent = self.next_for(node)
+            self.node2pending[node].extend(sent)
+            node.send_runtest_some(sent)
+
+    def next_for(self, node) -> list[int]:
+        """What `node` is handed next, taken out of the queue: a long wait, or a run of one file's tests."""
+        cap = max(1, int(len(self.node2pending) * WAITING_SHARE))
+        if self.waits and node not in self.in_wait and (len(self.in_wait) < cap or not (self.slow or self.pending)):
+            self.in_wait[node] = self.waits[0]
+            return [self.waits.pop(0)]
+        slow_left, rest_left = len(self.slow) / self.totals[0], len(self.pending) / self.totals[1]
+        source = self.slow if self.slow and (slow_left >= rest_left or not self.pending) else self.pending
+        if not source:  # only long waits left, and this process holds one: a second after it (the first's end
+            self.in_wait[node] = self.waits[0]  # then leaves the second counted)
+            return [self.waits.pop(0)]
+        left = len(self.slow) + len(self.pending)
+        size = max(1, min(self.chunk, left // (2 * len(self.node2pending))))
+        first = file_of(self.collection[source[0]])
+        taken = 0
+        while taken < min(size, len(source)) and file_of(self.collection[source[taken]]) == first:
+            taken += 1
+        sent, source[:taken] = source[:taken], []
+        return sent

@@ -1,19 +1,24 @@
-"""tests/scheduling.py: the fast lane's long waiting tests go out first, one to each process in turn, and the rest
-is split as work stealing splits it."""
+"""tests/scheduling.py: the fast lane's tests go out as processes free up; its long waits first but to a few processes
+at once, the files that wait alternating with the others, a file's tests together."""
 
 import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.conftest import LONG_WAITS
-from tests.scheduling import LongWaitsFirst, first_then_split, is_listed
+import pytest
+
+from tests.conftest import LONG_WAITS, pytest_xdist_make_scheduler
+from tests.scheduling import WAITING_SHARE, CappedWaits, file_of, is_listed
 
 ROOT = Path(__file__).resolve().parents[2]
-COLLECTION = [f"tests/unit/test_a.py::test_{n}" for n in range(10)] + [
-    "tests/unit/test_b.py::test_slow[x]",
-    "tests/unit/test_b.py::test_slow[y]",
-    "tests/unit/test_b.py::test_slower",
-]
+WAITS = [f"tests/unit/test_w.py::test_wait_{n}" for n in range(8)]
+COLLECTION = (
+    [f"tests/unit/test_slow.py::test_{n}" for n in range(30)]
+    + [f"tests/unit/test_w.py::test_wait_{n}" for n in range(8)]
+    + [f"tests/unit/test_a.py::test_{n}" for n in range(40)]
+    + [f"tests/unit/test_b.py::test_{n}[{p}]" for n in range(10) for p in "xy"]
+)
+WAITING_FILES = ["tests/unit/test_slow.py", "tests/unit/test_w.py"]
 
 
 def test_a_listed_name_stands_for_itself_and_each_of_its_parameters():
@@ -23,70 +28,106 @@ def test_a_listed_name_stands_for_itself_and_each_of_its_parameters():
     assert not is_listed("tests/unit/test_b.py::test_slow[y]", ["tests/unit/test_b.py::test_slow[x]"])
 
 
-def test_listed_tests_are_dealt_in_the_lists_order_and_spread_through_even_runs_of_the_rest():
-    first = ["tests/unit/test_b.py::test_slower", "tests/unit/test_b.py::test_slow", "tests/unit/test_a.py::test_3"]
-    plan = first_then_split(COLLECTION, first, 3)
-    # the longest first, one to each process; the fourth goes round to the first again (a run this short has no gap)
-    assert plan == [[12, 3, 0, 1, 2], [10, 4, 5, 6], [7, 11, 8, 9]]
-
-
-def test_each_process_starts_its_waits_later_in_its_gaps_than_the_one_before_and_within_the_first_part_of_its_run():
-    collection = [f"tests/unit/test_a.py::test_{n}" for n in range(60)] + [
-        f"tests/unit/test_w.py::test_{n}" for n in range(6)
-    ]
-    first = [f"tests/unit/test_w.py::test_{n}" for n in range(6)]
-    plan = first_then_split(collection, first, 3)
-    waits = [[place for place, index in enumerate(share) if index >= 60] for share in plan]
-    # 20 other tests a process, two waits each: their gap is 20 * WAITS_WITHIN / 2 = 6, the phase a third of it more
-    assert waits == [[0, 7], [2, 9], [4, 11]]
-    assert [[plan[p][place] for place in places] for p, places in enumerate(waits)] == [[60, 63], [61, 64], [62, 65]]
-    assert sorted(index for share in plan for index in share) == list(range(len(collection)))
-
-
-def test_with_nothing_listed_the_split_is_work_stealings():
-    assert first_then_split(COLLECTION[:7], [], 3) == [[0, 1], [2, 3], [4, 5, 6]]
-
-
 class Node:
     shutting_down = False
 
     def __init__(self, name):
-        self.gateway, self.sent = SimpleNamespace(id=name), []
+        self.gateway, self.handed = SimpleNamespace(id=name), []
 
     def send_runtest_some(self, indices):
-        self.sent.extend(indices)
-
-    def send_steal(self, indices):
-        self.steal = list(indices)
+        self.handed.append(list(indices))
 
     def shutdown(self):
         self.shutting_down = True
 
 
 class Config:
+    def __init__(self, processes, dist="load"):
+        self.values = {"tx": [f"{processes}*popen"], "dist": dist}
+
     def getvalue(self, name):
-        return {"tx": ["3*popen"], "dist": "worksteal"}[name]
+        return self.values[name]
+
+    def getoption(self, name):
+        return None  # maxschedchunk: unset
 
 
-def test_the_first_hand_out_is_the_plans_and_nothing_is_left_pending():
-    scheduler = LongWaitsFirst(Config(), first=["tests/unit/test_b.py::test_slower"])
-    nodes = [Node(n) for n in "abc"]
+def run_through(processes, collection=COLLECTION, waits=WAITS):
+    """The scheduler from the collection to every process shut down, a test completing at a time, the processes in
+    turn. Returns the scheduler, its processes, the tests in
+    the order they ran, and at each hand-out how many processes held a long wait."""
+    scheduler = CappedWaits(Config(processes), waits=waits, waiting_files=WAITING_FILES)
+    nodes = [Node(f"gw{n}") for n in range(processes)]
+    for node in nodes:
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    listed = {index for index, nodeid in enumerate(collection) if is_listed(nodeid, waits)}
+    ran, holding = [], []
+    turn = 0
+    while any(scheduler.node2pending[node] for node in nodes):
+        assert turn < 50 * len(collection), "the processes never ended: one holds its last test and was not told to end"
+        node = nodes[turn % processes]
+        turn += 1
+        queue = scheduler.node2pending[node]
+        if not queue or (len(queue) < 2 and not node.shutting_down):
+            continue  # a worker runs a test once it knows the next, or it is told to end
+        ran.append(queue[0])
+        scheduler.mark_test_complete(node, queue[0])
+        holding.append(sum(1 for other in nodes if listed & set(scheduler.node2pending[other])))
+    return scheduler, nodes, ran, holding
+
+
+def test_every_test_runs_once_and_every_process_is_shut_down_at_the_end():
+    scheduler, nodes, ran, _ = run_through(5)
+    assert sorted(ran) == list(range(len(COLLECTION)))
+    assert all(node.shutting_down for node in nodes) and scheduler.tests_finished and not scheduler.has_pending
+
+
+def test_the_long_waits_go_first_to_at_most_two_fifths_of_the_processes_and_never_two_to_one():
+    scheduler, nodes, ran, holding = run_through(10)
+    waits = [index for index, nodeid in enumerate(COLLECTION) if nodeid in WAITS]
+    first = [node.handed[0] for node in nodes]  # what each process was handed first
+    assert sorted(index for hand in first for index in hand if index in waits) == waits[: int(10 * WAITING_SHARE)]
+    assert max(holding) <= int(10 * WAITING_SHARE)
+    for node in nodes:  # a process holds a second wait only once its first is done
+        held = [index for hand in node.handed for index in hand if index in waits]
+        assert all(ran.index(a) < ran.index(b) for a, b in zip(held, held[1:], strict=False)), node.gateway.id
+    assert max(ran.index(index) for index in waits) < len(ran) // 2  # all handed out in the first half
+
+
+def test_a_hand_out_is_a_run_of_one_files_tests_and_the_waiting_files_alternate_with_the_others():
+    scheduler, nodes, ran, _ = run_through(3, waits=[])
+    hands = [hand for node in nodes for hand in node.handed]
+    assert all(len({file_of(COLLECTION[index]) for index in hand}) == 1 for hand in hands)
+    assert all(hand == list(range(hand[0], hand[0] + len(hand))) for hand in hands)  # consecutive, in order
+    assert max(len(hand) for hand in hands) <= scheduler.chunk
+    # the order the hand-outs left the queue: the waiting files' and the others' share run out together
+    slow = [file_of(COLLECTION[index]) in WAITING_FILES for index in ran]
+    assert slow[: len(slow) // 2].count(True) == pytest.approx(slow.count(True) / 2, abs=4)
+
+
+def test_one_process_still_runs_every_long_wait_one_after_the_other():
+    _, nodes, ran, _ = run_through(1)
+    assert sorted(ran) == list(range(len(COLLECTION))) and nodes[0].shutting_down
+
+
+def test_a_process_that_dies_hands_back_what_it_held():
+    scheduler = CappedWaits(Config(2), waits=WAITS, waiting_files=WAITING_FILES)
+    nodes = [Node("gw0"), Node("gw1")]
     for node in nodes:
         scheduler.add_node(node)
         scheduler.add_node_collection(node, COLLECTION)
     scheduler.schedule()
-    assert [node.sent for node in nodes] == first_then_split(COLLECTION, ["tests/unit/test_b.py::test_slower"], 3)
-    assert scheduler.pending == [] and not scheduler.tests_finished
-    ran = []
-    while not scheduler.tests_finished or any(scheduler.node2pending.values()):  # a test each in turn; steals answered
-        for node in nodes:
-            if getattr(node, "steal", None) is not None:
-                stolen, node.steal = node.steal, None
-                scheduler.remove_pending_tests_from_node(node, stolen)
-            if scheduler.node2pending[node]:
-                ran.append(scheduler.node2pending[node][0])
-                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
-    assert sorted(ran) == list(range(len(COLLECTION))) and all(node.shutting_down for node in nodes)
+    held = list(scheduler.node2pending[nodes[0]])
+    crashed = scheduler.remove_node(nodes[0])
+    assert crashed == COLLECTION[held[0]] and set(held[1:]) <= set(scheduler.pending)
+    assert nodes[0] not in scheduler.in_wait
+
+
+def test_the_fast_lane_gets_this_scheduler_and_other_modes_xdists_own():
+    assert isinstance(pytest_xdist_make_scheduler(Config(10), None), CappedWaits)
+    assert pytest_xdist_make_scheduler(Config(5, dist="loadfile"), None) is None
 
 
 def test_each_long_wait_names_a_test_that_exists():
