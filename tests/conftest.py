@@ -80,13 +80,12 @@ def _own_gpu_turn(monkeypatch):
 
 
 # Every file of 15 s or more, longest first (seconds per file in the full run, 4 processes, 2026-12-07 at 849148e:
-# 877 s): ./run-tests hands out whole files in this order (--dist loadfile --no-loadscope-reorder), so the long ones
-# start at once and the short files fill the gaps at the end. The rehearsal's modules come first; then the fast
-# lane's files that wait on timers and processes more than they compute. Unlisted, those went out last in
-# collection order (tests/unit/test_vllm_watch.py, 50 s, ended the run) and the cores sat half idle for its last two
-# minutes (123 idle CPU-s of 240, `benchmarks.suite_time --cpu`). Only the order changes; a file not listed goes
-# after, in collection order. The fast lane hands its files of this list out alternating with its others, as the
-# files that wait (tests/scheduling.py).
+# 877 s). The rehearsal's modules come first: ./run-tests hands them out whole in this order (tests/scheduling.py),
+# so the long ones start at once. Then the fast lane's files that wait on timers and processes more than they
+# compute: both lanes hand their tests out alternating with the other files' (as whole files at the end of the full
+# run's order, they ran side by side and left the cores idle, 2026-12-07; unlisted before that, in collection order,
+# tests/unit/test_vllm_watch.py, 50 s, ended the run with the cores half idle for two minutes). The collection is
+# sorted by this list (pytest_collection_modifyitems below); a file not listed goes after, in collection order.
 LONGEST_FIRST = (
     "tests/e2e/test_deployments.py",  # 388 s
     "tests/e2e/test_gpu_recipe.py",  # 360 s
@@ -154,15 +153,26 @@ LONG_WAITS = (
 )  # fmt: skip
 
 
+# What ./run-tests --fast runs (its FAST): the rest is the rehearsal, whose modules go out whole.
+FAST_LANE = ("tests/unit", "tests/program", "tests/gpu", "tests/e2e/standin", "tests/e2e/image/test_build_unit.py")
+
+
+def in_fast_lane(path: str) -> bool:
+    return any(path == part or path.startswith(part + "/") for part in FAST_LANE)
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
-    """--dist load (the fast lane): LONG_WAITS first to a few processes at once, the files of LONGEST_FIRST (those
-    that wait more than they compute) alternating with the others (tests/scheduling.py)."""
+    """--dist load (./run-tests, each lane): the rehearsal's modules whole and first, then LONG_WAITS to a few
+    processes at once, the files of LONGEST_FIRST (those that wait more than they compute) alternating with the
+    others (tests/scheduling.py)."""
     if config.getvalue("dist") != "load":
         return None
     from tests.scheduling import CappedWaits
 
-    return CappedWaits(config, log, waits=LONG_WAITS, waiting_files=LONGEST_FIRST)
+    return CappedWaits(
+        config, log, waits=LONG_WAITS, waiting_files=LONGEST_FIRST, whole=lambda path: not in_fast_lane(path)
+    )
 
 
 def _cpu_seconds() -> tuple[float, float]:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import LONG_WAITS, pytest_xdist_make_scheduler
+from tests.conftest import FAST_LANE, LONG_WAITS, in_fast_lane, pytest_xdist_make_scheduler
 from tests.scheduling import WAITING_SHARE, CappedWaits, file_of, is_listed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +52,11 @@ class Config:
         return None  # maxschedchunk: unset
 
 
-def run_through(processes, collection=COLLECTION, waits=WAITS):
+def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path: False):
     """The scheduler from the collection to every process shut down, a test completing at a time, the processes in
     turn. Returns the scheduler, its processes, the tests in
     the order they ran, and at each hand-out how many processes held a long wait."""
-    scheduler = CappedWaits(Config(processes), waits=waits, waiting_files=WAITING_FILES)
+    scheduler = CappedWaits(Config(processes), waits=waits, waiting_files=WAITING_FILES, whole=whole)
     nodes = [Node(f"gw{n}") for n in range(processes)]
     for node in nodes:
         scheduler.add_node(node)
@@ -125,9 +125,37 @@ def test_a_process_that_dies_hands_back_what_it_held():
     assert nodes[0] not in scheduler.in_wait
 
 
-def test_the_fast_lane_gets_this_scheduler_and_other_modes_xdists_own():
+REHEARSAL = [f"tests/e2e/test_long.py::test_{n}" for n in range(6)] + [
+    f"tests/e2e/test_short.py::test_{n}" for n in range(3)
+]
+
+
+def test_whole_files_go_out_first_each_to_one_process_in_order_and_the_rest_after():
+    collection = REHEARSAL + COLLECTION
+    scheduler, nodes, ran, _ = run_through(3, collection=collection, whole=lambda path: path.startswith("tests/e2e/"))
+    assert sorted(ran) == list(range(len(collection)))
+    firsts = [node.handed[0] for node in nodes]
+    assert firsts[:2] == [list(range(6)), list(range(6, 9))]  # the long module, then the short one, each whole
+    assert all(index >= 9 for node in nodes for hand in node.handed[1:] for index in hand)
+
+
+def test_the_rehearsals_modules_are_whole_and_the_fast_lanes_tests_are_not():
+    assert not in_fast_lane("tests/e2e/test_rehearsal.py") and not in_fast_lane("tests/e2e/image/test_image.py")
+    assert in_fast_lane("tests/e2e/standin/test_vllm_standin.py") and in_fast_lane("tests/unit/test_scheduling.py")
+    assert not in_fast_lane("tests/unitx/test_a.py")
+    scheduler = pytest_xdist_make_scheduler(Config(5), None)
+    assert scheduler.is_whole("tests/e2e/test_stalls.py") and not scheduler.is_whole("tests/program/test_program.py")
+
+
+def test_the_fast_lane_is_what_run_tests_runs_with_fast():
+    line = next(line for line in (ROOT / "run-tests").read_text().splitlines() if line.startswith("FAST=("))
+    assert tuple(line.removeprefix("FAST=(").removesuffix(")").split()) == FAST_LANE
+
+
+def test_both_lanes_get_this_scheduler_and_other_modes_xdists_own():
     assert isinstance(pytest_xdist_make_scheduler(Config(10), None), CappedWaits)
     assert pytest_xdist_make_scheduler(Config(5, dist="loadfile"), None) is None
+    assert "--dist load " in (ROOT / "run-tests").read_text()
 
 
 def test_each_long_wait_names_a_test_that_exists():
