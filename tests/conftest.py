@@ -153,7 +153,10 @@ LONG_WAITS = (
 )  # fmt: skip
 
 
-# What ./run-tests --fast runs (its FAST): the rest is the rehearsal, whose modules go out whole.
+# What ./run-tests --fast runs (its FAST): the rest is the rehearsal, whose modules go out whole, to at most
+# REHEARSAL_AT_ONCE processes at once (each module brings up its simulated nodes: five at once on this machine's 2
+# cores and 24 GiB, 2026-12-07); a full run's other processes run the fast lane's tests beside them.
+REHEARSAL_AT_ONCE = 5
 FAST_LANE = ("tests/unit", "tests/program", "tests/gpu", "tests/e2e/standin", "tests/e2e/image/test_build_unit.py")
 
 
@@ -170,9 +173,8 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from tests.scheduling import CappedWaits
 
-    return CappedWaits(
-        config, log, waits=LONG_WAITS, waiting_files=LONGEST_FIRST, whole=lambda path: not in_fast_lane(path)
-    )
+    return CappedWaits(config, log, waits=LONG_WAITS, waiting_files=LONGEST_FIRST,
+                       whole=lambda path: not in_fast_lane(path), whole_at_once=REHEARSAL_AT_ONCE)  # fmt: skip
 
 
 def _cpu_seconds() -> tuple[float, float]:

@@ -16,14 +16,16 @@ next one):
   and smaller as the queue empties, so that the processes end within a few seconds of each other.
 
 The full run (./run-tests) hands out the rehearsal's modules whole (`whole`: their tests share the module's
-simulated nodes and run in order in one process), longest first and before anything else, then the fast lane's
-tests as above. Handed out as whole files too, the fast lane's files that wait ran side by side once the rehearsal's
+simulated nodes and run in order in one process), longest first and before anything else, to at most
+`whole_at_once` processes at once (a process that finishes one takes the next itself), and the fast lane's tests as
+above to the others and to each process once the modules run out. Handed out as whole files too, the fast lane's files that wait ran side by side once the rehearsal's
 modules thinned out, and the cores sat 75 CPU-s idle in minutes 9 to 12 of a 760 s run (2026-12-07).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Optional
 
 from xdist.scheduler.load import LoadScheduling
 
@@ -44,13 +46,16 @@ class CappedWaits(LoadScheduling):
     order; `waits` (their names, longest first); the tests of `waiting_files`; and the rest (module docstring)."""
 
     def __init__(self, config, log=None, *, waits: Sequence[str] = (), waiting_files: Iterable[str] = (),
-                 whole: Callable[[str], bool] = lambda path: False, chunk: int = 16) -> None:  # fmt: skip
+                 whole: Callable[[str], bool] = lambda path: False, whole_at_once: Optional[int] = None,
+                 chunk: int = 16) -> None:  # fmt: skip
         super().__init__(config, log)
         self.listed = tuple(waits)
         self.waiting_files = frozenset(waiting_files)
         self.is_whole = whole
+        self.whole_at_once = whole_at_once  # at most so many processes in a whole file at once (None: any)
         self.chunk = chunk
         self.whole: list[list[int]] = []  # the whole files not handed out: each its tests' indices
+        self.in_whole: dict = {}  # a process: what it holds of whole files, while it holds any
         self.waits: list[int] = []  # the long waits not handed out, longest first
         self.slow: list[int] = []  # the waiting files' other tests, in collection order
         self.totals = (1, 1)  # how many tests self.slow and self.pending began with
@@ -100,11 +105,27 @@ class CappedWaits(LoadScheduling):
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         if self.in_wait.get(node) == item_index:
             del self.in_wait[node]
+        held = self.in_whole.get(node)
+        if held is not None:
+            held.discard(item_index)
+            if not held:
+                del self.in_whole[node]
         super().mark_test_complete(node, item_index, duration)
+        self.check_waiting(node)
 
     def remove_node(self, node):
         self.in_wait.pop(node, None)  # a process gone: what it held goes back to the queue (load scheduling's)
-        return super().remove_node(node)
+        self.in_whole.pop(node, None)
+        crashed = super().remove_node(node)
+        self.check_waiting(node)
+        return crashed
+
+    def check_waiting(self, done) -> None:
+        """The processes other than `done` that hold fewer than two tests (one waiting for a whole file's turn, or
+        for the end): handed what they may take now, or told to end."""
+        for node in self.nodes:
+            if node is not done and len(self.node2pending[node]) < 2:
+                self.check_schedule(node)
 
     def check_schedule(self, node, duration: float = 0) -> None:
         if node.shutting_down:
@@ -114,14 +135,19 @@ class CappedWaits(LoadScheduling):
             return
         while len(self.node2pending[node]) < 2 and self.queued:
             sent = self.next_for(node)
+            if not sent:
+                break  # only whole files left, none this process may take now: it waits for a turn
             self.node2pending[node].extend(sent)
             node.send_runtest_some(sent)
 
     def next_for(self, node) -> list[int]:
         """What `node` is handed next, taken out of the queue: a whole file, a long wait, or a run of one file's
         tests."""
-        if self.whole:
+        if self.whole and (node in self.in_whole or len(self.in_whole) < (self.whole_at_once or len(self.nodes))):
+            self.in_whole.setdefault(node, set()).update(self.whole[0])  # a process in one takes the next itself
             return self.whole.pop(0)
+        if not (self.waits or self.slow or self.pending):
+            return []
         cap = max(1, int(len(self.node2pending) * WAITING_SHARE))
         if self.waits and node not in self.in_wait and (len(self.in_wait) < cap or not (self.slow or self.pending)):
             self.in_wait[node] = self.waits[0]

@@ -52,11 +52,13 @@ class Config:
         return None  # maxschedchunk: unset
 
 
-def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path: False):
+def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path: False, whole_at_once=None):
     """The scheduler from the collection to every process shut down, a test completing at a time, the processes in
     turn. Returns the scheduler, its processes, the tests in
     the order they ran, and at each hand-out how many processes held a long wait."""
-    scheduler = CappedWaits(Config(processes), waits=waits, waiting_files=WAITING_FILES, whole=whole)
+    scheduler = CappedWaits(
+        Config(processes), waits=waits, waiting_files=WAITING_FILES, whole=whole, whole_at_once=whole_at_once
+    )
     nodes = [Node(f"gw{n}") for n in range(processes)]
     for node in nodes:
         scheduler.add_node(node)
@@ -137,6 +139,44 @@ def test_whole_files_go_out_first_each_to_one_process_in_order_and_the_rest_afte
     firsts = [node.handed[0] for node in nodes]
     assert firsts[:2] == [list(range(6)), list(range(6, 9))]  # the long module, then the short one, each whole
     assert all(index >= 9 for node in nodes for hand in node.handed[1:] for index in hand)
+
+
+def in_rehearsal(path):
+    return path.startswith("tests/e2e/")
+
+
+def test_no_more_processes_than_allowed_hold_whole_files_and_the_others_take_the_rest_meanwhile():
+    collection = [f"tests/e2e/test_m{m}.py::test_{n}" for m in range(5) for n in range(4)] + COLLECTION
+    scheduler = CappedWaits(Config(4), waits=WAITS, waiting_files=WAITING_FILES, whole=in_rehearsal, whole_at_once=2)
+    nodes = [Node(f"gw{n}") for n in range(4)]
+    for node in nodes:
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    modules = [set(range(m * 4, m * 4 + 4)) for m in range(5)]
+    assert [node.handed[0] for node in nodes[:2]] == [list(range(4)), list(range(4, 8))]
+    assert all(not any(set(node.handed[0]) & module for module in modules) for node in nodes[2:])
+    ran, turn = [], 0
+    while any(scheduler.node2pending[node] for node in nodes):
+        assert turn < 50 * len(collection)
+        node, turn = nodes[turn % 4], turn + 1
+        queue = scheduler.node2pending[node]
+        if queue and (len(queue) >= 2 or node.shutting_down):
+            ran.append(queue[0])
+            scheduler.mark_test_complete(node, queue[0])
+            assert sum(1 for other in nodes if set(scheduler.node2pending[other]) & set(range(20))) <= 2
+    assert sorted(ran) == list(range(len(collection))) and all(node.shutting_down for node in nodes)
+    held = [
+        [m for m, module in enumerate(modules) if any(set(hand) & module for hand in node.handed)] for node in nodes
+    ]
+    assert sorted(m for modules_of in held for m in modules_of) == list(range(5)) and not held[2] and not held[3]
+
+
+def test_with_only_whole_files_a_process_past_the_limit_waits_and_ends():
+    collection = [f"tests/e2e/test_m{m}.py::test_{n}" for m in range(5) for n in range(3)]
+    scheduler, nodes, ran, _ = run_through(4, collection=collection, waits=[], whole=in_rehearsal, whole_at_once=2)
+    assert sorted(ran) == list(range(15)) and all(node.shutting_down for node in nodes)
+    assert [len(node.handed) for node in nodes[2:]] == [0, 0]
 
 
 def test_the_rehearsals_modules_are_whole_and_the_fast_lanes_tests_are_not():
