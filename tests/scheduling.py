@@ -1,4 +1,4 @@
-"""How the fast lane hands its tests to its processes (./run-tests --fast: pytest-xdist, --dist load).
+"""How ./run-tests hands its tests to its processes (pytest-xdist, --dist load): the fast lane's, and the full run's.
 
 Ten processes share two cores because most of the lane's long tests wait on timers and processes; the run is quick
 only while a few processes compute as the others wait. Handed out in advance, the waits bunched: work stealing's
@@ -18,8 +18,9 @@ next one):
 The full run (./run-tests) hands out the rehearsal's modules whole (`whole`: their tests share the module's
 simulated nodes and run in order in one process), longest first and before anything else, to at most
 `whole_at_once` processes at once (a process that finishes one takes the next itself), and the fast lane's tests as
-above to the others and to each process once the modules run out. Handed out as whole files too, the fast lane's files that wait ran side by side once the rehearsal's
-modules thinned out, and the cores sat 75 CPU-s idle in minutes 9 to 12 of a 760 s run (2026-12-07).
+above to the others and to each process once the modules run out. Handed out as whole files too, the fast lane's
+files that wait ran side by side once the rehearsal's modules thinned out, and the cores sat 75 CPU-s idle in
+minutes 9 to 12 of a 760 s run (2026-12-07).
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ class CappedWaits(LoadScheduling):
             self.node2pending[node].extend(sent)
             node.send_runtest_some(sent)
 
+    def take_wait(self, node) -> list[int]:
+        """The next long wait for `node`, counted as its own until it ends (a second one replaces the first in the
+        count, and its end leaves the second counted)."""
+        self.in_wait[node] = self.waits[0]
+        return [self.waits.pop(0)]
+
     def next_for(self, node) -> list[int]:
         """What `node` is handed next, taken out of the queue: a whole file, a long wait, or a run of one file's
         tests."""
@@ -150,13 +157,11 @@ class CappedWaits(LoadScheduling):
             return []
         cap = max(1, int(len(self.node2pending) * WAITING_SHARE))
         if self.waits and node not in self.in_wait and (len(self.in_wait) < cap or not (self.slow or self.pending)):
-            self.in_wait[node] = self.waits[0]
-            return [self.waits.pop(0)]
+            return self.take_wait(node)
         slow_left, rest_left = len(self.slow) / self.totals[0], len(self.pending) / self.totals[1]
         source = self.slow if self.slow and (slow_left >= rest_left or not self.pending) else self.pending
-        if not source:  # only long waits left, and this process holds one: a second after it (the first's end
-            self.in_wait[node] = self.waits[0]  # then leaves the second counted)
-            return [self.waits.pop(0)]
+        if not source:  # only long waits left, and this process holds one: a second after it
+            return self.take_wait(node)
         left = len(self.slow) + len(self.pending)
         size = max(1, min(self.chunk, left // (2 * len(self.node2pending))))
         first = file_of(self.collection[source[0]])
