@@ -1,5 +1,6 @@
-"""tests/scheduling.py: the fast lane's tests go out as processes free up; its long waits first but to a few processes
-at once, the files that wait alternating with the others, a file's tests together."""
+"""tests/scheduling.py: tests go out as processes free up; the long waits first but to a few processes at once, the
+files that wait alternating with the others, a file's tests together; the rehearsal's modules whole, first, to a
+few processes at once."""
 
 import ast
 from pathlib import Path
@@ -52,10 +53,11 @@ class Config:
         return None  # maxschedchunk: unset
 
 
-def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path: False, whole_at_once=None):
+def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path: False, whole_at_once=None,
+                each=lambda scheduler, nodes: None):  # fmt: skip
     """The scheduler from the collection to every process shut down, a test completing at a time, the processes in
-    turn. Returns the scheduler, its processes, the tests in
-    the order they ran, and at each hand-out how many processes held a long wait."""
+    turn; `each(scheduler, nodes)` after every completion. Returns the scheduler, its processes, the tests in the
+    order they ran, and at each hand-out how many processes held a long wait."""
     scheduler = CappedWaits(
         Config(processes), waits=waits, waiting_files=WAITING_FILES, whole=whole, whole_at_once=whole_at_once
     )
@@ -77,6 +79,7 @@ def run_through(processes, collection=COLLECTION, waits=WAITS, whole=lambda path
         ran.append(queue[0])
         scheduler.mark_test_complete(node, queue[0])
         holding.append(sum(1 for other in nodes if listed & set(scheduler.node2pending[other])))
+        each(scheduler, nodes)
     return scheduler, nodes, ran, holding
 
 
@@ -147,24 +150,16 @@ def in_rehearsal(path):
 
 def test_no_more_processes_than_allowed_hold_whole_files_and_the_others_take_the_rest_meanwhile():
     collection = [f"tests/e2e/test_m{m}.py::test_{n}" for m in range(5) for n in range(4)] + COLLECTION
-    scheduler = CappedWaits(Config(4), waits=WAITS, waiting_files=WAITING_FILES, whole=in_rehearsal, whole_at_once=2)
-    nodes = [Node(f"gw{n}") for n in range(4)]
-    for node in nodes:
-        scheduler.add_node(node)
-        scheduler.add_node_collection(node, collection)
-    scheduler.schedule()
+
+    def at_most_two_in_modules(scheduler, nodes):
+        assert sum(1 for other in nodes if set(scheduler.node2pending[other]) & set(range(20))) <= 2
+
+    _, nodes, ran, _ = run_through(
+        4, collection=collection, whole=in_rehearsal, whole_at_once=2, each=at_most_two_in_modules
+    )
     modules = [set(range(m * 4, m * 4 + 4)) for m in range(5)]
     assert [node.handed[0] for node in nodes[:2]] == [list(range(4)), list(range(4, 8))]
     assert all(not any(set(node.handed[0]) & module for module in modules) for node in nodes[2:])
-    ran, turn = [], 0
-    while any(scheduler.node2pending[node] for node in nodes):
-        assert turn < 50 * len(collection)
-        node, turn = nodes[turn % 4], turn + 1
-        queue = scheduler.node2pending[node]
-        if queue and (len(queue) >= 2 or node.shutting_down):
-            ran.append(queue[0])
-            scheduler.mark_test_complete(node, queue[0])
-            assert sum(1 for other in nodes if set(scheduler.node2pending[other]) & set(range(20))) <= 2
     assert sorted(ran) == list(range(len(collection))) and all(node.shutting_down for node in nodes)
     held = [
         [m for m, module in enumerate(modules) if any(set(hand) & module for hand in node.handed)] for node in nodes
